@@ -1,0 +1,34 @@
+"""Exceptions of the remat client library.
+
+Hierarchy::
+
+    RematError                      base of everything remat raises on purpose
+    ├── TraceFormatError            a trace file or object breaks the remat-trace/1 contract (also ValueError)
+    ├── PlanError                   a plan cannot be computed or used (also ValueError)
+    │   └── PlanMismatchError       a plan's key does not match the model it is applied to
+    └── ServiceError                the plan service could not be reached or answered an error
+
+The CLI turns every ``RematError`` raised because of user input into a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+
+class RematError(Exception):
+    """Base class of the errors remat raises deliberately."""
+
+
+class TraceFormatError(RematError, ValueError):
+    """A trace does not follow ``remat-trace/1``; the message names the offending field."""
+
+
+class PlanError(RematError, ValueError):
+    """A plan cannot be computed, parsed or used as asked."""
+
+
+class PlanMismatchError(PlanError):
+    """A plan was computed for another model, input signature or convention than the one at hand."""
+
+
+class ServiceError(RematError):
+    """Transport or protocol failure talking to a remat service."""

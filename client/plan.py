@@ -1,0 +1,110 @@
+"""The plan: which stage boundaries to keep, and what that is predicted (and measured) to cost.
+
+This is the wire form shared by the CLI's ``--json`` output, the service and the worker; it lives in the
+client package because training jobs read it without any of the heavy dependencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from remat.client.errors import PlanError
+
+PLAN_SCHEMA_VERSION = 1
+COST_MODELS = ("classic", "pytorch")
+
+
+def validate_checkpoints(checkpoints: Iterable[int], num_stages: int) -> tuple[int, ...]:
+    """Return checkpoints as a sorted tuple, checking each is a boundary 1..n-1 and appears once."""
+    out = tuple(sorted(checkpoints))
+    for c in out:
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= num_stages - 1:
+            raise PlanError(f"checkpoints: boundary {c!r} is not in 1..{num_stages - 1} (n = {num_stages} stages)")
+    if len(set(out)) != len(out):
+        raise PlanError(f"checkpoints: a boundary is listed twice in {list(out)}")
+    return out
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Plan:
+    """A checkpoint plan for one trace, as one algorithm chose it."""
+
+    algorithm: str
+    cost_model: str
+    """The cost model the two peaks below were computed with (``classic`` or ``pytorch``)."""
+    checkpoints: tuple[int, ...]
+    """Stage boundaries 1..n-1 whose activations are kept; stages between them are recomputed."""
+    predicted_peak_bytes: int
+    baseline_peak_bytes: int
+    """The same cost model's peak with no checkpoints: what the plan is compared against."""
+    num_stages: int
+    recompute_ms: float | None = None
+    """Estimated extra forward time per step (sum of forward_ms of re-run stages), None without times."""
+    step_ms: float | None = None
+    """Estimated forward + backward time of one step without checkpointing, None without times."""
+    budget_bytes: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def saving(self) -> float:
+        """Fraction of the no-checkpoint peak that the plan saves (0.0 when the baseline is 0)."""
+        if self.baseline_peak_bytes == 0:
+            return 0.0
+        return 1.0 - self.predicted_peak_bytes / self.baseline_peak_bytes
+
+    @property
+    def recompute_overhead(self) -> float | None:
+        """Recompute time as a fraction of the step time, when times are known."""
+        if self.recompute_ms is None or not self.step_ms:
+            return None
+        return self.recompute_ms / self.step_ms
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """The plan's segments as (start boundary, end boundary) pairs: stages start+1..end."""
+        bounds = (0, *self.checkpoints, self.num_stages)
+        return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "algorithm": self.algorithm,
+            "checkpoints": list(self.checkpoints),
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "baseline_peak_bytes": self.baseline_peak_bytes,
+            "cost_model": self.cost_model,
+            "num_stages": self.num_stages,
+            "recompute_ms": self.recompute_ms,
+            "step_ms": self.step_ms,
+            "budget_bytes": self.budget_bytes,
+            "schema_version": PLAN_SCHEMA_VERSION,
+        }
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Plan:
+        """Parse the JSON form (as printed by ``--json`` or served by the API)."""
+        try:
+            num_stages = int(obj["num_stages"])
+            known = {"algorithm", "checkpoints", "predicted_peak_bytes", "baseline_peak_bytes", "cost_model",
+                     "num_stages", "recompute_ms", "step_ms", "budget_bytes", "schema_version"}
+            return cls(
+                algorithm=str(obj["algorithm"]),
+                cost_model=str(obj["cost_model"]),
+                checkpoints=validate_checkpoints(obj["checkpoints"], num_stages),
+                predicted_peak_bytes=int(obj["predicted_peak_bytes"]),
+                baseline_peak_bytes=int(obj["baseline_peak_bytes"]),
+                num_stages=num_stages,
+                recompute_ms=obj.get("recompute_ms"),
+                step_ms=obj.get("step_ms"),
+                budget_bytes=obj.get("budget_bytes"),
+                extra={k: v for k, v in obj.items() if k not in known},
+            )
+        except KeyError as exc:
+            raise PlanError(f"plan: field {exc.args[0]!r} is missing") from None
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, PlanError):
+                raise
+            raise PlanError(f"plan: malformed ({exc})") from None

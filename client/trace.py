@@ -1,0 +1,244 @@
+"""The ``remat-trace/1`` format: one validated, immutable in-memory form of a layer memory trace.
+
+A trace describes a network cut into a chain of stages 1..n (see docs/cost-model.md for what each field
+means to the planners). It is the one contract between profilers, planners, the plan database and users who
+write traces by hand, so it is loaded and validated here and nowhere else.
+
+Validation is hand-written rather than delegated to a schema library on purpose: traces of 10^6 stages must
+load in well under a second, and every error must be one line that names the field (``stages[3].output_bytes``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remat.client.errors import TraceFormatError
+
+TRACE_FORMAT = "remat-trace/1"
+
+#: Per-stage integer byte fields a profiler may add; a missing one reads as 0 (docs/cost-model.md).
+OPTIONAL_STAGE_BYTES = (
+    "forward_peak_bytes",
+    "recompute_peak_bytes",
+    "backward_peak_bytes",
+    "param_grad_bytes",
+)
+OPTIONAL_STAGE_BOOLS = ("saves_input", "saves_output")
+OPTIONAL_STAGE_MS = ("forward_ms", "backward_ms")
+_STAGE_KNOWN = {"name", "output_bytes", "saved_bytes", *OPTIONAL_STAGE_BYTES, *OPTIONAL_STAGE_BOOLS,
+                *OPTIONAL_STAGE_MS}
+
+#: Optional top-level metadata and the JSON type each must have.
+METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
+    "model": str,
+    "model_hash": str,
+    "input_shape": list,
+    "dtype": str,
+    "device": str,
+    "device_name": str,
+    "torch_version": str,
+    "grads": str,
+    "mode": str,
+    "batch_size": int,
+}
+GRAD_CONVENTIONS = ("none", "kept")
+MODES = ("train", "eval")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Stage:
+    """One stage of the chain: the ops between two consecutive checkpoint boundaries."""
+
+    name: str
+    """Human-readable label (module path or fx node names)."""
+    output_bytes: int
+    """d_i: bytes of the stage's output tensor x_i, the activation handed to the next stage."""
+    saved_bytes: int
+    """e_i: distinct storages autograd keeps for this stage's backward, parameters and buffers excluded,
+    and excluding the stage's own input and output (those are flagged by ``saves_input``/``saves_output``
+    so that a storage shared by two stages is counted once)."""
+    saves_input: bool = False
+    """Autograd keeps the stage's input x_{i-1} for its backward."""
+    saves_output: bool = False
+    """Autograd keeps the stage's output x_i for its backward."""
+    forward_peak_bytes: int = 0
+    """F_i: peak bytes above what was alive before the stage (its input included) while it runs forward
+    with grad enabled: its saved tensors, output and temporaries. 0 when not profiled."""
+    recompute_peak_bytes: int = 0
+    """F'_i: like F_i but only up to the stage's last saved tensor, where a non-reentrant checkpoint's
+    recomputation stops early. 0 when not profiled."""
+    backward_peak_bytes: int = 0
+    """B_i: peak, during the stage's backward, of the bytes that belong to the stage: its saved tensors
+    other than its input, its output gradient, the input gradient it makes, parameter gradients born in it
+    and temporaries. 0 when not profiled."""
+    param_grad_bytes: int = 0
+    """G_i: bytes of parameter gradients born during this stage's backward (gradients set to None between
+    steps); 0 when gradients are kept allocated."""
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Fields a profiler recorded that the planners do not use; kept so that a round trip loses nothing."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, omitting optional fields at their defaults."""
+        out: dict[str, Any] = {"name": self.name, "output_bytes": self.output_bytes,
+                               "saved_bytes": self.saved_bytes}
+        for key in OPTIONAL_STAGE_BOOLS + OPTIONAL_STAGE_BYTES:
+            value = getattr(self, key)
+            if value:
+                out[key] = value
+        for key in OPTIONAL_STAGE_MS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out.update(self.extra)
+        return out
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Trace:
+    """A whole ``remat-trace/1`` trace: the stages plus metadata about how they were measured."""
+
+    input_bytes: int
+    """d_0: bytes of the network input (a constant of every plan)."""
+    stages: tuple[Stage, ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Optional top-level fields: model, model_hash, input_shape, dtype, device, torch_version, grads, mode…"""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def has_times(self) -> bool:
+        """True when every stage has a forward time, so recompute time can be estimated."""
+        return all(s.forward_ms is not None for s in self.stages)
+
+    def column(self, name: str) -> list[Any]:
+        """The values of one stage field, in stage order (planners work on plain lists)."""
+        return [getattr(s, name) for s in self.stages]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": TRACE_FORMAT, **self.metadata, "input_bytes": self.input_bytes}
+        out["stages"] = [s.to_dict() for s in self.stages]
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _nonneg_int(obj: Mapping[str, Any], key: str, where: str, *, required: bool) -> int:
+    if key not in obj:
+        if required:
+            raise TraceFormatError(f"{where}{key}: missing (an integer number of bytes ≥ 0 is required)")
+        return 0
+    value = obj[key]
+    if not _is_int(value):
+        raise TraceFormatError(f"{where}{key}: must be an integer number of bytes, got {value!r}")
+    if value < 0:
+        raise TraceFormatError(f"{where}{key}: must be ≥ 0, got {value}")
+    return value
+
+
+def _parse_stage(obj: Any, index: int) -> Stage:
+    where = f"stages[{index}]."
+    if not isinstance(obj, Mapping):
+        raise TraceFormatError(f"stages[{index}]: must be an object, got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str):
+        raise TraceFormatError(f"{where}name: missing or not a string")
+    kwargs: dict[str, Any] = {
+        "name": name,
+        "output_bytes": _nonneg_int(obj, "output_bytes", where, required=True),
+        "saved_bytes": _nonneg_int(obj, "saved_bytes", where, required=True),
+    }
+    for key in OPTIONAL_STAGE_BYTES:
+        kwargs[key] = _nonneg_int(obj, key, where, required=False)
+    for key in OPTIONAL_STAGE_BOOLS:
+        value = obj.get(key, False)
+        if not isinstance(value, bool):
+            raise TraceFormatError(f"{where}{key}: must be true or false, got {value!r}")
+        kwargs[key] = value
+    for key in OPTIONAL_STAGE_MS:
+        value = obj.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise TraceFormatError(f"{where}{key}: must be a number of milliseconds ≥ 0, got {value!r}")
+        kwargs[key] = float(value)
+    extra = {k: v for k, v in obj.items() if k not in _STAGE_KNOWN}
+    return Stage(**kwargs, extra=extra)
+
+
+def parse_trace(obj: Any) -> Trace:
+    """Validate a decoded JSON object as ``remat-trace/1``.
+
+    Raises:
+        TraceFormatError: with one line naming the first offending field.
+    """
+    if not isinstance(obj, Mapping):
+        raise TraceFormatError(f"trace: must be a JSON object, got {type(obj).__name__}")
+    fmt = obj.get("format")
+    if fmt != TRACE_FORMAT:
+        raise TraceFormatError(f"format: must be {TRACE_FORMAT!r}, got {fmt!r}")
+    input_bytes = _nonneg_int(obj, "input_bytes", "", required=True)
+    stages_obj = obj.get("stages")
+    if not isinstance(stages_obj, Sequence) or isinstance(stages_obj, str):
+        raise TraceFormatError("stages: missing or not a list")
+    if not stages_obj:
+        raise TraceFormatError("stages: must hold at least one stage, got none")
+    stages = tuple(_parse_stage(s, i) for i, s in enumerate(stages_obj))
+    metadata: dict[str, Any] = {}
+    for key, value in obj.items():
+        if key in ("format", "input_bytes", "stages"):
+            continue
+        expected = METADATA_TYPES.get(key)
+        if expected is not None and value is not None and not isinstance(value, expected):
+            raise TraceFormatError(f"{key}: must be of type {getattr(expected, '__name__', expected)}, "
+                                   f"got {value!r}")
+        metadata[key] = value
+    if metadata.get("grads") not in (None, *GRAD_CONVENTIONS):
+        raise TraceFormatError(f"grads: must be one of {', '.join(GRAD_CONVENTIONS)}, got {metadata['grads']!r}")
+    if metadata.get("mode") not in (None, *MODES):
+        raise TraceFormatError(f"mode: must be one of {', '.join(MODES)}, got {metadata['mode']!r}")
+    return Trace(input_bytes=input_bytes, stages=stages, metadata=metadata)
+
+
+def loads_trace(text: str | bytes) -> Trace:
+    """Parse and validate trace JSON text."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"trace: not valid JSON ({exc})") from None
+    return parse_trace(obj)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read and validate a trace file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceFormatError(f"trace file {str(path)!r}: cannot be read ({exc.strerror})") from None
+    return loads_trace(data)
+
+
+def make_trace(output_bytes: Sequence[int], saved_bytes: Sequence[int] | None = None, *,
+               input_bytes: int = 0, **metadata: Any) -> Trace:
+    """Build a minimal trace from d and e columns (tests, benchmarks, examples)."""
+    saved = saved_bytes if saved_bytes is not None else output_bytes
+    if len(saved) != len(output_bytes):
+        raise TraceFormatError("stages: output_bytes and saved_bytes differ in length")
+    return parse_trace({
+        "format": TRACE_FORMAT, "input_bytes": input_bytes, **metadata,
+        "stages": [{"name": f"s{i + 1}", "output_bytes": d, "saved_bytes": e}
+                   for i, (d, e) in enumerate(zip(output_bytes, saved, strict=True))],
+    })

@@ -1,0 +1,78 @@
+"""remat-trace/1 loading: valid files round-trip, every bad field is named in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from remat.client.errors import TraceFormatError
+from remat.client.trace import TRACE_FORMAT, load_trace, loads_trace, parse_trace
+
+
+def _trace(**overrides):
+    obj = {"format": TRACE_FORMAT, "input_bytes": 8, "model": "toy",
+           "stages": [{"name": "a", "output_bytes": 4, "saved_bytes": 2, "forward_ms": 0.5, "custom": [1]},
+                      {"name": "b", "output_bytes": 6, "saved_bytes": 0}]}
+    obj.update(overrides)
+    return obj
+
+
+class TestValidTraces:
+    def test_round_trip_keeps_unknown_fields(self) -> None:
+        trace = parse_trace(_trace())
+        assert trace.num_stages == 2
+        assert trace.column("output_bytes") == [4, 6]
+        assert trace.stages[0].extra == {"custom": [1]}
+        assert parse_trace(json.loads(trace.to_json())) == trace
+
+    def test_optional_fields_default_to_zero(self) -> None:
+        stage = parse_trace(_trace()).stages[1]
+        assert (stage.forward_peak_bytes, stage.backward_peak_bytes, stage.param_grad_bytes) == (0, 0, 0)
+        assert stage.saves_input is False and stage.forward_ms is None
+
+    def test_load_from_file(self, tmp_path: Path) -> None:
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps(_trace()))
+        assert load_trace(path).metadata["model"] == "toy"
+
+
+BAD = [
+    ("not json", "{", "not valid JSON"),
+    ("not an object", "[1, 2]", "must be a JSON object"),
+    ("wrong format", json.dumps(_trace(format="remat-trace/2")), "format: must be 'remat-trace/1'"),
+    ("missing format", json.dumps({k: v for k, v in _trace().items() if k != "format"}), "format:"),
+    ("zero stages", json.dumps(_trace(stages=[])), "stages: must hold at least one stage"),
+    ("stages not a list", json.dumps(_trace(stages={"a": 1})), "stages: missing or not a list"),
+    ("negative size", json.dumps(_trace(stages=[{"name": "a", "output_bytes": -1, "saved_bytes": 0}])),
+     "stages[0].output_bytes: must be ≥ 0"),
+    ("float size", json.dumps(_trace(stages=[{"name": "a", "output_bytes": 1.5, "saved_bytes": 0}])),
+     "stages[0].output_bytes: must be an integer"),
+    ("bool size", json.dumps(_trace(stages=[{"name": "a", "output_bytes": True, "saved_bytes": 0}])),
+     "stages[0].output_bytes: must be an integer"),
+    ("missing saved", json.dumps(_trace(stages=[{"name": "a", "output_bytes": 1}])),
+     "stages[0].saved_bytes: missing"),
+    ("missing name", json.dumps(_trace(stages=[{"output_bytes": 1, "saved_bytes": 1}])), "stages[0].name"),
+    ("bad input bytes", json.dumps(_trace(input_bytes="8")), "input_bytes: must be an integer"),
+    ("missing input bytes", json.dumps({k: v for k, v in _trace().items() if k != "input_bytes"}),
+     "input_bytes: missing"),
+    ("negative time", json.dumps(_trace(stages=[{"name": "a", "output_bytes": 1, "saved_bytes": 1,
+                                                 "forward_ms": -2}])), "stages[0].forward_ms"),
+    ("bad flag", json.dumps(_trace(stages=[{"name": "a", "output_bytes": 1, "saved_bytes": 1,
+                                            "saves_input": "yes"}])), "stages[0].saves_input"),
+    ("bad grads", json.dumps(_trace(grads="sometimes")), "grads: must be one of"),
+    ("bad metadata type", json.dumps(_trace(input_shape="3x224")), "input_shape: must be of type list"),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "message"), BAD, ids=[b[0] for b in BAD])
+def test_bad_trace_is_named_in_one_line(case: str, text: str, message: str) -> None:
+    with pytest.raises(TraceFormatError) as info:
+        loads_trace(text)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="cannot be read"):
+        load_trace(tmp_path / "missing.json")

@@ -1,0 +1,87 @@
+"""Cost models on hand-worked traces, so each term of docs/cost-model.md is pinned by an exact number."""
+
+from __future__ import annotations
+
+import pytest
+from remat.client.errors import PlanError
+from remat.client.trace import TRACE_FORMAT, make_trace, parse_trace
+from remat.worker.cost_models import PytorchTables, classic_peak, peak, pytorch_peak
+
+
+class TestClassic:
+    def test_no_checkpoints_is_sum_of_inner_activations(self) -> None:
+        assert classic_peak(make_trace([5, 7, 11, 13]), ()) == 5 + 7 + 11
+
+    def test_checkpoints_plus_largest_interior(self) -> None:
+        # C = {2}: d_2 + max(d_1, d_3) = 7 + 11
+        assert classic_peak(make_trace([5, 7, 11, 13]), (2,)) == 18
+
+    def test_every_boundary(self) -> None:
+        assert classic_peak(make_trace([5, 7, 11, 13]), (1, 2, 3)) == 5 + 7 + 11
+
+    def test_single_stage(self) -> None:
+        assert classic_peak(make_trace([9]), ()) == 0
+
+
+class TestPytorch:
+    def test_plain_trace_no_checkpoints(self) -> None:
+        # No flags, no profiled peaks: all saved tensors plus the output gradient of the last stage.
+        trace = make_trace([4, 4, 4, 4], [1, 2, 3, 5])
+        assert pytorch_peak(trace, ()) == 1 + 2 + 3 + 5 + 4
+
+    def test_plain_trace_one_checkpoint(self) -> None:
+        trace = make_trace([4, 4, 4, 4])
+        # Segment 1 re-run, at its last stage: stage 1's saved (4) + x_1 (4, unsaved input of stage 2)
+        # + stage 2's saved (4) + gradient of x_2 (4) = 16. Last segment: x_2 dropped (not saved by
+        # stage 3), stages 3-4 saved + grad of x_4 = 12, plus checkpoint x_2 kept only if saved: 12.
+        assert pytorch_peak(trace, (2,)) == 16
+
+    def test_docstring_example_matches(self) -> None:
+        assert pytorch_peak(make_trace([4, 4, 4, 4]), [2]) == 16
+
+    def test_boundary_storage_counted_once(self) -> None:
+        stages = [
+            {"name": "a", "output_bytes": 10, "saved_bytes": 0, "saves_output": True},
+            {"name": "b", "output_bytes": 30, "saved_bytes": 0, "saves_input": True},
+        ]
+        trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+        # Stage b's backward: x_1, saved by both stages, counted once (10) + b's output gradient (30).
+        assert pytorch_peak(trace, ()) == 10 + 30
+
+    def test_parameter_gradients_of_later_stages_stay_alive(self) -> None:
+        stages = [
+            {"name": "a", "output_bytes": 1, "saved_bytes": 1, "param_grad_bytes": 100},
+            {"name": "b", "output_bytes": 1, "saved_bytes": 1, "param_grad_bytes": 50},
+        ]
+        trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+        # Stage a's backward: its own saved (1) + grad out (1) + its grads (100) + stage b's grads (50).
+        assert pytorch_peak(trace, ()) == 152
+
+    def test_profiled_peaks_raise_the_floor(self) -> None:
+        stages = [
+            {"name": "a", "output_bytes": 2, "saved_bytes": 2, "backward_peak_bytes": 40},
+            {"name": "b", "output_bytes": 2, "saved_bytes": 2},
+        ]
+        trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+        assert pytorch_peak(trace, ()) == 40
+
+    @pytest.mark.parametrize(("saves_input", "expected"), [(False, 101), (True, 104)])
+    def test_last_segment_keeps_its_input_only_if_saved(self, saves_input: bool, expected: int) -> None:
+        stages = [{"name": f"s{i}", "output_bytes": d, "saved_bytes": 1} for i, d in enumerate([100, 1, 1, 1])]
+        stages[1]["saves_input"] = saves_input
+        trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+        # Segment 1 re-run: stage 1's saved (1) + gradient of x_1 (100) = 101. The last segment holds
+        # stages 2-4's saved (3) + the output gradient (1), plus x_1 (100) only when stage 2 saves it.
+        assert PytorchTables(trace).local(1, 4) == (4 if saves_input else 4 - 100)
+        assert pytorch_peak(trace, (1,)) == expected
+
+
+def test_peak_dispatch_and_errors() -> None:
+    trace = make_trace([1, 2, 3])
+    assert peak(trace, (1,), "classic") == classic_peak(trace, (1,))
+    with pytest.raises(ValueError, match="unknown"):
+        peak(trace, (), "magic")
+    with pytest.raises(PlanError, match="not in 1..2"):
+        peak(trace, (3,), "pytorch")
+    with pytest.raises(PlanError, match="twice"):
+        peak(trace, (1, 1), "pytorch")

@@ -1,0 +1,147 @@
+"""Cost models: the peak activation memory a checkpoint plan is predicted to reach.
+
+Two models, each a pure function ``peak(trace, checkpoints) -> bytes``:
+
+- ``classic`` — Chen et al. / Feng & Huang / Hong et al.'s first formulation (algorithms.md §2): all
+  checkpoints alive at once plus the largest re-forwarded segment interior.
+- ``pytorch`` — what the PyTorch caching allocator really holds when every segment but the last runs under
+  ``torch.utils.checkpoint(use_reentrant=False)``. Every term and the reasoning for it is in
+  docs/cost-model.md; the NOTE blocks below name the term each line implements.
+
+Both have the shape ``max over segments k of (Pre_k + local(start_k, end_k))`` where Pre_k only sums the
+outputs of earlier checkpoints. The planners rely on that shape, and use :class:`PytorchTables` so that the
+model is defined in exactly one place.
+
+This module imports neither torch nor anything heavy: planning from a trace file must start fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+
+from remat.client.plan import COST_MODELS, validate_checkpoints
+from remat.client.trace import Trace
+
+CostFn = Callable[[Trace, Sequence[int]], int]
+
+
+def _bounds(trace: Trace, checkpoints: Sequence[int]) -> tuple[int, ...]:
+    n = trace.num_stages
+    return (0, *validate_checkpoints(checkpoints, n), n)
+
+
+def classic_peak(trace: Trace, checkpoints: Sequence[int]) -> int:
+    """classic(C) = Σ_{c∈C} d_c + max_k Σ_{c_{k-1} < l < c_k} d_l  (input and final output left out)."""
+    d = trace.column("output_bytes")
+    prefix = [0, *accumulate(d)]
+    bounds = _bounds(trace, checkpoints)
+    kept = sum(d[c - 1] for c in bounds[1:-1])
+    interior = max(prefix[b - 1] - prefix[a] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    return kept + max(interior, 0)
+
+
+class PytorchTables:
+    """Per-stage arrays of the ``pytorch`` cost model, 1-indexed (index 0 is the network input).
+
+    NOTE [pytorch cost model terms] — see docs/cost-model.md §2 for the derivation. With x_t the output of
+    stage t, d_t its bytes, and a segment (a, b] = stages a+1..b:
+
+    - ``u[t]`` — bytes stage t leaves alive for backward: its interior saved tensors e_t plus x_t when any
+      stage saves it (stage t as output, or stage t+1 as input). Counting x_t here, once, is the
+      storage-level de-duplication between neighbouring stages.
+    - ``U[t]`` — prefix sums of u; the bytes saved by stages a+1..s-1 are U[s-1] - U[a].
+    - ``back[s]`` — backward candidate of stage s, before subtracting U[a]: everything saved by earlier
+      stages of its segment, plus the stage's own backward footprint (its backward peak B_s, never below
+      its own saved tensors + its output gradient + its new parameter gradients), plus the parameter
+      gradients of all later stages (born earlier in backward, still alive).
+    - ``rec[s]``/``rec_first[s]`` — recompute candidate of stage s inside a checkpointed segment: saved by
+      earlier stages of the segment, the stage's input if nobody saves it (not for the segment's first
+      stage, whose input is the checkpoint), and the stage's forward peak F_s (never below its saved
+      tensors + output). ``rec_last``/``rec_last_first`` use the peak up to the last saved tensor F'_s:
+      the non-reentrant checkpoint stops recomputing there.
+    - ``delta[b]`` — what a checkpointed segment ending at b adds to every recompute candidate: the gradient
+      of its output x_b (alive through the whole re-run) and the parameter gradients of stages after b.
+    - ``drop_input[a]`` — the last segment is not checkpointed, so its input x_a stays alive only if its
+      first stage saves it.
+    """
+
+    __slots__ = ("n", "d", "U", "back", "rec", "rec_first", "rec_last", "rec_last_first", "delta", "drop_input")
+
+    def __init__(self, trace: Trace) -> None:
+        stages = trace.stages
+        n = len(stages)
+        self.n = n
+        d = [0, *(s.output_bytes for s in stages)]
+        saved_by_next = [stages[t].saves_input for t in range(1, n)] + [False]
+        sigma = [False] + [s.saves_output or nxt for s, nxt in zip(stages, saved_by_next, strict=True)]
+        u = [0] + [s.saved_bytes + (s.output_bytes if sig else 0) for s, sig in zip(stages, sigma[1:],
+                                                                                       strict=True)]
+        U = list(accumulate(u))
+        grad_suffix = list(accumulate((s.param_grad_bytes for s in reversed(stages)), initial=0))[::-1]
+        # grad_suffix[t] = Σ_{j>t} G_j for t = 0..n (stages are 1-indexed, list index t ↔ stages[t:]).
+        self.d = d
+        self.U = U
+        self.back = [0] * (n + 1)
+        self.rec = [0] * (n + 1)
+        self.rec_first = [0] * (n + 1)
+        self.rec_last = [0] * (n + 1)
+        self.rec_last_first = [0] * (n + 1)
+        self.delta = [0] * (n + 1)
+        self.drop_input = [0] * (n + 1)
+        for s in range(1, n + 1):
+            st = stages[s - 1]
+            own = st.saved_bytes + (st.output_bytes if st.saves_output else 0)
+            unsaved_input = d[s - 1] if not sigma[s - 1] else 0
+            fwd = max(st.forward_peak_bytes, own + (0 if st.saves_output else st.output_bytes))
+            fwd_last = max(st.recompute_peak_bytes, own)
+            bwd = max(st.backward_peak_bytes, own + st.output_bytes + st.param_grad_bytes)
+            self.back[s] = U[s - 1] + bwd + grad_suffix[s]
+            self.rec_first[s] = U[s - 1] + fwd
+            self.rec[s] = self.rec_first[s] + unsaved_input
+            self.rec_last_first[s] = U[s - 1] + fwd_last
+            self.rec_last[s] = self.rec_last_first[s] + unsaved_input
+            self.delta[s] = st.output_bytes + grad_suffix[s]
+        for a in range(1, n):
+            self.drop_input[a] = 0 if stages[a].saves_input else d[a]
+
+    def local(self, a: int, b: int) -> int:
+        """local(a, b): the peak of segment (a, b] minus the checkpoints kept before it. O(b - a)."""
+        peak = max(self.back[a + 1:b + 1]) - self.U[a]
+        if b == self.n:
+            return peak - self.drop_input[a]
+        if b == a + 1:
+            rec = self.rec_last_first[b]
+        else:
+            rec = max(self.rec_first[a + 1], self.rec_last[b], max(self.rec[a + 2:b], default=0))
+        return max(peak, rec + self.delta[b] - self.U[a])
+
+
+def pytorch_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables | None = None) -> int:
+    """Peak activation bytes of a training step with the plan applied (docs/cost-model.md).
+
+    Example:
+        >>> from remat.client.trace import make_trace
+        >>> pytorch_peak(make_trace([4, 4, 4, 4]), [2])
+        16
+    """
+    t = tables if tables is not None else PytorchTables(trace)
+    bounds = _bounds(trace, checkpoints)
+    peak = kept = 0
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        kept += t.d[a]
+        peak = max(peak, kept + t.local(a, b))
+    return peak
+
+
+COST_FUNCTIONS: dict[str, CostFn] = {"classic": classic_peak, "pytorch": pytorch_peak}
+assert set(COST_FUNCTIONS) == set(COST_MODELS)
+
+
+def peak(trace: Trace, checkpoints: Sequence[int], cost_model: str) -> int:
+    """Evaluate one plan under a named cost model."""
+    try:
+        fn = COST_FUNCTIONS[cost_model]
+    except KeyError:
+        raise ValueError(f"cost model {cost_model!r} is unknown; choose one of {', '.join(COST_MODELS)}") from None
+    return fn(trace, checkpoints)
