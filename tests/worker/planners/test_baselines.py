@@ -1,0 +1,83 @@
+"""Baselines produce exactly the segments they claim."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch.nn as nn
+from remat.client.trace import make_trace
+from remat.worker.cost_models import peak
+from remat.worker.planners.baselines import (
+    greedy_boundaries,
+    plan_chen_greedy,
+    plan_chen_sqrt,
+    plan_none,
+    plan_uniform,
+    uniform_boundaries,
+)
+from torch.utils.checkpoint import checkpoint_sequential
+
+
+def test_none_keeps_nothing() -> None:
+    assert plan_none(make_trace([1, 2, 3])) == ()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 9, 10, 16, 17, 50])
+def test_uniform_uses_ceil_sqrt_segments(n: int) -> None:
+    segments = math.ceil(math.sqrt(n))
+    checkpoints = plan_uniform(make_trace([1] * n))
+    assert len(checkpoints) == (min(segments, n) - 1 if n > 1 else 0)
+    sizes = [b - a for a, b in zip((0, *checkpoints), (*checkpoints, n), strict=True)]
+    assert len(set(sizes[:-1])) <= 1  # equal segments; the remainder goes to the last one
+    assert all(sizes[-1] >= s for s in sizes[:-1])
+
+
+@pytest.mark.parametrize(("n", "segments"), [(10, 3), (7, 7), (22, 5), (5, 2)])
+def test_uniform_matches_checkpoint_sequential(n: int, segments: int) -> None:
+    """The boundaries are where torch's checkpoint_sequential really starts each checkpoint call."""
+    import torch
+    import torch.utils.checkpoint as ckpt
+
+    ends: list[int] = []
+    original = ckpt.checkpoint
+
+    def recording_checkpoint(fn, *args, **kwargs):
+        out = original(fn, *args, **kwargs)
+        ends.append(len(seen))  # layers run so far = the boundary where this checkpointed chunk ends
+        return out
+
+    layers = [nn.Identity() for _ in range(n)]
+    seen: list[int] = []
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda m, a, o, i=i: seen.append(i))
+    ckpt.checkpoint = recording_checkpoint
+    try:
+        checkpoint_sequential(nn.Sequential(*layers), segments, torch.ones(1, requires_grad=True),
+                              use_reentrant=False)
+    finally:
+        ckpt.checkpoint = original
+    assert len(seen) == n
+    assert uniform_boundaries(n, segments) == tuple(ends)
+
+
+def test_chen_sqrt_every_floor_sqrt_stages() -> None:
+    assert plan_chen_sqrt(make_trace([1] * 10)) == (3, 6, 9)
+    assert plan_chen_sqrt(make_trace([1] * 16)) == (4, 8, 12)
+    assert plan_chen_sqrt(make_trace([1])) == ()
+
+
+def test_greedy_pass_checkpoints_when_running_sum_passes_budget() -> None:
+    assert greedy_boundaries([3, 3, 3, 3, 3], 5) == (2, 4)
+    assert greedy_boundaries([10, 1, 1, 1], 5) == (1,)
+    assert greedy_boundaries([1, 1, 1], 100) == ()
+
+
+@pytest.mark.parametrize("cost_model", ["classic", "pytorch"])
+def test_chen_greedy_is_a_greedy_plan_no_worse_than_chens_budget(cost_model: str) -> None:
+    trace = make_trace([5, 1, 9, 2, 2, 8, 1, 1, 7, 3], [4, 4, 1, 9, 3, 3, 2, 8, 1, 1])
+    chosen = plan_chen_greedy(trace, cost_model=cost_model)
+    d = trace.column("output_bytes")
+    assert chosen in {greedy_boundaries(d, b) for b in range(1, sum(d) + 1)}
+    chen_budget = math.isqrt(sum(d) * max(d))
+    assert peak(trace, chosen, cost_model) <= peak(trace, greedy_boundaries(d, chen_budget), cost_model)

@@ -1,0 +1,58 @@
+"""Turn a trace into reported plans: run a planner, evaluate it, estimate its recompute time.
+
+This is the one place that knows how a planner's checkpoints become a :class:`~remat.client.plan.Plan`, so
+the CLI, the service and the worker all report the same figures for the same trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from remat.client.plan import COST_MODELS, Plan
+from remat.client.trace import Trace
+from remat.worker.cost_models import peak
+from remat.worker.planners import PLANNERS, get_planner
+
+
+def recompute_ms(trace: Trace, checkpoints: Sequence[int]) -> float | None:
+    """Extra forward time per step: every stage of every segment but the last is run twice.
+
+    The last stage of a checkpointed segment is counted whole although non-reentrant checkpointing stops at
+    its last saved tensor; this errs on the side of overhead. None when the trace has no forward times.
+    """
+    if not trace.has_times:
+        return None
+    last_start = checkpoints[-1] if checkpoints else 0
+    return sum(s.forward_ms or 0.0 for s in trace.stages[:last_start])
+
+
+def step_ms(trace: Trace) -> float | None:
+    """Forward plus backward time of one step without checkpointing, when the trace has both times."""
+    if not trace.has_times or any(s.backward_ms is None for s in trace.stages):
+        return None
+    return sum((s.forward_ms or 0.0) + (s.backward_ms or 0.0) for s in trace.stages)
+
+
+def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) -> Plan:
+    """Run one planner and report its plan under ``cost_model`` (default: the planner's own)."""
+    spec = get_planner(algorithm)
+    model = cost_model or spec.native_cost_model
+    if model not in COST_MODELS:
+        raise ValueError(f"cost model {model!r} is unknown; choose one of {', '.join(COST_MODELS)}")
+    checkpoints = spec.fn(trace, cost_model=model)
+    return Plan(
+        algorithm=algorithm,
+        cost_model=model,
+        checkpoints=tuple(checkpoints),
+        predicted_peak_bytes=peak(trace, checkpoints, model),
+        baseline_peak_bytes=peak(trace, (), model),
+        num_stages=trace.num_stages,
+        recompute_ms=recompute_ms(trace, checkpoints),
+        step_ms=step_ms(trace),
+    )
+
+
+def plan_all(trace: Trace, *, cost_model: str | None = None,
+             algorithms: Sequence[str] | None = None) -> list[Plan]:
+    """Plans from every registered algorithm (or those named), in registry order."""
+    return [make_plan(trace, name, cost_model=cost_model) for name in (algorithms or list(PLANNERS))]
