@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["apply", "Plan", "Trace", "load_trace"]
 
 _LAZY = {
-    "apply": ("remat.client.apply", "apply"),
+    "apply": ("remat.client.apply_plan", "apply"),
     "Plan": ("remat.client.plan", "Plan"),
     "Trace": ("remat.client.trace", "Trace"),
     "load_trace": ("remat.client.trace", "load_trace"),

@@ -6,7 +6,9 @@ Hierarchy::
     ├── TraceFormatError            a trace file or object breaks the remat-trace/1 contract (also ValueError)
     ├── PlanError                   a plan cannot be computed or used (also ValueError)
     │   └── PlanMismatchError       a plan's key does not match the model it is applied to
-    └── ServiceError                the plan service could not be reached or answered an error
+    ├── ServiceError                the plan service could not be reached or answered an error
+    └── ModelError                  a model cannot be resolved, traced or cut into stages (also ValueError)
+        └── UnknownModelError       a zoo name that torchvision does not know
 
 The CLI turns every ``RematError`` raised because of user input into a one-line message and exit code 2.
 """
@@ -32,3 +34,11 @@ class PlanMismatchError(PlanError):
 
 class ServiceError(RematError):
     """Transport or protocol failure talking to a remat service."""
+
+
+class ModelError(RematError, ValueError):
+    """A model cannot be resolved, traced or cut into a chain of stages; the message says why in one line."""
+
+
+class UnknownModelError(ModelError):
+    """A model name that the zoo does not know; the message lists close matches."""

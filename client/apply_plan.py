@@ -1,0 +1,205 @@
+"""Apply a checkpoint plan to a model at train time: ``model = remat.client.apply(model, plan)``.
+
+Public API::
+
+    apply(model, plan, *, key=None, strict=True) -> nn.Module     # returns ``model`` itself
+    remove(model) -> nn.Module                                     # undo apply
+    applied_plan(model) -> Plan | None
+    applied_chain(model) -> StageChain | None                      # built at apply time or first train call
+
+How: the model is cut into the same stage chain the profiler measured (``stage_graph.build_stage_chain``)
+and the *instance's* ``forward`` is replaced by one that runs the chain with every segment but the last
+under non-reentrant ``torch.utils.checkpoint``. The returned object is the original module, so its
+parameters, buffers, ``state_dict()`` keys, hooks and optimizers are untouched. In eval mode or without
+grad mode the class's own ``forward`` runs, unchanged. docs/apply.md lists what is guaranteed.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from remat.client.errors import ModelError, PlanError, PlanMismatchError
+from remat.client.hashing import architecture_hash
+from remat.client.plan import Plan
+from remat.client.plan_key import PlanKey, current_torch_version, normalize_dtype
+from remat.client.stage_graph import StageChain, build_stage_chain, trace_model
+from torch import nn
+
+__all__ = ["applied_chain", "applied_plan", "apply", "remove"]
+
+_STATE = "_remat_applied"
+
+
+@dataclass(eq=False)
+class _Applied:
+    plan: Plan
+    key: PlanKey | None
+    strict: bool
+    chain: StageChain | None = None
+    checked: bool = False
+
+    def __deepcopy__(self, memo: dict) -> _Applied:
+        # A deep-copied model gets its own chain, built from its own modules at its first training call.
+        return _Applied(plan=self.plan, key=self.key, strict=self.strict)
+
+
+def _plan_key(plan: Plan, key: PlanKey | None) -> PlanKey | None:
+    if key is not None:
+        return key
+    raw = plan.extra.get("key") if isinstance(plan.extra, Mapping) else None
+    if raw is None:
+        return None
+    if isinstance(raw, PlanKey):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise PlanError(f"plan: extra['key'] must be an object (PlanKey.to_dict()), got {type(raw).__name__}")
+    return PlanKey.from_dict(raw)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _example_for(key: PlanKey, model: nn.Module) -> torch.Tensor | None:
+    """A probe input with the key's shape and dtype on the model's device, without touching global RNG."""
+    dtype = getattr(torch, key.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        return None  # an autocast label or similar: wait for the first real batch
+    generator = torch.Generator().manual_seed(0)
+    if dtype.is_floating_point:
+        example = torch.randn(key.input_shape, generator=generator).to(dtype)
+    else:
+        example = torch.zeros(key.input_shape, dtype=dtype)
+    return example.to(_model_device(model))
+
+
+def _mismatch(plan: Plan, detail: str) -> PlanMismatchError:
+    return PlanMismatchError(f"plan ({plan.algorithm}, {plan.num_stages} stages) does not fit this model: {detail}")
+
+
+def _check_stages(state: _Applied) -> None:
+    assert state.chain is not None
+    n = state.chain.num_stages
+    if n != state.plan.num_stages:
+        # Boundary indices only mean something on the chain they were chosen for, so this is refused
+        # even with strict=False.
+        raise _mismatch(state.plan, f"the model splits into {n} stages, the plan into {state.plan.num_stages}")
+
+
+def _build(state: _Applied, model: nn.Module, example: torch.Tensor) -> None:
+    try:
+        state.chain = build_stage_chain(model, example, train=True)
+    except ModelError as exc:
+        raise _mismatch(state.plan, str(exc)) from exc
+    _check_stages(state)
+
+
+def _check_call(state: _Applied, x: torch.Tensor) -> None:
+    """First training call: the input signature must be the one the plan was measured for."""
+    key = state.key
+    if key is None or not state.strict:
+        return
+    diffs = []
+    if tuple(x.shape) != key.input_shape:
+        diffs.append(f"input_shape: plan {list(key.input_shape)} vs input {list(x.shape)}")
+    if isinstance(getattr(torch, key.dtype, None), torch.dtype) and normalize_dtype(x.dtype) != key.dtype:
+        diffs.append(f"dtype: plan {key.dtype} vs input {normalize_dtype(x.dtype)}")
+    if x.device.type != key.device:
+        diffs.append(f"device: plan {key.device} vs input {x.device.type}")
+    if diffs:
+        raise _mismatch(state.plan, "; ".join(diffs) + " (apply(..., strict=False) to use it anyway)")
+
+
+def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """Replacement forward: the chain with checkpoints in training, the class's forward otherwise."""
+    state: _Applied = self.__dict__[_STATE]
+    original = type(self).forward
+    if (
+        not self.training
+        or not torch.is_grad_enabled()
+        or len(args) != 1
+        or kwargs
+        or not isinstance(args[0], torch.Tensor)
+    ):
+        return original(self, *args, **kwargs)
+    x = args[0]
+    if state.chain is None:
+        _build(state, self, x)
+    if not state.checked:
+        _check_call(state, x)
+        state.checked = True
+    assert state.chain is not None
+    return state.chain.run(x, state.plan.checkpoints)
+
+
+def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: bool = True) -> nn.Module:
+    """Make ``model`` train with ``plan``'s checkpoints; returns the same module object.
+
+    Args:
+        model: the model to train. Only its instance ``forward`` is replaced; parameters, buffers,
+            submodules and ``state_dict()`` keys stay as they are, so optimizers built before or after
+            keep working, and so do saved checkpoints.
+        plan: the plan (``plan.checkpoints`` are stage boundaries 1..n-1 of the model's stage chain).
+        key: what the plan was made for; defaults to ``plan.extra["key"]`` (a ``PlanKey.to_dict()``).
+        strict: refuse a plan whose key does not match: architecture hash and torch version now, input
+            shape, dtype and device class at the first training call. A stage count that differs from
+            the plan's is refused even when not strict: the boundary indices would mean other cuts.
+
+    Raises:
+        PlanMismatchError: the plan was made for another model, input signature, mode or torch version.
+        PlanError: the plan or its key is malformed.
+    """
+    if not isinstance(plan, Plan):
+        raise PlanError(f"apply: expected a remat.client.plan.Plan, got {type(plan).__name__}")
+    key = _plan_key(plan, key)
+    remove(model)
+    if key is not None and strict:
+        if key.mode != "train":
+            raise _mismatch(plan, f"mode: plan {key.mode} vs train (checkpointing only matters in training)")
+        if key.torch_version != current_torch_version():
+            raise _mismatch(plan, f"torch_version: plan {key.torch_version} vs installed {current_torch_version()}")
+        try:
+            graph = trace_model(model, train=True)
+        except ModelError:
+            graph = None
+        model_hash = architecture_hash(model, graph=graph)
+        if model_hash != key.model_hash:
+            raise _mismatch(
+                plan, f"model_hash: plan {key.model_hash[:12]}… vs model {model_hash[:12]}… (another architecture)"
+            )
+    state = _Applied(plan=plan, key=key, strict=strict)
+    if key is not None:
+        example = _example_for(key, model)
+        if example is not None:
+            _build(state, model, example)
+    model.__dict__[_STATE] = state
+    model.__dict__["forward"] = types.MethodType(_forward, model)
+    return model
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Undo ``apply``: the model runs its class's forward again. A model without a plan is returned as is."""
+    if _STATE in model.__dict__:
+        del model.__dict__[_STATE]
+        model.__dict__.pop("forward", None)
+    return model
+
+
+def applied_plan(model: nn.Module) -> Plan | None:
+    """The plan applied to ``model``, or None."""
+    state = model.__dict__.get(_STATE)
+    return state.plan if state is not None else None
+
+
+def applied_chain(model: nn.Module) -> StageChain | None:
+    """The stage chain ``apply`` runs (None before it is built: without a key, at the first train call)."""
+    state = model.__dict__.get(_STATE)
+    return state.chain if state is not None else None

@@ -1,0 +1,194 @@
+"""apply(): a checkpointed training step is bit-identical to the unmodified model's (CPU), and nothing
+the user relies on (parameters, state_dict keys, optimizers, eval/no_grad behaviour) changes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torchvision
+from remat.client.apply_plan import applied_chain, applied_plan, apply, remove
+from remat.client.errors import PlanMismatchError
+from remat.client.plan import Plan
+from remat.client.plan_key import PlanKey
+from remat.client.stage_graph import StageChain
+from torch import nn
+
+SHAPE = (2, 3, 64, 64)
+
+
+def _plan(num_stages: int, checkpoints: tuple[int, ...], key: PlanKey | None = None) -> Plan:
+    return Plan(
+        algorithm="test",
+        cost_model="classic",
+        checkpoints=checkpoints,
+        predicted_peak_bytes=0,
+        baseline_peak_bytes=0,
+        num_stages=num_stages,
+        extra={"key": key.to_dict()} if key is not None else {},
+    )
+
+
+def _step(model: nn.Module, x: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    torch.manual_seed(seed)
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss.detach()
+
+
+def _assert_same_step(model: nn.Module, ref: nn.Module, x: torch.Tensor) -> None:
+    """One training step on both: loss, every gradient and every buffer bit-identical."""
+    assert torch.equal(_step(model, x), _step(ref, x))
+    grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)]
+    assert all(g is not None and torch.equal(g, h) for g, h in grads)
+    # BatchNorm running stats (and num_batches_tracked) end the step as without checkpointing.
+    buffers = list(zip(model.named_buffers(), ref.named_buffers(), strict=True))
+    differing = [name for (name, b), (_, c) in buffers if not torch.equal(b, c)]
+    assert not differing, differing
+
+
+@pytest.fixture(scope="module")
+def resnet() -> nn.Module:
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(num_classes=10)
+
+
+def _applied_resnet(resnet: nn.Module, checkpoints: tuple[int, ...] = (3, 7, 10)) -> tuple[nn.Module, nn.Module]:
+    model, ref = copy.deepcopy(resnet), copy.deepcopy(resnet)
+    key = PlanKey.for_model(model, SHAPE)
+    assert apply(model, _plan(14, checkpoints, key)) is model
+    return model, ref
+
+
+def test_resnet_step_is_bit_identical(resnet: nn.Module) -> None:
+    model, ref = _applied_resnet(resnet)
+    chain = applied_chain(model)
+    assert chain is not None and chain.num_stages == 14
+    calls = []
+    for st in chain._stages:  # make sure the checkpointed path is what ran
+        st.module.register_forward_pre_hook(lambda *_: calls.append(1))
+    _assert_same_step(model, ref, torch.randn(SHAPE))
+    # 14 stages on the forward plus the recomputed stages 1..10 of the three checkpointed segments.
+    assert len(calls) == 14 + 10
+
+
+def test_vgg_dropout_in_checkpointed_segments_is_bit_identical() -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.vgg11(num_classes=10)
+    # The same classifier structure (Linear, ReLU, Dropout ×2, Linear) at a width a CPU test can afford.
+    model.avgpool = nn.AdaptiveAvgPool2d(1)
+    model.classifier = nn.Sequential(
+        nn.Linear(512, 64), nn.ReLU(True), nn.Dropout(), nn.Linear(64, 64), nn.ReLU(True), nn.Dropout(),
+        nn.Linear(64, 10),
+    )
+    ref = copy.deepcopy(model)
+    key = PlanKey.for_model(model, SHAPE)
+    n = 20
+    plan = _plan(n, (n // 2, n - 1), key)
+    apply(model, plan)
+    chain = applied_chain(model)
+    assert chain is not None and chain.num_stages == n
+    # Both classifier dropouts sit in the checkpointed segment n//2+1 .. n-1, not in the last one.
+    dropout_stages = [i for i, nodes in enumerate(chain.stage_nodes, 1) for node in nodes if "classifier_2" in node
+                      or "classifier_5" in node]
+    assert len(dropout_stages) == 2 and all(n // 2 < i < n for i in dropout_stages), chain.stage_nodes
+    x = torch.randn(SHAPE)
+    with torch.no_grad():  # dropout is really on: other seeds, other outputs
+        assert not torch.equal(ref(x), ref(x))
+    _assert_same_step(model, ref, x)
+
+
+def test_eval_and_no_grad_run_the_original_forward(resnet: nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, ref = _applied_resnet(resnet)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the stage chain ran")
+
+    monkeypatch.setattr(StageChain, "run", refuse)
+    x = torch.randn(SHAPE)
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))  # train mode, no grad: BN stats updated once, as in ref
+    model.eval()
+    ref.eval()
+    assert torch.equal(model(x), ref(x))
+    assert all(torch.equal(b, c) for b, c in zip(model.buffers(), ref.buffers(), strict=True))
+
+
+def test_parameters_optimizer_and_state_dict_are_the_originals(resnet: nn.Module) -> None:
+    model = copy.deepcopy(resnet)
+    ref = copy.deepcopy(resnet)
+    keys = list(model.state_dict())
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # built before apply
+    apply(model, _plan(14, (5, 9), PlanKey.for_model(model, SHAPE)))
+    ref_optimizer = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    assert list(model.state_dict()) == keys
+    assert all(p is q for p, q in zip(model.parameters(), params, strict=True))
+    x = torch.randn(SHAPE)
+    for _ in range(2):
+        optimizer.zero_grad()
+        ref_optimizer.zero_grad()
+        _assert_same_step(model, ref, x)
+        optimizer.step()
+        ref_optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+    # A checkpoint saved from the applied model loads into a plain one, and back.
+    plain = copy.deepcopy(resnet)
+    plain.load_state_dict(model.state_dict())
+    model.load_state_dict(plain.state_dict())
+    assert applied_plan(model) is not None
+    assert remove(model) is model and applied_plan(model) is None and "forward" not in vars(model)
+
+
+def test_mismatched_plans_are_refused(resnet: nn.Module) -> None:
+    model = copy.deepcopy(resnet)
+    key = PlanKey.for_model(model, SHAPE)
+    other = copy.deepcopy(resnet)
+    other.fc = nn.Linear(512, 11)
+    with pytest.raises(PlanMismatchError, match="model_hash"):
+        apply(other, _plan(14, (5,), key))
+    with pytest.raises(PlanMismatchError, match="torch_version"):
+        apply(model, _plan(14, (5,), PlanKey(**{**key.to_dict(), "torch_version": "1.13"})))
+    with pytest.raises(PlanMismatchError, match="14 stages"):
+        apply(model, _plan(9, (5,), key))
+    with pytest.raises(PlanMismatchError, match="14 stages"):
+        apply(model, _plan(9, (5,), key), strict=False)  # boundary indices would mean other cuts
+    assert applied_plan(model) is None
+
+    # The input signature is checked at the first training call.
+    apply(model, _plan(14, (5,), key))
+    with pytest.raises(PlanMismatchError, match=r"input_shape: plan \[2, 3, 64, 64\] vs input \[4, 3, 64, 64\]"):
+        model(torch.randn(4, 3, 64, 64))
+    apply(model, _plan(14, (5,), key), strict=False)
+    model(torch.randn(4, 3, 64, 64)).sum().backward()
+
+
+def test_plan_without_key_builds_at_first_training_call(resnet: nn.Module) -> None:
+    model, ref = copy.deepcopy(resnet), copy.deepcopy(resnet)
+    apply(model, _plan(14, (4, 8)))
+    assert applied_chain(model) is None
+    _assert_same_step(model, ref, torch.randn(SHAPE))
+    assert applied_chain(model) is not None
+
+    wrong = copy.deepcopy(resnet)
+    apply(wrong, _plan(13, (4, 8)))
+    with pytest.raises(PlanMismatchError, match="14 stages"):
+        wrong(torch.randn(SHAPE))
+
+
+@pytest.mark.cuda
+def test_cuda_step_matches(resnet: nn.Module) -> None:
+    """On GPU some backward kernels are not deterministic, so gradients are compared with a tolerance."""
+    model, ref = copy.deepcopy(resnet).cuda(), copy.deepcopy(resnet).cuda()
+    key = PlanKey.for_model(model, SHAPE)
+    assert key.device == "cuda"
+    apply(model, _plan(14, (3, 7, 10), key))
+    x = torch.randn(SHAPE, device="cuda")
+    torch.testing.assert_close(_step(model, x), _step(ref, x))
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    for b, c in zip(model.buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(b, c)
+    with pytest.raises(PlanMismatchError, match="device: plan cuda vs input cpu"):
+        apply(model.cpu(), _plan(14, (3,), key))(torch.randn(SHAPE))
