@@ -59,16 +59,17 @@ def _print_plan_table(plans: Sequence[Plan], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("algorithm", "checkpoints", "predicted peak", "saving vs none", "recompute"):
-        table.add_column(column, justify="left" if column in ("algorithm", "checkpoints") else "right")
+    for column in ("algorithm", "checkpoints", "cost model", "predicted peak", "saving vs none", "recompute"):
+        table.add_column(column, justify="left" if column in ("algorithm", "checkpoints", "cost model") else "right")
     for p in plans:
         overhead = p.recompute_overhead
         recompute = "-" if p.recompute_ms is None else f"{p.recompute_ms:.1f} ms"
         if overhead is not None:
             recompute += f" (+{overhead:.0%})"
-        table.add_row(p.algorithm, _format_checkpoints(p.checkpoints), _format_bytes(p.predicted_peak_bytes),
+        table.add_row(p.algorithm, _format_checkpoints(p.checkpoints), p.cost_model, _format_bytes(p.predicted_peak_bytes),
                       f"{p.saving:.1%}", recompute)
-    Console().print(table)
+    # A pipe gets no terminal width; 80 columns would truncate the checkpoint lists.
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
 
 
 def _load_trace_or_fail(path: str) -> Trace:

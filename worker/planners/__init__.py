@@ -38,7 +38,7 @@ PLANNERS: dict[str, PlannerSpec] = {
         PlannerSpec("chen-greedy", baselines.plan_chen_greedy, "pytorch",
                     "Chen et al.: greedy running-sum budget, swept"),
         PlannerSpec("cubic", cubic.plan, "classic", "exact minimiser of the classic model, O(n^3)"),
-        PlannerSpec("linear", linear.plan, "pytorch", "exact minimiser of the pytorch model"),
+        PlannerSpec("linear", linear.plan, "pytorch", "exact minimiser of the pytorch model, O(n log^2 n)"),
     )
 }
 DEFAULT_PLANNER = "linear"

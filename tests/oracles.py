@@ -1,0 +1,37 @@
+"""Oracles that judge the exact planners: exhaustive search over every plan (algorithms.md §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import combinations
+
+from remat.client.trace import Trace
+
+CostFn = Callable[[Trace, Sequence[int]], int]
+
+#: Beyond this many stages 2^(n-1) plans is too many to enumerate in a test.
+MAX_EXHAUSTIVE_STAGES = 16
+
+
+def exhaustive_min(trace: Trace, cost_fn: CostFn) -> tuple[int, tuple[int, ...]]:
+    """The minimum of ``cost_fn`` over all 2^(n-1) plans, and the first plan that attains it.
+
+    Plans are enumerated by increasing number of checkpoints, then lexicographically, so among optimal
+    plans the one returned has the fewest checkpoints. ``cost_fn(trace, checkpoints)`` is any cost model
+    (``classic_peak``, ``pytorch_peak`` or a closure over precomputed tables).
+
+    Raises:
+        ValueError: when the trace has more than :data:`MAX_EXHAUSTIVE_STAGES` stages.
+    """
+    n = trace.num_stages
+    if n > MAX_EXHAUSTIVE_STAGES:
+        raise ValueError(f"exhaustive search over 2^{n - 1} plans is too slow; n ≤ {MAX_EXHAUSTIVE_STAGES}")
+    boundaries = range(1, n)
+    best: tuple[int, tuple[int, ...]] | None = None
+    for size in range(n):
+        for plan in combinations(boundaries, size):
+            cost = cost_fn(trace, plan)
+            if best is None or cost < best[0]:
+                best = (cost, plan)
+    assert best is not None  # size 0 always yields the empty plan
+    return best
