@@ -1,0 +1,1 @@
+"""Migration scripts, oldest first; see migrations/__init__.py."""

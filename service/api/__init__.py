@@ -1,0 +1,1 @@
+"""The FastAPI application of the plan service; see app.py."""

@@ -1,0 +1,143 @@
+"""The FastAPI application: routers, error handlers, the body size limit, and the shared state.
+
+``create_app(settings)`` builds everything eagerly (database engine, migrations when
+``REMAT_AUTO_MIGRATE``, cache client, broker client) so that a misconfigured server fails at start-up and
+an in-process client (tests, schemathesis) needs no lifespan events.
+
+Errors leave as ``{"detail": "<field>: <what is wrong>"}``: request validation errors are flattened to
+one line naming the field, trace and key errors keep the message of the library that raised them, and a
+database that cannot be reached is a 503, not a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from remat.client.errors import PlanError, TraceFormatError
+from remat.service import migrate
+from remat.service.api.deps import ServiceState
+from remat.service.api.limits import BodySizeLimitMiddleware
+from remat.service.api.routes import health, jobs, measurements, plans, traces
+from remat.service.cache import PlanCache
+from remat.service.celery_client import JobQueue
+from remat.service.config import ServiceSettings, redact_url
+from remat.service.db import Database
+from remat.service.errors import InvalidKeyError
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+log = logging.getLogger(__name__)
+
+
+def _operation_id(route: APIRoute) -> str:
+    """Stable OpenAPI operation ids (``plans-read_plan``) so generated clients keep their method names."""
+    return f"{route.tags[0]}-{route.name}" if route.tags else route.name
+
+
+def _field(loc: Sequence[Any]) -> str:
+    parts = [p for p in loc if p not in ("body", "query", "path", "header")] or list(loc[-1:])
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "request: invalid"
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"body: malformed JSON ({first.get('ctx', {}).get('error', 'cannot be decoded')})"
+    msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    field = _field(first.get("loc", ()))
+    if msg.startswith(f"{field}:") or (": " in msg and msg.split(": ", 1)[0].isidentifier()):
+        return msg  # a model validator that already names its field
+    return f"{field}: {msg}"
+
+
+async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(status_code=422, content={"detail": _validation_message(exc)})
+
+
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    """Name the field in FastAPI's own messages, and list every method of a path in a 405's ``Allow``."""
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:
+        return JSONResponse(status_code=400, content={"detail": "body: cannot be decoded as UTF-8 JSON"})
+    if exc.status_code == 405:
+        # Starlette answers with the methods of the first route that matched the path only.
+        methods = sorted({m for route in request.app.router.routes
+                          if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE
+                          for m in route.methods})
+        return JSONResponse(status_code=405, headers={"Allow": ", ".join(methods)},
+                            content={"detail": f"method: {request.method} is not allowed on {request.url.path}; "
+                                               f"use {', '.join(methods)}"})
+    return await http_exception_handler(request, exc)
+
+
+async def _on_bad_input(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+
+async def _on_database_down(_request: Request, exc: Exception) -> JSONResponse:
+    log.warning("remat service: database unavailable: %s", exc)
+    return JSONResponse(status_code=503, headers={"Retry-After": "5"},
+                        content={"detail": f"database: unavailable ({type(exc).__name__})"})
+
+
+def build_state(settings: ServiceSettings) -> ServiceState:
+    """Open the database (migrating it when configured to), the cache and the broker client."""
+    db = Database(settings.database_url)
+    try:
+        if settings.auto_migrate:
+            if migrate.ensure_current(db):
+                log.info("remat service: migrated %s to %s", redact_url(db.url), migrate.head_revision())
+    except BaseException:
+        db.dispose()
+        raise
+    return ServiceState(settings=settings, db=db, cache=PlanCache(settings), queue=JobQueue(settings))
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    """The ASGI app; ``settings`` default to the environment (``REMAT_*``)."""
+    settings = settings or ServiceSettings()
+    state = build_state(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.close()
+
+    app = FastAPI(
+        title="remat plan service",
+        version="1",
+        summary="Measured activation-checkpointing plans, stored by architecture hash.",
+        generate_unique_id_function=_operation_id,
+        lifespan=lifespan,
+    )
+    app.state.remat = state
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    for bad_input in (TraceFormatError, InvalidKeyError, PlanError):
+        app.add_exception_handler(bad_input, _on_bad_input)
+    for db_down in (OperationalError, InterfaceError, PoolTimeoutError):
+        app.add_exception_handler(db_down, _on_database_down)
+    for module in (health, traces, plans, measurements, jobs):
+        app.include_router(module.router)
+    return app

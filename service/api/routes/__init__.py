@@ -1,0 +1,1 @@
+"""One router per resource: health, traces, plans, measurements, jobs."""

@@ -1,0 +1,31 @@
+"""``GET /healthz``: can the service reach its database and its cache?"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from remat.service import repository
+from remat.service.api.deps import StateDep
+from remat.service.schemas import HealthOut
+from sqlalchemy.exc import SQLAlchemyError
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=HealthOut, responses={503: {"model": HealthOut}})
+def read_health(state: StateDep) -> JSONResponse:
+    """Database and Redis reachability; 503 only when the database is down (a dead cache only slows reads)."""
+    try:
+        with state.db.read_session() as session:
+            repository.ping(session=session)
+        database = {"ok": True, "detail": None}
+    except SQLAlchemyError as exc:
+        database = {"ok": False, "detail": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    if state.cache.enabled:
+        error = state.cache.ping()
+        cache = {"ok": error is None, "detail": error}
+    else:
+        cache = {"ok": True, "detail": "disabled"}
+    status = "unavailable" if not database["ok"] else "ok" if cache["ok"] else "degraded"
+    body = HealthOut.model_validate({"status": status, "database": database, "cache": cache})
+    return JSONResponse(status_code=503 if status == "unavailable" else 200, content=body.model_dump())

@@ -1,0 +1,34 @@
+"""``POST /v1/measurements``: attach a validation run (measured peak, step time, gradient check) to a plan."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi.responses import JSONResponse
+from remat.service import repository
+from remat.service.api.deps import WRITE_RESPONSES, StateDep, require_writer
+from remat.service.keys import PlanKey
+from remat.service.records import Measurement
+from remat.service.schemas import ErrorOut, MeasurementCreate, MeasurementOut
+
+router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=MeasurementOut,
+             responses={404: {"model": ErrorOut, "description": "No such plan is stored."}, **WRITE_RESPONSES},
+             dependencies=[Depends(require_writer)])
+def create_measurement(body: MeasurementCreate, state: StateDep) -> JSONResponse:
+    """Record what a real training step with the plan measured; the plan's cached reads are invalidated."""
+    key = PlanKey(**body.key.model_dump())
+    fields = body.model_dump(exclude={"key", "algorithm", "budget_bytes", "checkpoints"})
+    measurement = Measurement(checkpoints=tuple(body.checkpoints) if body.checkpoints is not None else None,
+                              **fields)
+    with state.db.write_session() as session:
+        stored = repository.store_measurement(session=session, key=key, algorithm=body.algorithm,
+                                              budget_bytes=body.budget_bytes, measurement=measurement)
+    if stored is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND,
+                            detail=f"key: no {body.algorithm} plan is stored for {key.model_hash} with "
+                                   f"input_shape {key.input_shape_text or '()'}, dtype {key.dtype}, "
+                                   f"device {key.device}, mode {key.mode}, grads {key.grads}")
+    state.cache.delete_plans(key, [(body.algorithm, body.budget_bytes)])
+    return JSONResponse(status_code=status.HTTP_201_CREATED, content=stored.to_dict())

@@ -1,0 +1,101 @@
+"""``GET /v1/plans/{model_hash}`` (one plan, through the cache) and ``GET /v1/plans`` (search)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
+from fastapi.responses import Response
+from remat.service import repository
+from remat.service.api.deps import OPTIONAL_AUTH, READ_RESPONSES, StateDep, require_reader
+from remat.service.keys import (
+    DEVICE_PATTERN,
+    DTYPE_PATTERN,
+    MAX_DIM,
+    MAX_FIELD_BYTES,
+    MODEL_HASH_PATTERN,
+    PlanKey,
+    normalize_device,
+    normalize_dtype,
+)
+from remat.service.schemas import ErrorOut, PlanRecordOut, PlansPage
+from remat.worker.planners import DEFAULT_PLANNER, PLANNERS
+
+router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_reader)])
+
+Algorithm = Literal[tuple(PLANNERS)]  # type: ignore[valid-type]  # the registry is the one list of names
+ModelHashPath = Annotated[str, Path(pattern=f"^{MODEL_HASH_PATTERN}$", description="Architecture hash.")]
+InputShapeQuery = Annotated[str, Query(
+    pattern=r"^([0-9]{1,10}(,[0-9]{1,10}){0,7})?$", examples=["32,3,224,224"],
+    description=f"Full input shape, batch included, comma-separated (each dimension 1..{MAX_DIM}).")]
+DtypeQuery = Annotated[str, Query(pattern=f"^{DTYPE_PATTERN}$", examples=["float32"])]
+DeviceQuery = Annotated[str, Query(pattern=f"^{DEVICE_PATTERN}$", examples=["cuda"],
+                                   description="Device class; an index (cuda:1) is ignored.")]
+JSON_MEDIA = "application/json"
+
+
+def _json(content: object) -> bytes:
+    return json.dumps(content, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+@router.get("/{model_hash}", response_model=PlanRecordOut,
+            responses={404: {"model": ErrorOut, "description": "No plan is stored for this key."},
+                       **READ_RESPONSES},
+            openapi_extra=OPTIONAL_AUTH)
+def read_plan(
+    state: StateDep,
+    model_hash: ModelHashPath,
+    input_shape: InputShapeQuery,
+    dtype: DtypeQuery,
+    device: DeviceQuery,
+    mode: Literal["train", "eval"] = "train",
+    grads: Literal["none", "kept"] = "none",
+    algorithm: Algorithm = DEFAULT_PLANNER,
+    budget: Annotated[int | None, Query(ge=1, le=MAX_FIELD_BYTES, description="Bytes; omit for min peak.")] = None,
+) -> Response:
+    """The plan for one key, algorithm and budget, with its prediction, provenance and measurements.
+
+    Served from Redis when cached (header ``X-Remat-Cache: hit``); a miss reads the database and fills the
+    cache.
+    """
+    key = PlanKey(model_hash=model_hash, input_shape=input_shape, dtype=dtype, device=device, mode=mode,
+                  grads=grads)
+    name = state.cache.key_name(key, algorithm, budget)
+    cached = state.cache.get(name)
+    if cached is not None:
+        return Response(content=cached, media_type=JSON_MEDIA, headers={"X-Remat-Cache": "hit"})
+    with state.db.read_session() as session:
+        record = repository.get_plan(session=session, key=key, algorithm=algorithm, budget_bytes=budget)
+    if record is None:
+        budget_text = f"budget {budget} bytes" if budget else "no budget"
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            detail=f"model_hash: no {algorithm} plan ({budget_text}) for {model_hash} with input_shape "
+                   f"{key.input_shape_text or '()'}, dtype {key.dtype}, device {key.device}, mode {mode}, "
+                   f"grads {grads}; POST its trace to /v1/traces or a profiling job to /v1/jobs")
+    body = _json(record.to_dict())
+    state.cache.set(name, body)
+    return Response(content=body, media_type=JSON_MEDIA, headers={"X-Remat-Cache": "miss"})
+
+
+@router.get("", response_model=PlansPage, responses=READ_RESPONSES, openapi_extra=OPTIONAL_AUTH)
+def list_plans(
+    state: StateDep,
+    model_hash: Annotated[str | None, Query(pattern=f"^{MODEL_HASH_PATTERN}$")] = None,
+    model: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$",
+                                       description="Model name as recorded in the trace.")] = None,
+    algorithm: Algorithm | None = None,
+    device: Annotated[str | None, Query(pattern=f"^{DEVICE_PATTERN}$")] = None,
+    dtype: Annotated[str | None, Query(pattern=f"^{DTYPE_PATTERN}$")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> Response:
+    """Search stored plans, newest first; ``count`` is the number of matches across all pages."""
+    norm_device = normalize_device(device) if device else None
+    norm_dtype = normalize_dtype(dtype) if dtype else None
+    with state.db.read_session() as session:
+        records, total = repository.list_plans(session=session, model_hash=model_hash, model=model,
+                                               algorithm=algorithm, device=norm_device, dtype=norm_dtype,
+                                               limit=limit, offset=offset)
+    return Response(content=_json({"data": [r.to_dict() for r in records], "count": total}), media_type=JSON_MEDIA)

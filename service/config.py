@@ -1,0 +1,93 @@
+"""Settings of the plan service and of the embedded plan store: the one place that reads the environment.
+
+Every field can be set by an environment variable named ``REMAT_<FIELD>`` (``REMAT_DATABASE_URL``,
+``REMAT_API_TOKEN``...). Code elsewhere receives a :class:`ServiceSettings` instance instead of reading
+``os.environ``, so tests build settings explicitly and never leak configuration between each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from platformdirs import user_cache_dir
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SQLITE_NAME = "remat.sqlite"
+
+
+def redact_url(url: str) -> str:
+    """``scheme://user:***@host/...``: URLs go into logs and job errors, their passwords must not."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+
+
+def default_database_url() -> str:
+    """The embedded default: one SQLite file in the user's cache directory, shared by CLI runs."""
+    return f"sqlite:///{Path(user_cache_dir('remat')) / DEFAULT_SQLITE_NAME}"
+
+
+class ServiceSettings(BaseSettings):
+    """Configuration of the database, cache, broker, HTTP server and access control."""
+
+    model_config = SettingsConfigDict(env_prefix="REMAT_", extra="ignore", frozen=True)
+
+    database_url: str = Field(default_factory=default_database_url)
+    """SQLAlchemy URL. Default: a SQLite file under the user cache dir; PostgreSQL as
+    ``postgresql+psycopg://user@host:5432/db``."""
+    redis_url: str | None = "redis://127.0.0.1:6379/0"
+    """Redis for the plan read cache; empty to run without a cache."""
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    """Celery broker that profiling jobs are sent to."""
+    job_queue: str | None = None
+    """Celery queue for profiling jobs; None sends them to the worker app's default queue."""
+    api_token: SecretStr | None = None
+    """Bearer token that writes require. Unset means every write is refused: never open by default."""
+    read_token: SecretStr | None = None
+    """Token for reads when ``read_token_required``; the write token is accepted for reads too."""
+    read_token_required: bool = False
+    """Require a bearer token for reads as well (private clusters)."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Request bodies above this are refused with 413; a 10^5-stage trace is about 6 MB."""
+    cache_ttl_s: int = Field(default=300, ge=1)
+    """Upper bound on how long a cached plan can outlive a write (see NOTE [cache coherence] in cache.py)."""
+    cache_prefix: str = "remat:"
+    """Prefix of every Redis key the cache writes, so one Redis can serve several deployments."""
+    redis_timeout_s: float = Field(default=0.2, gt=0)
+    """Socket connect/read timeout for the cache: a slow Redis must not slow plan reads down."""
+    redis_retry_after_s: float = Field(default=5.0, ge=0)
+    """After a Redis failure, skip the cache for this long instead of paying the timeout per request."""
+    broker_timeout_s: float = Field(default=2.0, gt=0)
+    """Connect timeout when enqueueing a job; past it the job is recorded as not enqueued."""
+    auto_migrate: bool = True
+    """Run ``alembic upgrade head`` when the service starts (the embedded store always does on SQLite)."""
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _empty_redis_is_none(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "off"):
+            return None
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _psycopg_driver(cls, value: str) -> str:
+        # A bare postgresql:// URL would pick psycopg2, which is not installed; psycopg 3 is.
+        for prefix in ("postgresql://", "postgres://"):
+            if value.startswith(prefix):
+                return "postgresql+psycopg://" + value[len(prefix):]
+        return value
+
+    @property
+    def broker_url_redacted(self) -> str:
+        """The broker URL with any password masked, for messages that end up in the jobs table."""
+        return redact_url(self.broker_url)
+
+    @property
+    def writes_enabled(self) -> bool:
+        return self.api_token is not None and bool(self.api_token.get_secret_value())

@@ -1,0 +1,100 @@
+"""Engine and session factories for SQLite (embedded) and PostgreSQL (cluster).
+
+NOTE [SQLite write transactions]: SQLite allows one writer at a time. A transaction that reads first and
+writes later gets ``SQLITE_BUSY`` immediately, without waiting on the busy timeout, when another connection
+committed in between (its snapshot is stale). Write sessions therefore open with ``BEGIN IMMEDIATE``, which
+takes the write lock up front and waits politely; read sessions use a plain ``BEGIN`` so that readers never
+queue behind each other (WAL mode lets them run beside the writer). pysqlite's own implicit transactions are
+switched off so that these BEGINs are the ones that run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
+
+SQLITE_BUSY_TIMEOUT_S = 30.0
+_WRITE_OPTION = "remat_write"
+
+
+def _is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def _sqlite_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    database = parsed.database or ""
+    in_memory = database in ("", ":memory:")
+    if not in_memory:
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}}
+    if in_memory:
+        kwargs["poolclass"] = StaticPool  # one shared connection, or every session would see an empty DB
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # see NOTE [SQLite write transactions]
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        if not in_memory:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        write = conn.get_execution_options().get(_WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine for ``url`` with the settings this service relies on (see module NOTE)."""
+    if _is_sqlite(url):
+        return _sqlite_engine(url)
+    # pre_ping: a PostgreSQL restart must cost one reconnect, not a 500 per pooled connection.
+    return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5})
+
+
+class Database:
+    """An engine plus the two kinds of transactional sessions the repository is used with."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._write_bind = self.engine.execution_options(**{_WRITE_OPTION: True})
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.engine.dialect.name == "sqlite"
+
+    @contextmanager
+    def read_session(self) -> Iterator[Session]:
+        """A session in one transaction that only reads (a plain ``BEGIN`` on SQLite)."""
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def write_session(self) -> Iterator[Session]:
+        """A session in one transaction, committed when the block exits normally, rolled back otherwise."""
+        with Session(self._write_bind, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def write_connection(self) -> Iterator[Any]:
+        """A connection in a write transaction (migrations take the SQLite write lock through it)."""
+        with self._write_bind.connect() as conn, conn.begin():
+            yield conn
+
+    def dispose(self) -> None:
+        self.engine.dispose()

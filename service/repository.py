@@ -1,0 +1,344 @@
+"""Reads and writes of the plan database, shared by the HTTP API, the embedded store and the worker.
+
+Every function is keyword-only, takes the caller's :class:`~sqlalchemy.orm.Session` and runs inside the
+transaction the caller opened (``Database.write_session()`` / ``read_session()``): the caller decides what
+one unit of work is, and nothing here commits. Lookups return ``None`` on a miss; nothing here knows HTTP.
+
+NOTE [idempotent writes]: writers race (two workers profiling the same model, a client retrying a POST).
+Every insert that can collide is an ``INSERT ... ON CONFLICT`` on a unique key, so the second writer either
+finds the first's row (architectures, traces: DO NOTHING then select) or replaces its content (plans: DO
+UPDATE, latest profile wins). Neither raises, on SQLite or PostgreSQL. Rows of one statement are sorted by
+key so that two PostgreSQL transactions upserting the same plans lock them in the same order and cannot
+deadlock. Only bound parameters reach the SQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from remat.client.plan import Plan
+from remat.client.trace import Trace, parse_trace
+from remat.service.keys import PlanKey, check_storable, content_sha256
+from remat.service.models import (
+    NO_BUDGET,
+    Architecture,
+    JobRow,
+    MeasurementRow,
+    PlanRow,
+    TraceRow,
+    TraceStageRow,
+    utcnow,
+)
+from remat.service.records import (
+    FINISHED_JOB_STATES,
+    JOB_STATES,
+    JobRecord,
+    Measurement,
+    PlanRecord,
+    StoredTrace,
+    TraceInfo,
+)
+from sqlalchemy import Select, func, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+_STAGE_CHUNK = 5000
+MAX_MEASUREMENTS_PER_PLAN = 20
+_PLAN_KEY_COLUMNS = ("architecture_id", "input_shape", "dtype", "mode", "grads", "device_class",
+                     "algorithm", "budget_bytes")
+
+
+def _insert(session: Session, table: Any) -> Any:
+    """The dialect's INSERT, which has ``on_conflict_do_*`` (both SQLite and PostgreSQL spell it alike)."""
+    dialect = session.get_bind().dialect.name
+    module = {"postgresql": postgresql, "sqlite": sqlite}.get(dialect)
+    if module is None:
+        raise NotImplementedError(f"database dialect {dialect!r} is not supported; use SQLite or PostgreSQL")
+    return module.insert(table)
+
+
+def ping(*, session: Session) -> None:
+    """Run a trivial query; raises the driver's error when the database is unreachable."""
+    session.execute(text("SELECT 1"))
+
+
+# --- traces -----------------------------------------------------------------------------------------------
+
+def _architecture_id(session: Session, *, model_hash: str, name: str | None, trace: Trace) -> int:
+    names_digest = hashlib.sha256("\n".join(s.name for s in trace.stages).encode("utf-8")).hexdigest()
+    summary = {"num_stages": trace.num_stages, "stage_names_sha256": names_digest}
+    stmt = _insert(session, Architecture.__table__).values(
+        hash=model_hash, name=name, graph_summary=summary, created_at=utcnow())
+    session.execute(stmt.on_conflict_do_nothing(index_elements=["hash"]))
+    return session.execute(select(Architecture.id).where(Architecture.hash == model_hash)).scalar_one()
+
+
+def _stage_rows(trace_id: int, trace: Trace) -> Iterable[dict[str, Any]]:
+    for position, s in enumerate(trace.stages):
+        yield {"trace_id": trace_id, "position": position, "name": s.name, "output_bytes": s.output_bytes,
+               "saved_bytes": s.saved_bytes, "forward_peak_bytes": s.forward_peak_bytes,
+               "recompute_peak_bytes": s.recompute_peak_bytes, "backward_peak_bytes": s.backward_peak_bytes,
+               "param_grad_bytes": s.param_grad_bytes, "saves_input": s.saves_input,
+               "saves_output": s.saves_output, "forward_ms": s.forward_ms, "backward_ms": s.backward_ms,
+               "extra": dict(s.extra) or None}
+
+
+def store_trace(*, session: Session, trace: Trace) -> StoredTrace:
+    """Store a trace and its stages once per distinct content; storing it again is a no-op.
+
+    Raises:
+        TraceRejectedError: the trace exceeds the database's limits or its key metadata is malformed.
+    """
+    check_storable(trace)
+    digest = content_sha256(trace)
+    key = PlanKey.from_trace(trace, content_hash=digest)
+    meta = trace.metadata
+    arch_id = _architecture_id(session, model_hash=key.model_hash, name=meta.get("model"), trace=trace)
+    stmt = _insert(session, TraceRow.__table__).values(
+        architecture_id=arch_id, content_sha256=digest, input_shape=key.input_shape_text, dtype=key.dtype,
+        mode=key.mode, grads=key.grads, device_class=key.device, device_name=meta.get("device_name"),
+        torch_version=meta.get("torch_version"), batch_size=meta.get("batch_size"),
+        input_bytes=trace.input_bytes, num_stages=trace.num_stages, metadata=dict(meta), created_at=utcnow())
+    stmt = stmt.on_conflict_do_nothing(index_elements=["content_sha256"]).returning(TraceRow.__table__.c.id)
+    trace_id = session.execute(stmt).scalar_one_or_none()
+    if trace_id is None:
+        existing = select(TraceRow.id).where(TraceRow.content_sha256 == digest)
+        return StoredTrace(trace_id=session.execute(existing).scalar_one(), key=key, content_sha256=digest,
+                           created=False)
+    rows = list(_stage_rows(trace_id, trace))
+    for start in range(0, len(rows), _STAGE_CHUNK):
+        session.execute(TraceStageRow.__table__.insert(), rows[start:start + _STAGE_CHUNK])
+    return StoredTrace(trace_id=trace_id, key=key, content_sha256=digest, created=True)
+
+
+def load_trace(*, session: Session, trace_id: int) -> Trace | None:
+    """Rebuild a stored trace (the worker plans from it again when planners change)."""
+    row = session.get(TraceRow, trace_id)
+    if row is None:
+        return None
+    stages = []
+    for s in row.stages:
+        stage: dict[str, Any] = {**(s.extra or {}), "name": s.name, "output_bytes": s.output_bytes,
+                                 "saved_bytes": s.saved_bytes, "saves_input": s.saves_input,
+                                 "saves_output": s.saves_output, "forward_peak_bytes": s.forward_peak_bytes,
+                                 "recompute_peak_bytes": s.recompute_peak_bytes,
+                                 "backward_peak_bytes": s.backward_peak_bytes,
+                                 "param_grad_bytes": s.param_grad_bytes}
+        stage.update({k: v for k, v in (("forward_ms", s.forward_ms), ("backward_ms", s.backward_ms))
+                      if v is not None})
+        stages.append(stage)
+    return parse_trace({**row.trace_metadata, "format": "remat-trace/1", "input_bytes": row.input_bytes,
+                        "stages": stages})
+
+
+# --- plans ------------------------------------------------------------------------------------------------
+
+def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> PlanKey | None:
+    """Upsert the plans computed from a stored trace under that trace's key; None if the trace is unknown.
+
+    A plan already stored for the same key, algorithm and budget is replaced (see NOTE [idempotent writes]).
+    """
+    trace = session.get(TraceRow, trace_id)
+    if trace is None:
+        return None
+    model_hash = session.execute(select(Architecture.hash).where(Architecture.id == trace.architecture_id))
+    key = PlanKey(model_hash=model_hash.scalar_one(), input_shape=trace.input_shape, dtype=trace.dtype,
+                  device=trace.device_class, mode=trace.mode, grads=trace.grads)
+    by_key = {(p.algorithm, p.budget_bytes or NO_BUDGET): p for p in plans}  # one row per key per statement
+    if not by_key:
+        return key
+    now = utcnow()
+    values = [{"architecture_id": trace.architecture_id, "trace_id": trace_id, "input_shape": trace.input_shape,
+               "dtype": trace.dtype, "mode": trace.mode, "grads": trace.grads,
+               "device_class": trace.device_class, "algorithm": algorithm, "budget_bytes": budget,
+               "cost_model": p.cost_model, "checkpoints": list(p.checkpoints), "num_stages": p.num_stages,
+               "predicted_peak_bytes": p.predicted_peak_bytes, "baseline_peak_bytes": p.baseline_peak_bytes,
+               "recompute_ms": p.recompute_ms, "step_ms": p.step_ms, "extra": dict(p.extra) or None,
+               "created_at": now, "updated_at": now}
+              for (algorithm, budget), p in sorted(by_key.items())]
+    stmt = _insert(session, PlanRow.__table__).values(values)
+    replaced = ("trace_id", "cost_model", "checkpoints", "num_stages", "predicted_peak_bytes",
+                "baseline_peak_bytes", "recompute_ms", "step_ms", "extra", "updated_at")
+    stmt = stmt.on_conflict_do_update(index_elements=list(_PLAN_KEY_COLUMNS),
+                                      set_={c: stmt.excluded[c] for c in replaced})
+    session.execute(stmt)
+    return key
+
+
+def _plan_query(key: PlanKey) -> Select[Any]:
+    return (select(PlanRow, TraceRow, Architecture)
+            .join(Architecture, PlanRow.architecture_id == Architecture.id)
+            .join(TraceRow, PlanRow.trace_id == TraceRow.id)
+            .where(Architecture.hash == key.model_hash, PlanRow.input_shape == key.input_shape_text,
+                   PlanRow.dtype == key.dtype, PlanRow.device_class == key.device, PlanRow.mode == key.mode,
+                   PlanRow.grads == key.grads))
+
+
+def _measurements(session: Session, plans: Sequence[PlanRow]) -> dict[int, tuple[Measurement, ...]]:
+    """The latest measurements of each plan whose checkpoints are the plan's current ones."""
+    if not plans:
+        return {}
+    current = {p.id: list(p.checkpoints) for p in plans}
+    rows = session.execute(select(MeasurementRow).where(MeasurementRow.plan_id.in_(current))
+                           .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc())).scalars()
+    out: dict[int, list[Measurement]] = {pid: [] for pid in current}
+    for m in rows:
+        kept = out[m.plan_id]
+        if list(m.checkpoints) == current[m.plan_id] and len(kept) < MAX_MEASUREMENTS_PER_PLAN:
+            kept.append(_measurement(m))
+    return {pid: tuple(ms) for pid, ms in out.items()}
+
+
+def _measurement(m: MeasurementRow) -> Measurement:
+    return Measurement(
+        id=m.id, created_at=m.created_at, checkpoints=tuple(m.checkpoints),
+        measured_peak_bytes=m.measured_peak_bytes, measured_reserved_bytes=m.measured_reserved_bytes,
+        baseline_measured_peak_bytes=m.baseline_measured_peak_bytes,
+        activation_measured_bytes=m.activation_measured_bytes,
+        baseline_activation_measured_bytes=m.baseline_activation_measured_bytes, step_ms=m.step_ms,
+        baseline_step_ms=m.baseline_step_ms, device_name=m.device_name, torch_version=m.torch_version,
+        grad_check_passed=m.grad_check_passed, grad_max_abs_diff=m.grad_max_abs_diff, extra=m.extra or {})
+
+
+def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
+    measured = _measurements(session, [r[0] for r in rows])
+    out = []
+    for plan, trace, arch in rows:
+        key = PlanKey(model_hash=arch.hash, input_shape=plan.input_shape, dtype=plan.dtype,
+                      device=plan.device_class, mode=plan.mode, grads=plan.grads)
+        out.append(PlanRecord(
+            plan_id=plan.id, key=key, measurements=measured[plan.id], created_at=plan.created_at,
+            updated_at=plan.updated_at,
+            plan=Plan(algorithm=plan.algorithm, cost_model=plan.cost_model, checkpoints=tuple(plan.checkpoints),
+                      predicted_peak_bytes=plan.predicted_peak_bytes, baseline_peak_bytes=plan.baseline_peak_bytes,
+                      num_stages=plan.num_stages, recompute_ms=plan.recompute_ms, step_ms=plan.step_ms,
+                      budget_bytes=plan.budget_bytes or None, extra=plan.extra or {}),
+            trace=TraceInfo(trace_id=trace.id, content_sha256=trace.content_sha256, model=arch.name,
+                            device_name=trace.device_name, torch_version=trace.torch_version,
+                            batch_size=trace.batch_size, created_at=trace.created_at)))
+    return out
+
+
+def get_plan(*, session: Session, key: PlanKey, algorithm: str, budget_bytes: int | None = None) -> PlanRecord | None:
+    """The plan stored for ``key``, ``algorithm`` and ``budget_bytes`` (None: no budget), or None."""
+    stmt = _plan_query(key).where(PlanRow.algorithm == algorithm,
+                                  PlanRow.budget_bytes == (budget_bytes or NO_BUDGET))
+    rows = session.execute(stmt).all()
+    return _records(session, rows)[0] if rows else None
+
+
+def find_plans(*, session: Session, key: PlanKey) -> list[PlanRecord]:
+    """Every plan stored for ``key`` (all algorithms and budgets), by algorithm then budget."""
+    rows = session.execute(_plan_query(key).order_by(PlanRow.algorithm, PlanRow.budget_bytes)).all()
+    return _records(session, rows)
+
+
+def list_plans(*, session: Session, model_hash: str | None = None, model: str | None = None,
+               algorithm: str | None = None, device: str | None = None, dtype: str | None = None,
+               limit: int = 50, offset: int = 0) -> tuple[list[PlanRecord], int]:
+    """A page of plans matching the filters, newest first, and how many match in all."""
+    stmt = (select(PlanRow, TraceRow, Architecture)
+            .join(Architecture, PlanRow.architecture_id == Architecture.id)
+            .join(TraceRow, PlanRow.trace_id == TraceRow.id))
+    for column, value in ((Architecture.hash, model_hash), (Architecture.name, model),
+                          (PlanRow.algorithm, algorithm), (PlanRow.device_class, device), (PlanRow.dtype, dtype)):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
+    page = stmt.order_by(PlanRow.updated_at.desc(), PlanRow.id.desc()).limit(limit).offset(offset)
+    return _records(session, session.execute(page).all()), total
+
+
+# --- measurements -----------------------------------------------------------------------------------------
+
+def store_measurement(*, session: Session, key: PlanKey, algorithm: str, measurement: Measurement,
+                      budget_bytes: int | None = None) -> Measurement | None:
+    """Attach a validation run to a stored plan; None when no such plan is stored."""
+    plan = session.execute(_plan_query(key).where(PlanRow.algorithm == algorithm,
+                                                  PlanRow.budget_bytes == (budget_bytes or NO_BUDGET))
+                           ).first()
+    if plan is None:
+        return None
+    m = measurement
+    checkpoints = list(m.checkpoints) if m.checkpoints is not None else list(plan[0].checkpoints)
+    row = MeasurementRow(
+        plan_id=plan[0].id, checkpoints=checkpoints, device_name=m.device_name, torch_version=m.torch_version,
+        measured_peak_bytes=m.measured_peak_bytes, measured_reserved_bytes=m.measured_reserved_bytes,
+        baseline_measured_peak_bytes=m.baseline_measured_peak_bytes,
+        activation_measured_bytes=m.activation_measured_bytes,
+        baseline_activation_measured_bytes=m.baseline_activation_measured_bytes, step_ms=m.step_ms,
+        baseline_step_ms=m.baseline_step_ms, grad_check_passed=m.grad_check_passed,
+        grad_max_abs_diff=m.grad_max_abs_diff, extra=dict(m.extra) or None, created_at=utcnow())
+    session.add(row)
+    session.flush()
+    return _measurement(row)
+
+
+# --- jobs -------------------------------------------------------------------------------------------------
+
+def _job(row: JobRow) -> JobRecord:
+    return JobRecord(id=row.id, state=row.state, progress=row.progress, message=row.message, error=row.error,
+                     request=row.request, result=row.result, created_at=row.created_at,
+                     updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at)
+
+
+def create_job(*, session: Session, request: Mapping[str, Any]) -> JobRecord:
+    """Record a profiling request in state ``pending`` (the caller enqueues it after commit)."""
+    now = utcnow()
+    row = JobRow(id=str(uuid.uuid4()), state="pending", progress=0.0, request=dict(request), created_at=now,
+                 updated_at=now)
+    session.add(row)
+    session.flush()
+    return _job(row)
+
+
+def get_job(*, session: Session, job_id: str) -> JobRecord | None:
+    row = session.get(JobRow, job_id)
+    return _job(row) if row is not None else None
+
+
+def update_job(*, session: Session, job_id: str, state: str | None = None, progress: float | None = None,
+               message: str | None = None, error: str | None = None, result: Mapping[str, Any] | None = None,
+               only_from: Sequence[str] | None = None) -> JobRecord | None:
+    """Advance a job; None when it does not exist.
+
+    ``only_from`` makes the update conditional on the current state, so that a late "queued" from the API
+    cannot overwrite the worker's "running" (the worker may start before the API has recorded the enqueue);
+    when the condition fails the job is returned unchanged.
+    """
+    if state is not None and state not in JOB_STATES:
+        raise ValueError(f"state: must be one of {', '.join(JOB_STATES)}, got {state!r}")
+    row = session.get(JobRow, job_id, with_for_update=True)
+    if row is None:
+        return None
+    if only_from is not None and row.state not in only_from:
+        return _job(row)
+    now = utcnow()
+    if state is not None:
+        if state == "running" and row.started_at is None:
+            row.started_at = now
+        if state in FINISHED_JOB_STATES:
+            row.finished_at = now
+        row.state = state
+    for name, value in (("progress", progress), ("message", message), ("error", error)):
+        if value is not None:
+            setattr(row, name, value)
+    if result is not None:
+        row.result = dict(result)
+    row.updated_at = now
+    session.flush()
+    return _job(row)
+
+
+def list_jobs(*, session: Session, state: str | None = None, limit: int = 50,
+              offset: int = 0) -> tuple[list[JobRecord], int]:
+    """A page of jobs, newest first, and how many match in all."""
+    stmt = select(JobRow)
+    if state is not None:
+        stmt = stmt.where(JobRow.state == state)
+    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
+    rows = session.execute(stmt.order_by(JobRow.created_at.desc(), JobRow.id).limit(limit).offset(offset))
+    return [_job(r) for r in rows.scalars()], total

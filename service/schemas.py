@@ -1,0 +1,290 @@
+"""Request and response bodies of the HTTP API (Pydantic), and the OpenAPI schema of a trace upload.
+
+Response models mirror the ``to_dict()`` of the records in records.py: the plan routes serialise records
+straight to JSON bytes (that is what the cache stores), and the models here are what OpenAPI publishes and
+what the schemathesis test holds those bytes to.
+
+A trace upload is *not* a Pydantic model: it is parsed by ``remat.client.trace.loads_trace`` so that the
+service and the CLI give the same one-line errors. :data:`TRACE_REQUEST_BODY` describes it for OpenAPI and
+must accept exactly what ``loads_trace`` plus ``check_storable`` accept (tests/service/test_schemathesis.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from remat.client.trace import TRACE_FORMAT
+from remat.service.keys import (
+    ALGORITHM_PATTERN,
+    DEVICE_PATTERN,
+    DTYPE_PATTERN,
+    MAX_DIM,
+    MAX_DIMS,
+    MAX_FIELD_BYTES,
+    MAX_FIELD_MS,
+    MAX_NUMEL,
+    METADATA_MAX_CHARS,
+    MODEL_HASH_PATTERN,
+    find_bad_text,
+)
+
+
+def _storable(value: Any) -> Any:
+    problem = find_bad_text(value, "value")
+    if problem:
+        raise ValueError(problem.removeprefix("value: "))
+    return value
+
+
+SafeText = Annotated[str, StringConstraints(max_length=200), AfterValidator(_storable)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_FIELD_BYTES)]
+Millis = Annotated[float, Field(ge=0, le=MAX_FIELD_MS, allow_inf_nan=False)]
+ModelHash = Annotated[str, StringConstraints(pattern=f"^{MODEL_HASH_PATTERN}$")]
+Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx/5xx body: one line that names the offending field first."""
+
+    detail: str
+
+
+# --- plans ------------------------------------------------------------------------------------------------
+
+class PlanKeyIn(BaseModel):
+    """The plan key: what a plan is valid for, less algorithm and budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_hash: ModelHash
+    input_shape: Annotated[list[Dim], Field(max_length=MAX_DIMS)]
+    """Full input shape, batch included."""
+    dtype: Annotated[str, StringConstraints(pattern=f"^{DTYPE_PATTERN}$")]
+    device: Annotated[str, StringConstraints(pattern=f"^{DEVICE_PATTERN}$")]
+    mode: Literal["train", "eval"] = "train"
+    grads: Literal["none", "kept"] = "none"
+
+
+class PlanKeyOut(BaseModel):
+    model_hash: str
+    input_shape: list[int]
+    dtype: str
+    device: str
+    mode: str
+    grads: str
+
+
+class PlanOut(BaseModel):
+    """A plan in the wire form of ``remat.client.plan.Plan.to_dict()`` (planner-specific extras allowed)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    algorithm: str
+    checkpoints: list[int]
+    predicted_peak_bytes: int
+    baseline_peak_bytes: int
+    cost_model: str
+    num_stages: int
+    recompute_ms: float | None
+    step_ms: float | None
+    budget_bytes: int | None
+    schema_version: int
+
+
+class MeasurementOut(BaseModel):
+    id: int | None
+    checkpoints: list[int] | None
+    measured_peak_bytes: int | None
+    measured_reserved_bytes: int | None
+    baseline_measured_peak_bytes: int | None
+    activation_measured_bytes: int | None
+    baseline_activation_measured_bytes: int | None
+    step_ms: float | None
+    baseline_step_ms: float | None
+    device_name: str | None
+    torch_version: str | None
+    grad_check_passed: bool | None
+    grad_max_abs_diff: float | None
+    extra: dict[str, Any]
+    created_at: datetime | None
+
+
+class TraceInfoOut(BaseModel):
+    trace_id: int
+    content_sha256: str
+    model: str | None
+    device_name: str | None
+    torch_version: str | None
+    batch_size: int | None
+    created_at: datetime
+
+
+class PlanRecordOut(BaseModel):
+    """A stored plan with its key, the trace it came from and the measurements of its checkpoints."""
+
+    plan_id: int
+    key: PlanKeyOut
+    plan: PlanOut
+    trace: TraceInfoOut
+    measurements: list[MeasurementOut]
+    created_at: datetime
+    updated_at: datetime
+
+
+class PlansPage(BaseModel):
+    data: list[PlanRecordOut]
+    count: int
+    """How many plans match the filters in all (``data`` holds one page of them)."""
+
+
+class TraceStoredOut(BaseModel):
+    key: PlanKeyOut
+    trace_id: int
+    content_sha256: str
+    created: bool
+    """False when the same trace content was stored before."""
+    plans: list[PlanOut]
+
+
+# --- measurements -----------------------------------------------------------------------------------------
+
+class MeasurementCreate(BaseModel):
+    """A validation run of a stored plan, as ``remat-client measure --json`` reports it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: PlanKeyIn
+    algorithm: Annotated[str, StringConstraints(pattern=f"^{ALGORITHM_PATTERN}$")]
+    budget_bytes: Annotated[int, Field(ge=1, le=MAX_FIELD_BYTES)] | None = None
+    checkpoints: Annotated[list[Annotated[int, Field(ge=1, le=10**7)]], Field(max_length=10**6)] | None = None
+    """The checkpoints that ran; omitted: the plan's current ones."""
+    measured_peak_bytes: Bytes | None = None
+    measured_reserved_bytes: Bytes | None = None
+    baseline_measured_peak_bytes: Bytes | None = None
+    activation_measured_bytes: Bytes | None = None
+    baseline_activation_measured_bytes: Bytes | None = None
+    step_ms: Millis | None = None
+    baseline_step_ms: Millis | None = None
+    device_name: SafeText | None = None
+    torch_version: SafeText | None = None
+    grad_check_passed: bool | None = None
+    grad_max_abs_diff: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    extra: Annotated[dict[str, Any], AfterValidator(_storable)] = Field(default_factory=dict)
+
+
+# --- jobs -------------------------------------------------------------------------------------------------
+
+class JobCreate(BaseModel):
+    """A request to profile a zoo model, plan it with every algorithm and validate the plans."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,199}$")]
+    """Zoo name, e.g. ``torchvision:resnet152`` or ``resnet152``."""
+    batch_size: Annotated[int, Field(ge=1, le=65536)]
+    input_shape: Annotated[list[Dim], Field(min_length=1, max_length=MAX_DIMS - 1)]
+    """Per-sample input shape, batch excluded, e.g. ``[3, 224, 224]``."""
+    dtype: Literal["float32", "float16", "bfloat16", "float64"] = "float32"
+    device: Literal["cpu", "cuda"] = "cuda"
+    mode: Literal["train", "eval"] = "train"
+    grads: Literal["none", "kept"] = "none"
+
+    @model_validator(mode="after")
+    def _plausible_size(self) -> JobCreate:
+        numel = self.batch_size
+        for d in self.input_shape:
+            numel *= d
+        if numel > MAX_NUMEL:
+            raise ValueError(f"input_shape: batch_size x input_shape is {numel} elements, more than the "
+                             f"{MAX_NUMEL} allowed")
+        return self
+
+
+class JobOut(BaseModel):
+    id: str
+    state: Literal["pending", "queued", "running", "succeeded", "failed"]
+    progress: float
+    message: str | None
+    error: str | None
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobsPage(BaseModel):
+    data: list[JobOut]
+    count: int
+
+
+# --- health -----------------------------------------------------------------------------------------------
+
+class ComponentHealth(BaseModel):
+    ok: bool
+    detail: str | None
+    """The error when not ok; ``disabled`` for a cache that is not configured."""
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok", "degraded", "unavailable"]
+    """ok: all reachable; degraded: the cache is down (reads go to the database); unavailable: no database."""
+    database: ComponentHealth
+    cache: ComponentHealth
+
+
+# --- trace upload (OpenAPI only; parsed by remat.client.trace) --------------------------------------------
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_TEXT = {"type": "string", "pattern": "^[^\\x00]*$"}
+_BYTES = {"type": "integer", "minimum": 0, "maximum": MAX_FIELD_BYTES}
+_MS = {"type": "number", "minimum": 0, "maximum": MAX_FIELD_MS}
+_STAGE = {
+    "type": "object",
+    "required": ["name", "output_bytes", "saved_bytes"],
+    "properties": {
+        "name": _TEXT,
+        "output_bytes": _BYTES,
+        "saved_bytes": _BYTES,
+        "forward_peak_bytes": _BYTES,
+        "recompute_peak_bytes": _BYTES,
+        "backward_peak_bytes": _BYTES,
+        "param_grad_bytes": _BYTES,
+        "saves_input": {"type": "boolean"},
+        "saves_output": {"type": "boolean"},
+        "forward_ms": _nullable(_MS),
+        "backward_ms": _nullable(_MS),
+    },
+}
+TRACE_SCHEMA: dict[str, Any] = {
+    "title": "Trace",
+    "description": f"A layer memory trace in the {TRACE_FORMAT} format (docs/cost-model.md); further fields "
+                   "are kept. Byte fields are capped at 2^40, times at 10^9 ms.",
+    "type": "object",
+    "required": ["format", "input_bytes", "stages"],
+    "properties": {
+        "format": {"type": "string", "enum": [TRACE_FORMAT]},
+        "input_bytes": _BYTES,
+        "stages": {"type": "array", "minItems": 1, "items": _STAGE},
+        "model": _nullable({**_TEXT, "maxLength": METADATA_MAX_CHARS["model"]}),
+        "model_hash": _nullable({"type": "string", "pattern": f"^{MODEL_HASH_PATTERN}$"}),
+        "input_shape": _nullable({"type": "array", "maxItems": MAX_DIMS,
+                                  "items": {"type": "integer", "minimum": 1, "maximum": MAX_DIM}}),
+        "dtype": _nullable({"type": "string", "pattern": f"^{DTYPE_PATTERN}$"}),
+        "device": _nullable({"type": "string", "pattern": f"^{DEVICE_PATTERN}$"}),
+        "device_name": _nullable({**_TEXT, "maxLength": METADATA_MAX_CHARS["device_name"]}),
+        "torch_version": _nullable({**_TEXT, "maxLength": METADATA_MAX_CHARS["torch_version"]}),
+        "grads": _nullable({"type": "string", "enum": ["none", "kept"]}),
+        "mode": _nullable({"type": "string", "enum": ["train", "eval"]}),
+        "batch_size": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_DIM}),
+    },
+}
+TRACE_REQUEST_BODY: dict[str, Any] = {
+    "requestBody": {"required": True, "content": {"application/json": {"schema": TRACE_SCHEMA}}},
+}

@@ -1,0 +1,72 @@
+"""POST /v1/jobs records then enqueues; a dead broker is a recorded failure, never a 500."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from remat.service.celery_client import PROFILE_TASK
+
+from tests.service.factories import AUTH, REDIS_URL
+
+JOB = {"model": "torchvision:resnet152", "batch_size": 32, "input_shape": [3, 224, 224], "dtype": "float32",
+       "device": "cuda"}
+
+
+def test_job_with_the_broker_down_is_recorded_as_failed(client: TestClient) -> None:
+    response = client.post("/v1/jobs", json=JOB, headers=AUTH)
+    assert response.status_code == 202
+    job = response.json()
+    assert job["state"] == "failed" and job["finished_at"] is not None
+    assert job["error"].startswith("enqueue: broker redis://127.0.0.1:") and "unreachable" in job["error"]
+    assert job["request"] == {**JOB, "mode": "train", "grads": "none"}
+    fetched = client.get(f"/v1/jobs/{job['id']}")
+    assert fetched.status_code == 200 and fetched.json() == job
+
+
+def test_job_is_enqueued_by_name_with_its_id_only(make_client: Callable[..., TestClient], redis_prefix: str) -> None:
+    queue = f"{redis_prefix}jobs"
+    client = make_client(broker_url=REDIS_URL, job_queue=queue)
+    response = client.post("/v1/jobs", json=JOB, headers=AUTH)
+    assert response.status_code == 202 and response.json()["state"] == "queued"
+    job_id = response.json()["id"]
+    broker = redis.Redis.from_url(REDIS_URL)
+    try:
+        (raw,) = broker.lrange(queue, 0, -1)
+        message = json.loads(raw)
+        assert message["headers"]["task"] == PROFILE_TASK and message["headers"]["id"] == job_id
+        args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        assert (args, kwargs) == ([job_id], {})
+    finally:
+        broker.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+        broker.close()
+    listed = client.get("/v1/jobs", params={"state": "queued"}).json()
+    assert listed["count"] == 1 and listed["data"][0]["id"] == job_id
+
+
+@pytest.mark.parametrize("change, detail", [
+    ({"batch_size": 0}, "batch_size: Input should be greater than or equal to 1"),
+    ({"input_shape": []}, "input_shape: List should have at least 1 item"),
+    ({"input_shape": [3, -1]}, "input_shape[1]: Input should be greater than or equal to 1"),
+    ({"input_shape": [65536, 65536, 65536]}, "input_shape: batch_size x input_shape is"),
+    ({"dtype": "int8"}, "dtype: Input should be"),
+    ({"device": "tpu"}, "device: Input should be"),
+    ({"model": "rm -rf /; resnet"}, "model: String should match pattern"),
+    ({"priority": 1}, "priority: Extra inputs are not permitted"),
+])
+def test_bad_job_requests_are_422_naming_the_field(client: TestClient, change: dict, detail: str) -> None:
+    response = client.post("/v1/jobs", json={**JOB, **change}, headers=AUTH)
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(detail)
+
+
+def test_unknown_and_malformed_job_ids(client: TestClient) -> None:
+    missing = client.get("/v1/jobs/00000000-0000-4000-8000-000000000000")
+    assert missing.status_code == 404 and missing.json()["detail"].startswith("job_id: no job")
+    assert client.get("/v1/jobs/not-a-uuid").status_code == 422
+    malformed = client.post("/v1/jobs", content=b'{"model": ', headers={**AUTH, "Content-Type": "application/json"})
+    assert malformed.status_code == 422 and malformed.json()["detail"].startswith("body: malformed JSON")

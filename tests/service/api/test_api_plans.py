@@ -1,0 +1,138 @@
+"""GET /v1/plans/{model_hash} through the cache, GET /v1/plans, POST /v1/measurements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from tests.service.factories import AUTH, REDIS_URL, closed_port_url, trace_dict
+
+QUERY = {"input_shape": "8,3,32,32", "dtype": "float32", "device": "cpu"}
+MEASURED = {"key": {"model_hash": "arch-1", "input_shape": [8, 3, 32, 32], "dtype": "float32", "device": "cpu"},
+            "algorithm": "linear", "measured_peak_bytes": 123456, "measured_reserved_bytes": 200000,
+            "step_ms": 12.5, "grad_check_passed": True, "device_name": "test-cpu"}
+
+
+@pytest.fixture
+def cached_client(make_client: Callable[..., TestClient], redis_prefix: str) -> TestClient:
+    return make_client(redis_url=REDIS_URL, cache_prefix=redis_prefix)
+
+
+def test_read_plan_with_prediction_and_provenance(client: TestClient) -> None:
+    client.post("/v1/traces", json=trace_dict(device_name="Test CPU", torch_version="2.5.1"), headers=AUTH)
+    response = client.get("/v1/plans/arch-1", params=QUERY)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["plan"]["algorithm"] == "linear" and body["plan"]["num_stages"] == 6
+    assert body["plan"]["predicted_peak_bytes"] <= body["plan"]["baseline_peak_bytes"]
+    assert body["trace"]["torch_version"] == "2.5.1" and body["trace"]["model"] == "tiny-net"
+    assert body["measurements"] == []
+    for algorithm in ("none", "cubic", "chen-sqrt"):
+        assert client.get("/v1/plans/arch-1", params={**QUERY, "algorithm": algorithm}).status_code == 200
+    # cuda:0 and CUDA name the same device class as cuda, torch.float32 the same dtype as float32
+    client.post("/v1/traces", json=trace_dict(device="cuda"), headers=AUTH)
+    assert client.get("/v1/plans/arch-1", params={**QUERY, "device": "cuda:0", "dtype": "torch.float32"}
+                      ).status_code == 200
+
+
+@pytest.mark.parametrize("params, detail", [
+    ({**QUERY, "input_shape": "8,3,32"}, "model_hash: no linear plan (no budget) for arch-1 with input_shape 8,3,32"),
+    ({**QUERY, "mode": "eval"}, "model_hash: no linear plan"),
+    ({**QUERY, "budget": 1024}, "model_hash: no linear plan (budget 1024 bytes)"),
+])
+def test_unknown_keys_are_404_with_a_message(client: TestClient, params: dict, detail: str) -> None:
+    client.post("/v1/traces", json=trace_dict(), headers=AUTH)
+    response = client.get("/v1/plans/arch-1", params=params)
+    assert response.status_code == 404 and response.json()["detail"].startswith(detail)
+    assert client.get("/v1/plans/other-arch", params=QUERY).status_code == 404
+
+
+@pytest.mark.parametrize("path, params, detail", [
+    ("/v1/plans/arch-1", {**QUERY, "input_shape": "a,b"}, "input_shape: String should match pattern"),
+    ("/v1/plans/arch-1", {**QUERY, "input_shape": "0,3"}, "input_shape: every dimension"),
+    ("/v1/plans/arch-1", {**QUERY, "input_shape": "1048576,1048576,1048576"}, "input_shape: "),
+    ("/v1/plans/arch-1", {**QUERY, "algorithm": "magic"}, "algorithm: Input should be"),
+    ("/v1/plans/arch-1", {**QUERY, "budget": 0}, "budget: Input should be greater than or equal to 1"),
+    ("/v1/plans/arch-1", {**QUERY, "dtype": "float 32"}, "dtype: String should match pattern"),
+    ("/v1/plans/arch-1", {"dtype": "float32", "device": "cpu"}, "input_shape: Field required"),
+    ("/v1/plans/bad%20hash", QUERY, "model_hash: String should match pattern"),
+    ("/v1/plans", {"limit": 0}, "limit: Input should be greater than or equal to 1"),
+    ("/v1/plans", {"offset": -1}, "offset: "),
+    ("/v1/plans", {"offset": 10**30}, "offset: "),
+])
+def test_malformed_queries_are_422_naming_the_field(client: TestClient, path: str, params: dict,
+                                                    detail: str) -> None:
+    response = client.get(path, params=params)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith(detail)
+
+
+def test_list_plans_pages(client: TestClient) -> None:
+    client.post("/v1/traces", json=trace_dict(), headers=AUTH)
+    client.post("/v1/traces", json=trace_dict(model_hash="arch-2", model="other"), headers=AUTH)
+    everything = client.get("/v1/plans", params={"limit": 200}).json()
+    assert everything["count"] == len(everything["data"]) == 12
+    first = client.get("/v1/plans", params={"limit": 5}).json()
+    second = client.get("/v1/plans", params={"limit": 5, "offset": 5}).json()
+    assert first["count"] == 12 and len(first["data"]) == len(second["data"]) == 5
+    assert {p["plan_id"] for p in first["data"]}.isdisjoint(p["plan_id"] for p in second["data"])
+    only = client.get("/v1/plans", params={"model": "other", "algorithm": "cubic"}).json()
+    assert only["count"] == 1 and only["data"][0]["key"]["model_hash"] == "arch-2"
+
+
+def test_measurements_are_served_with_the_plan(client: TestClient) -> None:
+    client.post("/v1/traces", json=trace_dict(), headers=AUTH)
+    response = client.post("/v1/measurements", json=MEASURED, headers=AUTH)
+    assert response.status_code == 201, response.text
+    measured = client.get("/v1/plans/arch-1", params=QUERY).json()["measurements"]
+    assert [(m["measured_peak_bytes"], m["grad_check_passed"]) for m in measured] == [(123456, True)]
+    missing = client.post("/v1/measurements", json={**MEASURED, "algorithm": "linear", "budget_bytes": 5},
+                          headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["detail"].startswith("key: no linear plan")
+    unknown_field = client.post("/v1/measurements", json={**MEASURED, "peak": 1}, headers=AUTH)
+    assert unknown_field.status_code == 422 and unknown_field.json()["detail"].startswith("peak: ")
+    assert client.post("/v1/measurements", json=MEASURED).status_code == 401
+
+
+def test_cache_miss_then_hit_then_invalidated_by_writes(cached_client: TestClient, redis_prefix: str) -> None:
+    client = cached_client
+    client.post("/v1/traces", json=trace_dict(), headers=AUTH)
+    first = client.get("/v1/plans/arch-1", params=QUERY)
+    second = client.get("/v1/plans/arch-1", params=QUERY)
+    assert (first.headers["x-remat-cache"], second.headers["x-remat-cache"]) == ("miss", "hit")
+    assert first.json() == second.json()
+
+    client.post("/v1/measurements", json=MEASURED, headers=AUTH)  # invalidates this plan's entry
+    after_measure = client.get("/v1/plans/arch-1", params=QUERY)
+    assert after_measure.headers["x-remat-cache"] == "miss" and len(after_measure.json()["measurements"]) == 1
+
+    client.post("/v1/traces", json=trace_dict(scale=7), headers=AUTH)  # re-profile of the same key
+    after_profile = client.get("/v1/plans/arch-1", params=QUERY)
+    assert after_profile.headers["x-remat-cache"] == "miss"
+    assert after_profile.json()["trace"]["trace_id"] != first.json()["trace"]["trace_id"]
+    assert client.get("/v1/plans/arch-1", params=QUERY).headers["x-remat-cache"] == "hit"
+
+
+def test_redis_down_reads_fall_back_to_the_database(make_client: Callable[..., TestClient]) -> None:
+    client = make_client(redis_url=closed_port_url())
+    assert client.post("/v1/traces", json=trace_dict(), headers=AUTH).status_code == 201
+    for _ in range(3):
+        response = client.get("/v1/plans/arch-1", params=QUERY)
+        assert response.status_code == 200 and response.headers["x-remat-cache"] == "miss"
+    health = client.get("/healthz")
+    assert health.status_code == 200
+    assert health.json()["status"] == "degraded" and health.json()["cache"]["ok"] is False
+
+
+def test_cached_values_are_json(cached_client: TestClient, redis_prefix: str) -> None:
+    cached_client.post("/v1/traces", json=trace_dict(), headers=AUTH)
+    cached_client.get("/v1/plans/arch-1", params=QUERY)
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        (name,) = [k for k in client.scan_iter(match=f"{redis_prefix}plan:*") if b'"arch-1"' in k][:1]
+        assert client.get(name).startswith(b'{"plan_id":')
+    finally:
+        client.close()

@@ -1,0 +1,67 @@
+"""PlanCache against a real Redis, a closed port, and no Redis at all."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+from remat.service.cache import PlanCache
+from remat.service.config import ServiceSettings
+from remat.service.keys import PlanKey
+
+from tests.service.factories import REDIS_URL, closed_port_url
+
+KEY = PlanKey(model_hash="arch-1", input_shape=(8, 3, 32, 32), dtype="float32", device="cpu")
+
+
+def _cache(redis_url: str | None, prefix: str = "remat-test-unused:", **overrides: object) -> PlanCache:
+    return PlanCache(ServiceSettings(database_url="sqlite://", redis_url=redis_url, cache_prefix=prefix,
+                                     **overrides))
+
+
+def test_miss_set_hit_invalidate(redis_prefix: str, redis_client: redis.Redis) -> None:
+    cache = _cache(REDIS_URL, redis_prefix, cache_ttl_s=60)
+    name = cache.key_name(KEY, "linear", None)
+    assert cache.get(name) is None
+    cache.set(name, b'{"plan": 1}')
+    assert cache.get(name) == b'{"plan": 1}'
+    assert json.loads(redis_client.get(name)) == {"plan": 1}  # JSON on the wire, never pickle
+    assert 0 < redis_client.ttl(name) <= 60
+    cache.delete_plans(KEY, [("linear", None), ("cubic", 1024)])
+    assert cache.get(name) is None
+    assert cache.ping() is None
+    cache.close()
+
+
+def test_key_names_separate_every_component() -> None:
+    cache = _cache(None)
+    names = {cache.key_name(KEY, "linear", None), cache.key_name(KEY, "cubic", None),
+             cache.key_name(KEY, "linear", 1024),
+             cache.key_name(PlanKey(**{**KEY.to_dict(), "mode": "eval"}), "linear", None),
+             cache.key_name(PlanKey(**{**KEY.to_dict(), "grads": "kept"}), "linear", None),
+             cache.key_name(PlanKey(**{**KEY.to_dict(), "input_shape": [8, 3, 32]}), "linear", None)}
+    assert len(names) == 6
+    assert cache.key_name(KEY, "linear", None) == cache.key_name(KEY, "linear", 0)
+
+
+def test_redis_down_is_a_miss_and_is_not_retried_per_request() -> None:
+    cache = _cache(closed_port_url(), redis_retry_after_s=60)
+    name = cache.key_name(KEY, "linear", None)
+    start = time.perf_counter()
+    assert cache.get(name) is None
+    cache.set(name, b"{}")
+    cache.delete([name])
+    assert cache.last_error is not None and "ConnectionError" in cache.last_error
+    for _ in range(100):  # skipped entirely during the retry window
+        assert cache.get(name) is None
+    assert time.perf_counter() - start < 2.0
+    assert cache.ping() is not None  # health checks always ask
+
+
+def test_no_redis_configured() -> None:
+    cache = _cache(None)
+    assert not cache.enabled
+    assert cache.get("x") is None and cache.ping() is None
+    cache.set("x", b"1")
+    cache.delete(["x"])

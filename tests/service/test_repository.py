@@ -1,0 +1,170 @@
+"""The repository on SQLite and PostgreSQL: idempotent writes, lookups by key, measurements, jobs."""
+
+from __future__ import annotations
+
+import pytest
+from remat.client.trace import parse_trace
+from remat.service import repository
+from remat.service.db import Database
+from remat.service.errors import TraceRejectedError
+from remat.service.keys import PlanKey
+from remat.service.models import PlanRow, TraceRow, TraceStageRow
+from remat.service.records import Measurement
+from sqlalchemy import func, select
+
+from tests.service.factories import fixed_plans, make_trace, trace_dict
+
+KEY = PlanKey(model_hash="arch-1", input_shape=(8, 3, 32, 32), dtype="float32", device="cpu")
+
+
+def _count(db: Database, model: type) -> int:
+    with db.read_session() as session:
+        return session.execute(select(func.count()).select_from(model)).scalar_one()
+
+
+def _store(db: Database, trace=None, plans=None):  # type: ignore[no-untyped-def]
+    trace = trace or make_trace()
+    with db.write_session() as session:
+        stored = repository.store_trace(session=session, trace=trace)
+        repository.store_plans(session=session, trace_id=stored.trace_id,
+                               plans=plans if plans is not None else fixed_plans(trace))
+    return stored
+
+
+def test_store_trace_is_idempotent_by_content(db: Database) -> None:
+    first = _store(db)
+    again = _store(db)
+    assert first.created and not again.created
+    assert first.trace_id == again.trace_id and first.key == again.key == KEY
+    assert _count(db, TraceRow) == 1
+    assert _count(db, TraceStageRow) == 6
+    assert _count(db, PlanRow) == 2
+
+
+def test_trace_round_trips_through_stage_rows(db: Database) -> None:
+    original = parse_trace({**trace_dict(), "custom_top": {"a": [1, 2]},
+                            "stages": [{"name": "a", "output_bytes": 1, "saved_bytes": 2, "saves_input": True,
+                                        "forward_peak_bytes": 7, "forward_ms": 0.25, "profiler_note": "x"},
+                                       {"name": "b", "output_bytes": 3, "saved_bytes": 0}]})
+    stored = _store(db, original, [])
+    with db.read_session() as session:
+        assert repository.load_trace(session=session, trace_id=stored.trace_id) == original
+        assert repository.load_trace(session=session, trace_id=stored.trace_id + 999) is None
+
+
+def test_a_new_profile_of_the_same_key_replaces_the_plan(db: Database) -> None:
+    _store(db, make_trace(scale=1), fixed_plans(make_trace(), checkpoints=(2,)))
+    newer = make_trace(scale=2)
+    stored = _store(db, newer, fixed_plans(newer, checkpoints=(3, 5)))
+    assert _count(db, TraceRow) == 2 and _count(db, PlanRow) == 2
+    with db.read_session() as session:
+        record = repository.get_plan(session=session, key=KEY, algorithm="linear")
+    assert record is not None
+    assert record.plan.checkpoints == (3, 5) and record.trace.trace_id == stored.trace_id
+
+
+def test_budget_none_and_budgets_are_distinct_keys(db: Database) -> None:
+    trace = make_trace()
+    _store(db, trace, fixed_plans(trace, ["linear"]) + fixed_plans(trace, ["linear"], budget_bytes=123456))
+    _store(db, trace, fixed_plans(trace, ["linear"]))  # None again: replaces, does not add
+    assert _count(db, PlanRow) == 2
+    with db.read_session() as session:
+        unbounded = repository.get_plan(session=session, key=KEY, algorithm="linear")
+        bounded = repository.get_plan(session=session, key=KEY, algorithm="linear", budget_bytes=123456)
+        assert repository.get_plan(session=session, key=KEY, algorithm="linear", budget_bytes=1) is None
+    assert unbounded is not None and unbounded.plan.budget_bytes is None
+    assert bounded is not None and bounded.plan.budget_bytes == 123456
+
+
+@pytest.mark.parametrize("field, value", [("mode", "eval"), ("grads", "kept"), ("device", "cuda"),
+                                          ("dtype", "bfloat16"), ("input_shape", (16, 3, 32, 32))])
+def test_every_key_component_separates_plans(db: Database, field: str, value: object) -> None:
+    _store(db)
+    other = {"mode": "train", "grads": "none", **trace_dict(), field: list(value) if field == "input_shape" else value}
+    _store(db, parse_trace(other))
+    assert _count(db, PlanRow) == 4
+    with db.read_session() as session:
+        assert len(repository.find_plans(session=session, key=KEY)) == 2
+
+
+def test_lookup_normalises_dtype_and_device(db: Database) -> None:
+    _store(db, make_trace(device="cuda:1", dtype="torch.float16"))
+    key = PlanKey(model_hash="arch-1", input_shape=(8, 3, 32, 32), dtype="float16", device="CUDA")
+    with db.read_session() as session:
+        assert repository.get_plan(session=session, key=key, algorithm="linear") is not None
+
+
+def test_trace_without_hash_is_keyed_by_content(db: Database) -> None:
+    stored = _store(db, make_trace(model_hash=None))
+    assert stored.key.model_hash == f"trace:{stored.content_sha256[:40]}"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"stages": [{"name": "a", "output_bytes": 2**41, "saved_bytes": 0}]}, r"stages\[0\]\.output_bytes"),
+    ({"stages": [{"name": "a\x00b", "output_bytes": 1, "saved_bytes": 0}]}, r"stages\[0\]\.name: .*NUL"),
+    ({"input_shape": [0, 3]}, r"^input_shape: "),
+    ({"input_shape": [2**20] * 3}, r"^input_shape: .* elements"),
+    ({"dtype": "Float 32"}, r"^dtype: "),
+    ({"model": "m" * 201}, r"^model: at most 200"),
+    ({"batch_size": 0}, r"^batch_size: "),
+])
+def test_implausible_traces_are_rejected_naming_the_field(db: Database, change: dict, message: str) -> None:
+    with pytest.raises(TraceRejectedError, match=message), db.write_session() as session:
+        repository.store_trace(session=session, trace=parse_trace({**trace_dict(), **change}))
+    assert _count(db, TraceRow) == 0
+
+
+def test_measurements_attach_to_the_current_checkpoints(db: Database) -> None:
+    _store(db)
+    with db.write_session() as session:
+        stored = repository.store_measurement(session=session, key=KEY, algorithm="linear",
+                                              measurement=Measurement(measured_peak_bytes=4321, step_ms=12.5,
+                                                                      grad_check_passed=True))
+        missing = repository.store_measurement(session=session, key=KEY, algorithm="cubic",
+                                               measurement=Measurement(measured_peak_bytes=1))
+    assert stored is not None and stored.checkpoints == (2,) and missing is None
+    with db.read_session() as session:
+        record = repository.get_plan(session=session, key=KEY, algorithm="linear")
+    assert record is not None and [m.measured_peak_bytes for m in record.measurements] == [4321]
+    newer = make_trace(scale=3)
+    _store(db, newer, fixed_plans(newer, checkpoints=(4,)))  # the plan changes: old measurement is not its
+    with db.read_session() as session:
+        record = repository.get_plan(session=session, key=KEY, algorithm="linear")
+    assert record is not None and record.measurements == ()
+
+
+def test_list_plans_filters_and_pages(db: Database) -> None:
+    _store(db)
+    other = make_trace(model_hash="arch-2", model="other-net")
+    _store(db, other, fixed_plans(other, ["linear", "none", "cubic"]))
+    with db.read_session() as session:
+        page, total = repository.list_plans(session=session, limit=2)
+        assert total == 5 and len(page) == 2
+        rest, _ = repository.list_plans(session=session, limit=10, offset=2)
+        assert {r.plan_id for r in page}.isdisjoint({r.plan_id for r in rest}) and len(rest) == 3
+        assert repository.list_plans(session=session, model="other-net")[1] == 3
+        assert repository.list_plans(session=session, model_hash="arch-1", algorithm="none")[1] == 1
+        assert repository.list_plans(session=session, device="cuda")[1] == 0
+
+
+def test_job_lifecycle(db: Database) -> None:
+    with db.write_session() as session:
+        job = repository.create_job(session=session, request={"model": "resnet18", "batch_size": 2})
+    assert job.state == "pending" and job.started_at is None
+    with db.write_session() as session:
+        running = repository.update_job(session=session, job_id=job.id, state="running", progress=0.25,
+                                        message="profiling")
+        late = repository.update_job(session=session, job_id=job.id, state="queued", only_from=("pending",))
+    assert running is not None and running.started_at is not None
+    assert late is not None and late.state == "running"  # the late "queued" did not win
+    with db.write_session() as session:
+        done = repository.update_job(session=session, job_id=job.id, state="succeeded", progress=1.0,
+                                     result={"model_hash": "arch-1"})
+        assert repository.update_job(session=session, job_id="no-such-job", state="failed") is None
+        with pytest.raises(ValueError, match="state: must be one of"):
+            repository.update_job(session=session, job_id=job.id, state="exploded")
+    assert done is not None and done.finished_at is not None and done.result == {"model_hash": "arch-1"}
+    with db.read_session() as session:
+        assert repository.get_job(session=session, job_id=job.id) == done
+        assert repository.list_jobs(session=session, state="succeeded")[1] == 1
+        assert repository.list_jobs(session=session, state="failed")[1] == 0
