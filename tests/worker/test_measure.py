@@ -1,0 +1,110 @@
+"""measure_step / measure_plan: the ``measure`` command's JSON, and measurements that mean what they say."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from remat.worker.measure import make_loss, measure_step, time_plans
+from remat.worker.profilers import profile
+from tests.worker.torch_models import SequentialChain, mlp, small_resnet
+
+MEASURE_FIELDS = {"algorithm", "predicted_peak_bytes", "measured_peak_bytes", "baseline_measured_peak_bytes",
+                  "activation_measured_bytes", "baseline_activation_measured_bytes", "step_ms", "baseline_step_ms",
+                  "grads"}
+
+
+@pytest.fixture(scope="module")
+def resnet() -> tuple[torch.nn.Module, torch.Tensor, SequentialChain]:
+    model = small_resnet(width=8, blocks=2)
+    return model, torch.randn(2, 3, 32, 32), SequentialChain(model)
+
+
+def test_fields_and_types(resnet) -> None:
+    model, x, chain = resnet
+    trace = profile(model, x, grads="none", chain=chain, timing_repeats=0)
+    result = measure_step(model, x, (2, 4), grads="none", chain=chain, trace=trace, algorithm="hand")
+    assert MEASURE_FIELDS <= result.keys()
+    assert result["algorithm"] == "hand" and result["grads"] == "none" and result["checkpoints"] == [2, 4]
+    for key in ("predicted_peak_bytes", "measured_peak_bytes", "baseline_measured_peak_bytes",
+                "activation_measured_bytes", "baseline_activation_measured_bytes"):
+        assert isinstance(result[key], int) and result[key] > 0, key
+    assert result["measured_peak_bytes"] == result["activation_measured_bytes"]
+    assert result["step_ms"] > 0 and result["baseline_step_ms"] > 0
+    # Checkpointing saves activation memory on this chain; the absolute peak adds weights and the input.
+    assert result["measured_peak_bytes"] < result["baseline_measured_peak_bytes"]
+    assert result["absolute_peak_bytes"] > result["measured_peak_bytes"]
+    assert abs(result["prediction_error"]) < 0.02
+
+
+def test_without_trace_or_baseline(resnet) -> None:
+    model, x, chain = resnet
+    result = measure_step(model, x, (), grads="kept", chain=chain, baseline=False)
+    assert result["predicted_peak_bytes"] is None
+    assert result["baseline_measured_peak_bytes"] is None and result["baseline_step_ms"] is None
+    assert result["grads"] == "kept"
+
+
+def test_gradient_convention_changes_what_counts(resnet) -> None:
+    model, x, chain = resnet
+    none = measure_step(model, x, (), grads="none", chain=chain, baseline=False)["measured_peak_bytes"]
+    kept = measure_step(model, x, (), grads="kept", chain=chain, baseline=False)["measured_peak_bytes"]
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Gradients born in backward are activation memory under "none" only (at most all of them at once).
+    assert kept < none <= kept + params
+
+
+def test_measuring_leaves_the_model_unchanged(resnet) -> None:
+    model, x, chain = resnet
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    measure_step(model, x, (1, 3), grads="kept", chain=chain, baseline=False)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_repeatable(resnet) -> None:
+    model, x, chain = resnet
+    runs = [measure_step(model, x, (3,), grads="none", chain=chain, baseline=False)["measured_peak_bytes"]
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_time_plans_interleaved(resnet) -> None:
+    model, x, chain = resnet
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    times = time_plans(model, x, [(), (2, 4)], grads="kept", chain=chain, rounds=2)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_bad_grads_convention() -> None:
+    model = mlp()
+    with pytest.raises(ValueError, match="grads must be one of"):
+        measure_step(model, torch.randn(2, 8), (), grads="zero", chain=SequentialChain(model))
+
+
+def test_loss_gradient_is_a_real_buffer() -> None:
+    out = torch.randn(4, 10, requires_grad=True)
+    make_loss(out)(out).backward()
+    assert out.grad is not None and out.grad.stride() == (10, 1)
+    seg = torch.randn(2, 3, 5, 5, requires_grad=True)  # (N, C, H, W): per-pixel labels
+    make_loss(seg)(seg).backward()
+    vec = torch.randn(4, requires_grad=True)  # no class dimension: mean squared error
+    make_loss(vec)(vec).backward()
+    assert vec.grad is not None and vec.grad.abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_measure_plan_on_a_torchvision_model_with_the_real_stage_chain() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    from remat.worker.measure import measure_plan
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None)
+    x = torch.randn(2, 3, 32, 32)
+    for algorithm, grads in [("linear", "kept"), ("uniform", "none")]:
+        result = measure_plan(model, x, algorithm, grads=grads, model_name="resnet18", timing_repeats=0)
+        assert MEASURE_FIELDS <= result.keys()
+        assert result["algorithm"] == algorithm and result["grads"] == grads
+        assert abs(result["prediction_error"]) < 0.02, result
+        assert result["checkpoints"] and result["baseline_measured_peak_bytes"] > 0

@@ -1,0 +1,66 @@
+"""Profilers: turn a model and an example batch into a ``remat-trace/1`` layer trace.
+
+One entry point, :func:`profile`, for both devices; the algorithm is in :mod:`.common` (NOTE [ profiling
+protocol ]), the readings in :mod:`.cpu` (exact live-storage meter) and :mod:`.cuda` (caching allocator).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from remat.client.trace import Trace
+from remat.worker.profilers.common import Backend, StageChainLike, build_chain, preserved_state, profile_chain
+
+__all__ = ["Backend", "StageChainLike", "backend_for", "build_chain", "preserved_state", "profile",
+           "profile_chain"]
+
+
+def backend_for(device: torch.device | str) -> Backend:
+    """The profiling backend of a device (``cpu`` or ``cuda[:i]``)."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        from remat.worker.profilers.cpu import cpu_backend
+
+        return cpu_backend()
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("remat profiler: device 'cuda' asked for, but torch sees no CUDA device")
+        from remat.worker.profilers.cuda import cuda_backend
+
+        return cuda_backend(dev)
+    raise ValueError(f"remat profiler: device {str(dev)!r} is not supported; use cpu or cuda")
+
+
+def profile(model: nn.Module, example_input: torch.Tensor, *, device: torch.device | str = "cpu",
+            grads: str = "none", train: bool = True, chain: StageChainLike | None = None,
+            model_name: str | None = None, model_hash: str | None = None, timing_repeats: int = 1) -> Trace:
+    """Profile a model's stage chain on one device and return its trace.
+
+    Args:
+        model: the network, already on ``device``; it is left unchanged (buffers, gradients, mode, RNG).
+        example_input: one input batch (its first dimension is the batch size).
+        device: ``cpu`` or ``cuda[:i]``.
+        grads: ``none`` (gradients set to None between steps, so they are born in backward and counted)
+            or ``kept`` (allocated before the step, so only their accumulation transients count).
+        train: profile train mode (the default) or eval mode.
+        chain: a stage chain of ``model`` built beforehand; by default
+            ``remat.client.stage_graph.build_stage_chain(model, example_input, train=train)``.
+        model_name, model_hash: recorded in the trace metadata.
+        timing_repeats: unmetered timing runs per stage (0: no times).
+
+    Returns:
+        A validated ``remat-trace/1`` trace whose fields are those the ``pytorch`` cost model reads.
+    """
+    backend = backend_for(device)
+    first = next(iter(model.parameters()), None)
+    if first is not None and first.device.type != backend.device.type:
+        raise ValueError(f"remat profiler: the model's parameters are on {first.device}, not {backend.device}; "
+                         "move the model first (model.to(device))")
+    if chain is None:
+        chain = build_chain(model, example_input.to(backend.device), train=train)
+    kwargs: dict[str, Any] = {"grads": grads, "train": train, "model_name": model_name, "model_hash": model_hash,
+                              "timing_repeats": timing_repeats}
+    return profile_chain(chain, model, example_input, backend=backend, **kwargs)

@@ -1,0 +1,372 @@
+"""The profiling algorithm shared by the CPU and CUDA profilers: one chained pass, one isolated pass per stage.
+
+What is measured, and why this way, is fixed by the ``remat-trace/1`` field docstrings in
+``remat.client.trace.Stage`` and by docs/cost-model.md; the device-specific parts (how live bytes are read,
+how time is taken, how a storage's size is booked) come in through a :class:`Backend`.
+
+NOTE [ profiling protocol ] (feasibility.md §5, "advice" 4)
+
+1. *Chained forward* (grad enabled, a pack hook on every saved tensor): stages run one after the other on
+   the real input, so the tensor that stage i saves as its output and stage i+1 saves as its input have the
+   same storage and are recognised as one. From it: d_i, the saved storages of each stage (keyed by storage;
+   parameters, buffers and anything not born in the pass excluded), saves_input/saves_output, and e_i (the
+   stage's distinct saved bytes without its input and output storages).
+2. *Isolated pass per stage* on a detached copy of its chained input (``requires_grad`` as in the chain):
+   F_i = forward peak above the state before the stage; F'_i = the peak up to the stage's last pack event
+   (parameters included, because the non-reentrant checkpoint counts them when it decides to stop its
+   recompute); B_i = peak of the stage's backward above the state before its forward, so the stage's
+   saved tensors, its output gradient, its input gradient, parameter gradients born in it and temporaries
+   are in and its input is out. The backward is started as ``(y * ones).sum().backward()`` so that the
+   engine alone owns the output-gradient buffer and frees it when the stage's first node has consumed it,
+   as it does in a real step (feasibility §5 item 3); ``y.backward(g)`` would keep ``g`` alive throughout.
+3. G_i (``grads="none"``): bytes of the parameter gradients whose parameter got its first gradient in stage
+   i, walking stages in backward order so that a parameter shared by two stages is booked once, in the
+   later stage (its gradient is born there). Under ``grads="kept"`` every gradient exists before the step,
+   G_i = 0, and the accumulation transient ends up in B_i.
+4. Times come from a separate unmetered run of the same isolated pass (the meter slows every op).
+
+The model's parameters, buffers, gradients, train/eval flag and the global RNG are restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
+from remat.worker.memory_meter import storage_key
+
+__all__ = ["Backend", "StageChainLike", "build_chain", "preserved_state", "profile_chain"]
+
+
+class StageChainLike(Protocol):
+    """What the profiler needs of ``remat.client.stage_graph.StageChain``."""
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def names(self) -> Sequence[str]: ...
+
+    def stage(self, i: int) -> Callable[[torch.Tensor], torch.Tensor]: ...
+
+    def run(self, x: torch.Tensor, checkpoints: Sequence[int] = ()) -> torch.Tensor: ...
+
+
+class Meter(Protocol):
+    """Live-bytes readings a backend provides (``MemoryMeter`` on CPU, the caching allocator on CUDA)."""
+
+    current_bytes: int
+    peak_bytes: int
+
+    def reset_peak(self) -> None: ...
+
+    def mark_baseline(self) -> int: ...
+
+    def __enter__(self) -> Meter: ...
+
+    def __exit__(self, *exc: object) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """The device-specific half of profiling and measuring."""
+
+    device: torch.device
+    make_meter: Callable[[], Meter]
+    storage_bytes: Callable[[torch.Tensor], int]
+    """Bytes a storage is booked at (``nbytes``; the allocator's rounded block size on CUDA)."""
+    born_in_pass: Callable[[Meter, torch.Tensor], bool]
+    """True when a saved tensor's storage was born while the meter ran (CPU: exact; CUDA: always True,
+    parameters and buffers being excluded by storage instead)."""
+    time_ms: Callable[[Callable[[], Any]], float]
+    """Run a callable once, return its wall time in ms (synchronised on CUDA)."""
+    device_name: str
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def build_chain(model: nn.Module, example_input: torch.Tensor, *, train: bool = True) -> StageChainLike:
+    """The model's stage chain from ``remat.client.stage_graph`` (imported lazily: it is client code)."""
+    from remat.client.stage_graph import build_stage_chain
+
+    return build_stage_chain(model, example_input, train=train)
+
+
+def cpu_name() -> str:
+    """A readable CPU name for trace metadata (``/proc/cpuinfo`` model name where there is one)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@contextlib.contextmanager
+def preserved_state(model: nn.Module, *, devices: Sequence[torch.device] = ()) -> Iterator[None]:
+    """Run a block that trains the model and leave the model as it was (feasibility pitfall P5).
+
+    Restores buffer values (BatchNorm running statistics, ``num_batches_tracked``), each parameter's
+    ``.grad`` object, the train/eval flag of every submodule, and the global RNG state (CPU and the given
+    devices), so that profiling and measuring are invisible to the caller.
+    """
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    modes = [(m, m.training) for m in model.modules()]
+    cuda_devices = [d for d in devices if d.type == "cuda"]
+    with torch.random.fork_rng(devices=cuda_devices, device_type="cuda"):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buf, saved in buffers:
+                    buf.copy_(saved)
+            for p, g in grads:
+                p.grad = g
+            for m, training in modes:
+                m.training = training
+
+
+def param_keys(model: nn.Module) -> set[int]:
+    """Storage keys of every parameter and buffer: never activation memory."""
+    keys = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
+    keys.discard(None)
+    return keys  # type: ignore[return-value]
+
+
+def set_grad_convention(model: nn.Module, grads: str) -> None:
+    """``none``: every parameter gradient absent (``zero_grad(set_to_none=True)``); ``kept``: allocated, zero."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        if grads == "none":
+            p.grad = None
+        elif p.grad is None:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad.detach_().zero_()
+
+
+@dataclass(slots=True)
+class _ChainRecord:
+    outputs: list[torch.Tensor]
+    """x_0..x_n, detached: the inputs of the isolated passes."""
+    requires_grad: list[bool]
+    output_keys: list[int | None]
+    saved: list[dict[int, int]]
+    """Per stage 1..n (index 0 unused): saved storage key -> booked bytes."""
+
+
+def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, excluded: set[int]) -> _ChainRecord:
+    n = chain.num_stages
+    saved: list[dict[int, int]] = [{} for _ in range(n + 1)]
+    current = [0]
+    x0_key = storage_key(x0)
+    meter = backend.make_meter()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key is not None and key not in excluded and (key == x0_key or backend.born_in_pass(meter, t)):
+            saved[current[0]][key] = backend.storage_bytes(t)
+        return t
+
+    outputs = [x0.detach()]
+    requires_grad = [x0.requires_grad]
+    keys = [x0_key]
+    with meter, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        x = x0
+        for i in range(1, n + 1):
+            current[0] = i
+            x = chain.stage(i)(x)
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"remat profiler: stage {i} ({chain.names[i - 1]}) returned "
+                                f"{type(x).__name__}, not a tensor; a stage chain passes one tensor along")
+            outputs.append(x.detach())
+            requires_grad.append(x.requires_grad)
+            keys.append(storage_key(x))
+        del x  # frees the autograd graph of the whole pass
+    return _ChainRecord(outputs, requires_grad, keys, saved)
+
+
+@dataclass(slots=True)
+class _StageMeasure:
+    forward_peak: int = 0
+    recompute_peak: int = 0
+    backward_peak: int = 0
+    grads_born: dict[int, int] | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+
+
+def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
+                   model: nn.Module, backend: Backend, grads: str) -> _StageMeasure:
+    """F, F', B and the parameter gradients born, for one stage run on its own (NOTE [ profiling protocol ])."""
+    out = _StageMeasure()
+    set_grad_convention(model, grads)
+    had_grad = {id(p) for p in model.parameters() if p.grad is not None}
+    meter = backend.make_meter()
+    last_pack_peak = [None]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        last_pack_peak[0] = meter.peak_bytes
+        return t
+
+    with meter:
+        base = meter.mark_baseline()
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = stage(x_in)
+        out.forward_peak = meter.peak_bytes - base
+        out.recompute_peak = 0 if last_pack_peak[0] is None else last_pack_peak[0] - base
+        if y.requires_grad:
+            with torch.enable_grad():
+                loss = (y * ones).sum()
+            del y
+            loss_bytes = backend.storage_bytes(loss)
+            meter.reset_peak()
+            loss.backward()
+            out.backward_peak = meter.peak_bytes - base - loss_bytes
+            del loss
+        else:
+            del y
+    out.grads_born = {}
+    for p in model.parameters():
+        if p.grad is not None and id(p) not in had_grad:
+            key = storage_key(p)
+            out.grads_born[key] = backend.storage_bytes(p.grad)  # type: ignore[index]
+    x_in.grad = None
+    return out
+
+
+def _time_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
+               model: nn.Module, backend: Backend, grads: str, repeats: int) -> tuple[float, float | None]:
+    """Fastest forward and backward time of the isolated pass over ``repeats`` runs, without the meter."""
+    fwd: list[float] = []
+    bwd: list[float] = []
+    holder: dict[str, torch.Tensor] = {}
+
+    def forward() -> None:
+        with torch.enable_grad():
+            holder["y"] = stage(x_in)
+
+    for _ in range(repeats):
+        set_grad_convention(model, grads)
+        fwd.append(backend.time_ms(forward))
+        y = holder.pop("y")
+        if y.requires_grad:
+            with torch.enable_grad():
+                loss = (y * ones).sum()
+            del y
+            bwd.append(backend.time_ms(loss.backward))
+            del loss
+        x_in.grad = None
+    return min(fwd), (min(bwd) if bwd else 0.0)
+
+
+def _metadata(model: nn.Module, x0: torch.Tensor, backend: Backend, *, grads: str, train: bool,
+              model_name: str | None, model_hash: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "model": model_name or type(model).__name__,
+        "input_shape": list(x0.shape),  # full shape, batch included: the plan key's convention
+        "batch_size": int(x0.shape[0]) if x0.dim() else 1,
+        "dtype": str(x0.dtype).removeprefix("torch."),
+        "device": backend.device.type,
+        "device_name": backend.device_name,
+        "torch_version": torch.__version__,
+        "grads": grads,
+        "mode": "train" if train else "eval",
+        "profiler": "remat.worker.profilers/1",
+    }
+    if model_hash:
+        meta["model_hash"] = model_hash
+    return meta
+
+
+def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.Tensor, *, backend: Backend,
+                  grads: str = "none", train: bool = True, model_name: str | None = None,
+                  model_hash: str | None = None, timing_repeats: int = 1) -> Trace:
+    """Profile a stage chain into a ``remat-trace/1`` trace (NOTE [ profiling protocol ]).
+
+    Args:
+        chain: the model's stages; they must use the model's own parameters and buffers.
+        model: the module the chain runs (for parameters, buffers and state restoring).
+        example_input: one input batch; moved to the backend's device.
+        backend: device-specific readings (see :mod:`.cpu`, :mod:`.cuda`).
+        grads: gradient convention, ``none`` (set to None between steps) or ``kept`` (allocated).
+        train: profile in train mode (BatchNorm batch statistics, dropout) or eval mode.
+        model_name, model_hash: copied into the trace metadata.
+        timing_repeats: unmetered runs per stage for ``forward_ms``/``backward_ms`` (the fastest is kept);
+            0 leaves times out.
+
+    Returns:
+        The validated trace.
+    """
+    if grads not in GRAD_CONVENTIONS:
+        raise ValueError(f"grads must be one of {', '.join(GRAD_CONVENTIONS)}, got {grads!r}")
+    n = chain.num_stages
+    if n < 1:
+        raise ValueError("remat profiler: the stage chain has no stages")
+    x0 = example_input.to(backend.device)
+    with preserved_state(model, devices=[backend.device]):
+        model.train(train)
+        excluded = param_keys(model)
+        chain_model = getattr(chain, "model", chain)
+        if isinstance(chain_model, nn.Module) and chain_model is not model:
+            excluded |= param_keys(chain_model)
+        set_grad_convention(model, grads)
+        rec = _chained_forward(chain, x0, backend, excluded)
+        measures: list[_StageMeasure] = []
+        for i in range(1, n + 1):
+            stage = chain.stage(i)
+            x_in = rec.outputs[i - 1].detach().requires_grad_(rec.requires_grad[i - 1])
+            ones = torch.ones_like(rec.outputs[i])
+            m = _isolated_pass(stage, x_in, ones, model, backend, grads)
+            if timing_repeats > 0:
+                m.forward_ms, m.backward_ms = _time_pass(stage, x_in, ones, model, backend, grads, timing_repeats)
+            measures.append(m)
+            del x_in, ones
+        # G_i: in backward order, a parameter's gradient is born in the last stage that uses it.
+        param_grad = [0] * (n + 1)
+        if grads == "none":
+            seen: set[int] = set()
+            for i in range(n, 0, -1):
+                born = measures[i - 1].grads_born or {}
+                param_grad[i] = sum(b for k, b in born.items() if k not in seen)
+                seen |= born.keys()
+        stages = []
+        for i in range(1, n + 1):
+            in_key, out_key = rec.output_keys[i - 1], rec.output_keys[i]
+            saved = rec.saved[i]
+            m = measures[i - 1]
+            stage_obj: dict[str, Any] = {
+                "name": chain.names[i - 1],
+                "output_bytes": backend.storage_bytes(rec.outputs[i]),
+                "saved_bytes": sum(b for k, b in saved.items() if k not in (in_key, out_key)),
+                "saves_input": in_key in saved,
+                "saves_output": out_key in saved,
+                "forward_peak_bytes": max(m.forward_peak, 0),
+                "recompute_peak_bytes": max(m.recompute_peak, 0),
+                "backward_peak_bytes": max(m.backward_peak, 0),
+                "param_grad_bytes": param_grad[i],
+            }
+            if m.forward_ms is not None:
+                stage_obj["forward_ms"] = m.forward_ms
+                stage_obj["backward_ms"] = m.backward_ms
+            if in_key is not None and in_key == out_key:
+                stage_obj["output_aliases_input"] = True
+            stages.append(stage_obj)
+        obj = {"format": TRACE_FORMAT,
+               **_metadata(model, x0, backend, grads=grads, train=train, model_name=model_name,
+                           model_hash=model_hash or getattr(chain, "architecture_hash", None)),
+               "input_bytes": backend.storage_bytes(x0), "stages": stages}
+    return parse_trace(obj)

@@ -1,0 +1,112 @@
+"""CUDA profiler: the caching allocator's own counters and CUDA events.
+
+Memory is what ``torch.cuda.memory_allocated`` reports (what decides an out-of-memory error), peaks are
+``max_memory_allocated`` after ``reset_peak_memory_stats``; ``memory_reserved`` is recorded beside it.
+A storage is booked at the allocator's block granularity (512 bytes) so that d_i and e_i speak the same
+unit as the measured peaks. Two allocator effects stay outside any trace: a large block is not split when
+less than 1 MiB would remain (up to 1 MiB more per tensor), and cached-but-free memory (``reserved``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from remat.client.trace import Trace
+from remat.worker.profilers.common import Backend, StageChainLike, profile_chain
+
+__all__ = ["CudaMeter", "cuda_backend", "profile_cuda"]
+
+ALLOCATOR_BLOCK = 512
+
+
+def allocator_bytes(t: torch.Tensor) -> int:
+    """A storage's size rounded up to the caching allocator's 512-byte blocks."""
+    n = t.untyped_storage().nbytes()
+    return -(-n // ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK
+
+
+class CudaMeter:
+    """The :class:`~remat.worker.memory_meter.MemoryMeter` interface over the CUDA caching allocator.
+
+    Peak resets are global to the device (``reset_peak_memory_stats``), so only one meter may be in use at
+    a time, which the profilers and ``measure_step`` guarantee.
+    """
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cuda", torch.cuda.current_device())
+        self._baseline = 0
+        self.label: str | None = None
+
+    @property
+    def current_bytes(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    @property
+    def peak_bytes(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device)
+
+    @property
+    def baseline_bytes(self) -> int:
+        return self._baseline
+
+    @property
+    def peak_above_baseline(self) -> int:
+        return self.peak_bytes - self._baseline
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def mark_baseline(self) -> int:
+        torch.cuda.synchronize(self.device)
+        self._baseline = self.current_bytes
+        self.reset_peak()
+        return self._baseline
+
+    def __enter__(self) -> CudaMeter:
+        torch.cuda.synchronize(self.device)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+def _time_ms_on(device: torch.device) -> Callable[[Callable[[], Any]], float]:
+    def time_ms(fn: Callable[[], Any]) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    return time_ms
+
+
+def cuda_backend(device: torch.device | str | None = None) -> Backend:
+    """Readings for one CUDA device: allocator counters, 512-byte blocks, CUDA events."""
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return Backend(device=dev, make_meter=lambda: CudaMeter(dev), storage_bytes=allocator_bytes,
+                   born_in_pass=lambda meter, t: True, time_ms=_time_ms_on(dev),
+                   device_name=torch.cuda.get_device_name(dev))
+
+
+def profile_cuda(chain: StageChainLike, model: nn.Module, example_input: torch.Tensor, *,
+                 device: torch.device | str | None = None, **kwargs: Any) -> Trace:
+    """Profile on a CUDA device; keyword arguments as :func:`remat.worker.profilers.common.profile_chain`."""
+    return profile_chain(chain, model, example_input, backend=cuda_backend(device), **kwargs)
