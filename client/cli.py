@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+
+from remat.client.embedded import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
 from remat.client.errors import RematError
 from remat.client.plan import COST_MODELS, Plan
 from remat.client.trace import Trace, load_trace
@@ -66,8 +68,8 @@ def _print_plan_table(plans: Sequence[Plan], title: str) -> None:
         recompute = "-" if p.recompute_ms is None else f"{p.recompute_ms:.1f} ms"
         if overhead is not None:
             recompute += f" (+{overhead:.0%})"
-        table.add_row(p.algorithm, _format_checkpoints(p.checkpoints), p.cost_model, _format_bytes(p.predicted_peak_bytes),
-                      f"{p.saving:.1%}", recompute)
+        table.add_row(p.algorithm, _format_checkpoints(p.checkpoints), p.cost_model,
+                      _format_bytes(p.predicted_peak_bytes), f"{p.saving:.1%}", recompute)
     # A pipe gets no terminal width; 80 columns would truncate the checkpoint lists.
     Console(width=None if sys.stdout.isatty() else 140).print(table)
 
@@ -95,20 +97,70 @@ def cli() -> None:
     """remat: measured activation-checkpointing plans for PyTorch training."""
 
 
+def _model_options(fn: Any) -> Any:
+    """Options shared by the commands that take a zoo MODEL."""
+    for option in reversed((
+        click.option("--batch-size", type=click.IntRange(min=1), default=None,
+                     help=f"Batch size (default {DEFAULT_CPU_BATCH} on cpu, {DEFAULT_CUDA_BATCH} on cuda)."),
+        click.option("--input-shape", default=None, metavar="C,H,W",
+                     help=f"One sample's shape (default: the model's, at {DEFAULT_CPU_RESOLUTION} px on cpu)."),
+        click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
+        click.option("--grads", type=click.Choice(["none", "kept"]), default="none", show_default=True,
+                     help="Gradients set to None between steps (zero_grad's default) or kept allocated."),
+    )):
+        fn = option(fn)
+    return fn
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        _fail_input(f"--input-shape: {text!r} is not comma-separated integers (e.g. 3,224,224)")
+    if not shape or any(d < 1 for d in shape):
+        _fail_input(f"--input-shape: every dimension must be ≥ 1, got {text!r}")
+    return shape
+
+
+def _request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str) -> Any:
+    from remat.client.embedded import default_request
+
+    sample_shape = _parse_shape(input_shape)
+    try:
+        return default_request(model, batch_size=batch_size, sample_shape=sample_shape, device=device, grads=grads)
+    except RematError as exc:
+        _fail_input(str(exc))
+
+
 @cli.command("plan")
 @click.argument("model", required=False)
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Plan from a remat-trace/1 file.")
 @click.option("--algorithm", default="all", show_default=True, help="Planner name, or all.")
 @click.option("--cost-model", type=click.Choice(COST_MODELS), default=None,
               help="Report every plan under this model (default: each planner's own).")
+@_model_options
+@click.option("--refresh", is_flag=True, help="Profile and measure again even if the store has the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost_model: str | None,
+                 batch_size: int | None, input_shape: str | None, device: str, grads: str, refresh: bool,
                  as_json: bool) -> None:
-    """Plan checkpoints for MODEL (a zoo name) or for a trace file."""
+    """Plan checkpoints for MODEL (a zoo name such as resnet152) or for a trace file.
+
+    For MODEL: profile on this machine, plan with every algorithm, measure each plan with a real training
+    step and keep the answer in the local plan store; the same request later answers from the store.
+    """
     if model is not None and trace_path is not None:
         _fail_input("give either MODEL or --trace FILE, not both")
     if trace_path is None:
-        _fail_input("give a zoo MODEL or --trace FILE")
+        if model is None:
+            _fail_input("give a zoo MODEL or --trace FILE")
+        if algorithm != "all" or cost_model is not None:
+            _fail_input("--algorithm and --cost-model apply to --trace; MODEL is planned with every algorithm "
+                        "under the pytorch model")
+        _plan_model(_request(model, batch_size, input_shape, device, grads), refresh=refresh, as_json=as_json)
+        return
     trace = _load_trace_or_fail(trace_path)
     names = _algorithms(algorithm)
     from remat.worker.planning import plan_all
@@ -119,6 +171,110 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
     else:
         label = trace.metadata.get("model") or Path(trace_path).name
         _print_plan_table(plans, f"{label}: {trace.num_stages} stages")
+
+
+def _run_with_progress(work: Any, as_json: bool) -> Any:
+    """Run ``work(progress)`` with a progress bar on stderr (none in --json mode)."""
+    if as_json:
+        return work(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("starting", total=1.0)
+
+        def progress(message: str, fraction: float) -> None:
+            bar.update(task, description=message, completed=fraction)
+
+        return work(progress)
+
+
+def _print_model_table(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    req = report.request
+    source = "from the plan store" if report.from_store else "profiled and measured now"
+    title = (f"{req.name} — input {list(req.input_shape)} {req.dtype}, {req.device}"
+             f"{f' ({report.device_name})' if report.device_name else ''}, grads={req.grads}, "
+             f"{report.num_stages} stages, {source}")
+    table = Table(title=title)
+    columns = ("algorithm", "checkpoints", "predicted peak", "measured peak", "saving vs none", "step time")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("algorithm", "checkpoints") else "right")
+    base = report.row("none")
+    for row in report.rows:
+        saving = "-"
+        if base and base.measured_peak_bytes and row.measured_peak_bytes is not None:
+            saving = f"{1 - row.measured_peak_bytes / base.measured_peak_bytes:.1%}"
+        step = "-" if row.step_ms is None else f"{row.step_ms:.0f} ms"
+        if base and base.step_ms and row.step_ms is not None:
+            step += f" ({row.step_ms / base.step_ms - 1:+.0%})"
+        table.add_row(row.plan.algorithm, _format_checkpoints(row.plan.checkpoints),
+                      _format_bytes(row.plan.predicted_peak_bytes), _format_bytes(row.measured_peak_bytes),
+                      saving, step)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
+               "step time is the recompute overhead.")
+
+
+def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
+    from remat.client import embedded
+
+    report = None if refresh else embedded.cached_report(request)
+    if report is None:
+        report = _run_with_progress(lambda progress: embedded.profile_and_plan(request, progress), as_json)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        _print_model_table(report)
+
+
+@cli.command("trace")
+@click.argument("model")
+@_model_options
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True,
+              help="Where to write the remat-trace/1 JSON ('-' for stdout).")
+def trace_command(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
+                  out: str) -> None:
+    """Profile MODEL on this machine and write its layer memory trace."""
+    from remat.client import embedded
+
+    request = _request(model, batch_size, input_shape, device, grads)
+    trace = _run_with_progress(lambda progress: embedded.profile_trace(request, progress), out == "-")
+    text = json.dumps(trace.to_dict(), indent=1)
+    if out == "-":
+        click.echo(text)
+    else:
+        Path(out).write_text(text + "\n")
+        click.echo(f"{out}: {trace.num_stages} stages of {request.name}", err=True)
+
+
+@cli.command("measure")
+@click.argument("model")
+@click.option("--algorithm", default="linear", show_default=True, help="Planner whose plan is measured.")
+@_model_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def measure_command(model: str, algorithm: str, batch_size: int | None, input_shape: str | None, device: str,
+                    grads: str, as_json: bool) -> None:
+    """Measure one algorithm's plan for MODEL with a real training step, beside no checkpointing."""
+    from remat.client import embedded
+
+    names = _algorithms(algorithm)
+    if len(names) != 1:
+        _fail_input("--algorithm: measure takes one planner name, not all")
+    request = _request(model, batch_size, input_shape, device, grads)
+    result = _run_with_progress(lambda progress: embedded.measure_algorithm(request, names[0], progress), as_json)
+    if as_json:
+        _emit_json(result)
+        return
+    for name in ("algorithm", "grads", "predicted_peak_bytes", "measured_peak_bytes", "baseline_measured_peak_bytes",
+                 "step_ms", "baseline_step_ms"):
+        value = result.get(name)
+        shown = _format_bytes(value) if name.endswith("_bytes") else (f"{value:.1f}" if isinstance(value, float)
+                                                                       else value)
+        click.echo(f"{name:>30}: {shown}")
 
 
 def _read_checkpoint_sets(path: str, num_stages: int) -> list[tuple[int, ...]]:

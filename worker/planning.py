@@ -14,6 +14,11 @@ from remat.worker.cost_models import peak
 from remat.worker.planners import PLANNERS, get_planner
 
 
+STORED_COST_MODEL = "pytorch"
+"""The model every stored plan is reported under, whatever its planner optimises: its prediction is then
+comparable with the peak a validation step measures (the classic model counts no saved tensors)."""
+
+
 def recompute_ms(trace: Trace, checkpoints: Sequence[int]) -> float | None:
     """Extra forward time per step: every stage of every segment but the last is run twice.
 

@@ -27,10 +27,11 @@ def _parse(body: bytes) -> Trace:
 
 
 def _store(state: ServiceState, body: bytes) -> JSONResponse:
-    from remat.worker.planning import plan_all  # planners are pure Python, but only this route needs them
+    # planners are pure Python, but only this route needs them
+    from remat.worker.planning import STORED_COST_MODEL, plan_all
 
     trace = _parse(body)
-    plans = plan_all(trace)
+    plans = plan_all(trace, cost_model=STORED_COST_MODEL)
     with state.db.write_session() as session:
         stored = repository.store_trace(session=session, trace=trace)
         repository.store_plans(session=session, trace_id=stored.trace_id, plans=plans)
