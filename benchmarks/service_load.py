@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+
 from remat.client.trace import TRACE_FORMAT, parse_trace
 from remat.service import repository
 from remat.service.db import Database

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
+
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
 from remat.client.hashing import architecture_hash
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey, current_torch_version, normalize_dtype
 from remat.client.stage_graph import StageChain, build_stage_chain, trace_model
-from torch import nn
 
 __all__ = ["applied_chain", "applied_plan", "apply", "remove"]
 

@@ -113,6 +113,7 @@ class ModelReport:
         }
         for r in self.rows:
             entry = r.plan.to_dict()
+            entry["key"] = self.key  # so that apply() can refuse the plan for another model or input
             entry.update(measured_peak_bytes=r.measured_peak_bytes, step_ms=r.step_ms,
                          baseline_measured_peak_bytes=base.measured_peak_bytes if base else None,
                          baseline_step_ms=base.step_ms if base else None)

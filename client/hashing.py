@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from remat.client.errors import ModelError
 from torch import nn
+
+from remat.client.errors import ModelError
 
 __all__ = ["ARCH_HASH_FORMAT", "architecture_description", "architecture_hash"]
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+from torch import nn
+
 from remat.client.errors import PlanError
 from remat.client.trace import GRAD_CONVENTIONS, MODES
-from torch import nn
 
 __all__ = ["KEY_FIELDS", "PlanKey", "current_torch_version", "normalize_dtype", "normalize_torch_version"]
 

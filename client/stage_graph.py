@@ -53,10 +53,11 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from remat.client.errors import ModelError, PlanError
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
+
+from remat.client.errors import ModelError, PlanError
 
 __all__ = [
     "StageChain",

@@ -17,8 +17,9 @@ import difflib
 import inspect
 from typing import Any
 
-from remat.client.errors import UnknownModelError
 from torch import nn
+
+from remat.client.errors import UnknownModelError
 
 __all__ = ["available_models", "canonical_name", "default_input_shape", "resolve_model"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from alembic import context
+
 from remat.service.config import ServiceSettings
 from remat.service.db import Database
 from remat.service.models import Base

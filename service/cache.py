@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
 from remat.service.config import ServiceSettings
 from remat.service.keys import PlanKey
 

@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from kombu.exceptions import OperationalError
+
 from remat.service.config import ServiceSettings
 
 if TYPE_CHECKING:

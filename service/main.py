@@ -20,11 +20,12 @@ from collections.abc import Sequence
 
 import uvicorn
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
+from uvicorn.supervisors import Multiprocess
+
 from remat.service import migrate
 from remat.service.config import ServiceSettings, redact_url
 from remat.service.db import Database
-from sqlalchemy.exc import SQLAlchemyError
-from uvicorn.supervisors import Multiprocess
 
 
 def _parser(settings: ServiceSettings) -> argparse.ArgumentParser:

@@ -17,9 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import inspect, text
+
 import remat.migrations
 from remat.service.db import Database
-from sqlalchemy import inspect, text
 
 if TYPE_CHECKING:
     from alembic.config import Config

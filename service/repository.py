@@ -19,6 +19,10 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from sqlalchemy import Select, func, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
 from remat.client.plan import Plan
 from remat.client.trace import Trace, parse_trace
 from remat.service.keys import PlanKey, check_storable, content_sha256
@@ -41,9 +45,6 @@ from remat.service.records import (
     StoredTrace,
     TraceInfo,
 )
-from sqlalchemy import Select, func, select, text
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
 
 _STAGE_CHUNK = 5000
 MAX_MEASUREMENTS_PER_PLAN = 20

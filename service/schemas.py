@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
 from remat.client.trace import TRACE_FORMAT
 from remat.service.keys import (
     ALGORITHM_PATTERN,

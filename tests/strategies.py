@@ -9,6 +9,7 @@ flags (random, all set or none set) and the profiled peaks and parameter gradien
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
 from remat.client.trace import OPTIONAL_STAGE_BOOLS, OPTIONAL_STAGE_BYTES, TRACE_FORMAT, Trace, parse_trace
 
 HUGE = 2**40

@@ -13,7 +13,6 @@ from remat.client.trace import Trace
 from remat.worker.cost_models import peak
 from remat.worker.planners import PLANNERS, get_planner
 
-
 STORED_COST_MODEL = "pytorch"
 """The model every stored plan is reported under, whatever its planner optimises: its prediction is then
 comparable with the peak a validation step measures (the classic model counts no saved tensors)."""

@@ -21,6 +21,11 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
 from remat.client.errors import PlanError, TraceFormatError
 from remat.service import migrate
 from remat.service.api.deps import ServiceState
@@ -31,10 +36,6 @@ from remat.service.celery_client import JobQueue
 from remat.service.config import ServiceSettings, redact_url
 from remat.service.db import Database
 from remat.service.errors import InvalidKeyError
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
+
 from remat.service.cache import PlanCache
 from remat.service.celery_client import JobQueue
 from remat.service.config import ServiceSettings

@@ -8,12 +8,13 @@ import copy
 import pytest
 import torch
 import torchvision
+from torch import nn
+
 from remat.client.apply_plan import applied_chain, applied_plan, apply, remove
 from remat.client.errors import PlanMismatchError
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
 from remat.client.stage_graph import StageChain
-from torch import nn
 
 SHAPE = (2, 3, 64, 64)
 

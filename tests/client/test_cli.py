@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from remat.client.cli import main
 from remat.client.trace import TRACE_FORMAT
 from remat.worker.cost_models import peak

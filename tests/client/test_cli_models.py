@@ -62,6 +62,26 @@ def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, sto
     assert [p["measured_peak_bytes"] for p in second["plans"]] == [p["measured_peak_bytes"] for p in first["plans"]]
 
 
+def test_a_reported_plan_applies_to_the_model_and_refuses_another_input(capsys, store_url: str) -> None:
+    import torch
+    import torchvision
+
+    from remat.client.apply_plan import apply
+    from remat.client.errors import PlanMismatchError
+    from remat.client.plan import Plan
+
+    code, out, _ = run_cli(capsys, "plan", *SMALL, "--json")
+    assert code == 0
+    entry = next(p for p in json.loads(out)["plans"] if p["algorithm"] == "uniform")
+    plan = Plan.from_dict(entry)
+    assert plan.checkpoints == (3, 6, 9)  # ceil(sqrt(14)) = 4 segments of 3 stages
+    model = apply(torchvision.models.resnet18(weights=None), plan)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    other = apply(torchvision.models.resnet18(weights=None), plan)
+    with pytest.raises(PlanMismatchError):
+        other(torch.randn(4, 3, 32, 32))
+
+
 def test_other_gradient_convention_is_another_key(capsys, store_url: str) -> None:
     code, out, _ = run_cli(capsys, "plan", *SMALL, "--grads", "kept", "--json")
     assert code == 0

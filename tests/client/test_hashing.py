@@ -10,11 +10,12 @@ import textwrap
 import pytest
 import torch
 import torchvision
+from torch import nn
+
 from remat.client.errors import PlanError
 from remat.client.hashing import architecture_hash
 from remat.client.plan_key import KEY_FIELDS, PlanKey, current_torch_version
 from remat.client.stage_graph import trace_model
-from torch import nn
 
 
 def _mlp(width: int = 16, blocks: int = 2) -> nn.Module:

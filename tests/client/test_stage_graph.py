@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
+from torch import nn
+
 from remat.client.errors import ModelError, PlanError
 from remat.client.stage_graph import StageChain, brute_force_cut_vertices, build_stage_chain, trace_model
-from torch import nn
 
 
 class Tiny(nn.Module):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from remat.client.errors import TraceFormatError
 from remat.client.trace import TRACE_FORMAT, load_trace, loads_trace, parse_trace
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torchvision
+
 from remat.client.errors import UnknownModelError
 from remat.client.zoo import canonical_name, default_input_shape, resolve_model
 

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+
 from remat.service import migrate
 from remat.service.api.app import create_app
 from remat.service.config import ServiceSettings
 from remat.service.db import Database
 from remat.service.models import Base
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
-
 from tests.conftest import require_service
 from tests.service.factories import PG_ADMIN_URL, REDIS_URL, TOKEN, closed_port_url
 

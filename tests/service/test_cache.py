@@ -6,10 +6,10 @@ import json
 import time
 
 import redis
+
 from remat.service.cache import PlanCache
 from remat.service.config import ServiceSettings
 from remat.service.keys import PlanKey
-
 from tests.service.factories import REDIS_URL, closed_port_url
 
 KEY = PlanKey(model_hash="arch-1", input_shape=(8, 3, 32, 32), dtype="float32", device="cpu")

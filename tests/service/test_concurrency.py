@@ -5,13 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from sqlalchemy import func, select
+
 from remat.service import repository
 from remat.service.db import Database
 from remat.service.keys import PlanKey
 from remat.service.models import Architecture, PlanRow, TraceRow
 from remat.service.records import Measurement
-from sqlalchemy import func, select
-
 from tests.service.factories import fixed_plans, make_trace
 
 NUM_WRITERS = 8

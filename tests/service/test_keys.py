@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from remat.service.errors import InvalidKeyError, TraceRejectedError
 from remat.service.keys import PlanKey, parse_input_shape
-
 from tests.service.factories import make_trace
 
 

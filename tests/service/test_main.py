@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from remat.service.main import main
 
 

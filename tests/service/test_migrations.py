@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
 from remat.service import migrate
 from remat.service.db import Database
 from remat.service.errors import SchemaOutdatedError
 from remat.service.models import Base
 from remat.service.store import PlanStore
-from sqlalchemy import inspect
 
 TABLES = {"architectures", "traces", "trace_stages", "plans", "measurements", "jobs"}
 

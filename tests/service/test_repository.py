@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import func, select
+
 from remat.client.trace import parse_trace
 from remat.service import repository
 from remat.service.db import Database
@@ -10,8 +12,6 @@ from remat.service.errors import TraceRejectedError
 from remat.service.keys import PlanKey
 from remat.service.models import PlanRow, TraceRow, TraceStageRow
 from remat.service.records import Measurement
-from sqlalchemy import func, select
-
 from tests.service.factories import fixed_plans, make_trace, trace_dict
 
 KEY = PlanKey(model_hash="arch-1", input_shape=(8, 3, 32, 32), dtype="float32", device="cpu")

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import redis
+
 from remat.client.plan import Plan
 from remat.service.config import ServiceSettings, default_database_url
 from remat.service.keys import PlanKey
 from remat.service.records import Measurement
 from remat.service.store import PlanStore
-
 from tests.service.factories import REDIS_URL, fixed_plans, make_trace
 
 

@@ -59,6 +59,7 @@ from itertools import accumulate
 from typing import Any
 
 import numpy as np
+
 from remat.client.trace import Trace
 from remat.worker.cost_models import PytorchTables
 

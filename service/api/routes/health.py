@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
+
 from remat.service import repository
 from remat.service.api.deps import StateDep
 from remat.service.schemas import HealthOut
-from sqlalchemy.exc import SQLAlchemyError
 
 router = APIRouter(tags=["health"])
 

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
+
 from remat.service import repository
 from remat.service.api.deps import (
     OPTIONAL_AUTH,

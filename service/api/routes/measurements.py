@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException, status
 from fastapi.responses import JSONResponse
+
 from remat.service import repository
 from remat.service.api.deps import WRITE_RESPONSES, StateDep, require_writer
 from remat.service.keys import PlanKey

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import Response
+
 from remat.service import repository
 from remat.service.api.deps import OPTIONAL_AUTH, READ_RESPONSES, StateDep, require_reader
 from remat.service.keys import (

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
 from remat.client.errors import TraceFormatError
 from remat.client.trace import Trace, loads_trace
 from remat.service import repository
 from remat.service.api.deps import WRITE_RESPONSES, ServiceState, StateDep, require_writer
 from remat.service.keys import PlanKey, check_storable
 from remat.service.schemas import TRACE_REQUEST_BODY, TraceStoredOut
-from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(prefix="/v1/traces", tags=["traces"])
 

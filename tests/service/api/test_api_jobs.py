@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from remat.service.celery_client import PROFILE_TASK
 
+from remat.service.celery_client import PROFILE_TASK
 from tests.service.factories import AUTH, REDIS_URL
 
 JOB = {"model": "torchvision:resnet152", "batch_size": 32, "input_shape": [3, 224, 224], "dtype": "float32",

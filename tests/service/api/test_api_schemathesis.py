@@ -16,10 +16,10 @@ import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
-from remat.service.api.app import create_app
-from remat.service.config import ServiceSettings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from remat.service.api.app import create_app
+from remat.service.config import ServiceSettings
 from tests.service.factories import AUTH, REDIS_URL, TOKEN, closed_port_url, trace_dict
 
 MAX_EXAMPLES = 40

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
-from remat.worker.planners import PLANNERS
 
+from remat.worker.planners import PLANNERS
 from tests.service.factories import AUTH, trace_dict
 
 

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint_sequential
+
 from remat.client.trace import make_trace
 from remat.worker.cost_models import peak
 from remat.worker.planners.baselines import (
@@ -16,7 +18,6 @@ from remat.worker.planners.baselines import (
     plan_uniform,
     uniform_boundaries,
 )
-from torch.utils.checkpoint import checkpoint_sequential
 
 
 def test_none_keeps_nothing() -> None:

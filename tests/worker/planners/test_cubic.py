@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+
 from remat.client.trace import make_trace
 from remat.worker.cost_models import classic_peak
 from remat.worker.planners import cubic
 from remat.worker.planning import make_plan
-
 from tests.oracles import exhaustive_min
 from tests.strategies import traces
 

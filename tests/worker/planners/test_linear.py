@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from remat.client.trace import TRACE_FORMAT, Trace, make_trace, parse_trace
 from remat.worker.cost_models import PytorchTables, pytorch_peak
 from remat.worker.planners import PLANNERS, linear
 from remat.worker.planning import make_plan
-
 from tests.oracles import exhaustive_min
 from tests.strategies import traces
 
