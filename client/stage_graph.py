@@ -32,7 +32,7 @@ How the chain is found (docs/apply.md and /work/shared/feasibility.md §2–3 ex
    which keeps the in-place op in its producer's stage. The node feeding only the output is not a boundary.
 4. Each stage becomes its own small GraphModule sharing the model's submodules. ``get_attr`` parameters and
    buffers are not copied into the stages: they are looked up on the live model every time a stage runs,
-   so ``model.to(device)`` after building still works and the BN recompute context can swap buffers.
+   so ``model.to(device)`` after building still works and the BN recompute context can restore buffers.
 
 If fx cannot trace the model (or the traced graph cannot run), the model's top-level children are used
 when they form a chain (each child called once, in turn, on the previous child's output, with no other
@@ -292,7 +292,7 @@ class _Stage:
     exports: tuple[str, ...]
     """Names of the values after x_out in the returned tuple, used by later stages."""
     slots: tuple[tuple[nn.Module, str], ...]
-    """Buffers the stage updates in place in train mode (swapped for clones while it is recomputed)."""
+    """Buffers the stage updates in place in train mode (restored after it is recomputed)."""
     nodes: tuple[str, ...]
     name: str = ""
     modules: tuple[nn.Module, ...] = ()
@@ -364,7 +364,7 @@ class StageChain:
         kind, name = spec
         if kind != "attr":
             return env[name]
-        # The live model first (parameters moved by .to(), buffers swapped by the recompute context), then
+        # The live model first (parameters moved by .to(), buffers restored by the recompute context), then
         # the traced root for the tracer's own constants (_tensor_constant0…), which only it holds.
         for obj in (self.model, self._root):
             try:
@@ -454,31 +454,35 @@ class StageChain:
 # so a plain recompute updates them twice (feasibility §3: 150/159 buffers wrong after one ResNet-50 step,
 # num_batches_tracked = 2). Disabling track_running_stats during the recompute does not work: the BN node
 # saves the running stats, so the number of saved tensors differs and checkpoint raises. What works is to
-# swap the running-stat buffers for clones while the recompute runs and put the originals back on exit:
-# the recompute computes the same outputs (train-mode BN normalises with batch statistics), its updates
-# land in throw-away clones, the real buffers are never written, and the exit also runs when non-reentrant
-# checkpoint stops the recompute early. Buffers that the recorded run saw written in place (custom EMA
-# buffers, functional batch_norm on get_attr buffers) are swapped the same way.
+# snapshot the running-stat buffers when the recompute starts and copy the snapshot back on exit: the
+# recompute computes the same outputs (train-mode BN normalises with batch statistics), its updates are
+# undone, and the exit also runs when non-reentrant checkpoint stops the recompute early. Buffers that the
+# recorded run saw written in place (custom EMA buffers, functional batch_norm on get_attr buffers) are
+# restored the same way.
+# An earlier version swapped the buffers for clones instead (feasibility's other working option). Because
+# BN saves its running stats for backward, every clone then stayed alive until that BN's backward: memory no
+# trace can see, up to -1.7% prediction error on kept-gradient plans (docs/cost-model.md, Calibration).
+# The snapshot is freed as soon as the recompute ends.
 
 
-class _SwapForClones:
-    """Context manager: replace buffer slots by clones on enter, restore the originals on exit."""
+class _RestoreBuffers:
+    """Context manager: snapshot buffer values on enter, copy them back in place on exit."""
 
     def __init__(self, slots: Sequence[tuple[nn.Module, str]]) -> None:
         self.slots = slots
-        self.saved: list[tuple[nn.Module, str, torch.Tensor]] = []
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def __enter__(self) -> _SwapForClones:
+    def __enter__(self) -> _RestoreBuffers:
         for module, name in self.slots:
             buf = module._buffers.get(name)
             if buf is not None:
-                self.saved.append((module, name, buf))
-                module._buffers[name] = buf.clone()
+                self.saved.append((buf, buf.detach().clone()))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for module, name, buf in reversed(self.saved):
-            module._buffers[name] = buf
+        with torch.no_grad():
+            for buf, snapshot in reversed(self.saved):
+                buf.copy_(snapshot)
         self.saved.clear()
 
 
@@ -492,8 +496,8 @@ class _SwapForClones:
 
 
 def _recompute_contexts(slots: Sequence[tuple[nn.Module, str]]) -> tuple[Any, Any]:
-    """``context_fn`` for checkpoint: nothing around the forward, buffer swap around the recompute."""
-    return contextlib.nullcontext(), _SwapForClones(slots)
+    """``context_fn`` for checkpoint: nothing around the forward, buffer restore around the recompute."""
+    return contextlib.nullcontext(), _RestoreBuffers(slots)
 
 
 # ----------------------------------------------------------------------------------------------------------

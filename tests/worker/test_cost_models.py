@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from remat.client.errors import PlanError
 from remat.client.trace import TRACE_FORMAT, make_trace, parse_trace
 from remat.worker.cost_models import PytorchTables, classic_peak, peak, pytorch_peak
