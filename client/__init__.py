@@ -9,10 +9,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["apply", "Plan", "Trace", "load_trace"]
+__all__ = ["apply", "fetch_and_apply", "fetch_plan", "Plan", "PlanServiceClient", "Trace", "load_trace"]
 
 _LAZY = {
     "apply": ("remat.client.apply_plan", "apply"),
+    "fetch_and_apply": ("remat.client.fetch", "fetch_and_apply"),
+    "fetch_plan": ("remat.client.fetch", "fetch_plan"),
+    "PlanServiceClient": ("remat.client.service_client", "PlanServiceClient"),
     "Plan": ("remat.client.plan", "Plan"),
     "Trace": ("remat.client.trace", "Trace"),
     "load_trace": ("remat.client.trace", "load_trace"),

@@ -142,14 +142,18 @@ def _request(model: str, batch_size: int | None, input_shape: str | None, device
               help="Report every plan under this model (default: each planner's own).")
 @_model_options
 @click.option("--refresh", is_flag=True, help="Profile and measure again even if the store has the answer.")
+@click.option("--server", envvar="REMAT_SERVER", default=None, metavar="URL",
+              help="Fetch MODEL's plans from this remat service (env REMAT_SERVER) instead of the local store.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost_model: str | None,
                  batch_size: int | None, input_shape: str | None, device: str, grads: str, refresh: bool,
-                 as_json: bool) -> None:
+                 server: str | None, as_json: bool) -> None:
     """Plan checkpoints for MODEL (a zoo name such as resnet152) or for a trace file.
 
     For MODEL: profile on this machine, plan with every algorithm, measure each plan with a real training
     step and keep the answer in the local plan store; the same request later answers from the store.
+    With --server, the plans come from the service; if it has none and REMAT_API_TOKEN is set, the model
+    is profiled here and its trace uploaded for the service to plan.
     """
     if model is not None and trace_path is not None:
         _fail_input("give either MODEL or --trace FILE, not both")
@@ -159,8 +163,14 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
         if algorithm != "all" or cost_model is not None:
             _fail_input("--algorithm and --cost-model apply to --trace; MODEL is planned with every algorithm "
                         "under the pytorch model")
-        _plan_model(_request(model, batch_size, input_shape, device, grads), refresh=refresh, as_json=as_json)
+        request = _request(model, batch_size, input_shape, device, grads)
+        if server:
+            _plan_model_from_server(request, server, refresh=refresh, as_json=as_json)
+        else:
+            _plan_model(request, refresh=refresh, as_json=as_json)
         return
+    if server:
+        _fail_input("--server applies to MODEL; plans from a --trace file are computed here")
     trace = _load_trace_or_fail(trace_path)
     names = _algorithms(algorithm)
     from remat.worker.planning import plan_all
@@ -174,8 +184,9 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
 
 
 def _run_with_progress(work: Any, as_json: bool) -> Any:
-    """Run ``work(progress)`` with a progress bar on stderr (none in --json mode)."""
-    if as_json:
+    """Run ``work(progress)`` with a progress bar on stderr (none in --json mode or when stderr is no terminal:
+    a bar drawn into a pipe would leave a blank line before any error message)."""
+    if as_json or not sys.stderr.isatty():
         return work(None)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -190,12 +201,13 @@ def _run_with_progress(work: Any, as_json: bool) -> Any:
         return work(progress)
 
 
-def _print_model_table(report: Any) -> None:
+def _print_model_table(report: Any, source: str | None = None) -> None:
+    """The model's plans beside their measurements; ``source`` says where the answer came from."""
     from rich.console import Console
     from rich.table import Table
 
     req = report.request
-    source = "from the plan store" if report.from_store else "profiled and measured now"
+    source = source or ("from the plan store" if report.from_store else "profiled and measured now")
     title = (f"{req.name} — input {list(req.input_shape)} {req.dtype}, {req.device}"
              f"{f' ({report.device_name})' if report.device_name else ''}, grads={req.grads}, "
              f"{report.num_stages} stages, {source}")
@@ -229,6 +241,33 @@ def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
         _emit_json(report.to_dict())
     else:
         _print_model_table(report)
+
+
+def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json: bool) -> None:
+    """``plan MODEL --server URL``: the service's plans for the request's key, uploading a trace if needed.
+
+    Service failures exit 1 (not 2): the input was fine, the service was not. A malformed URL is input (2).
+    """
+    from remat.client.errors import PlanError, ServiceError
+    from remat.client.fetch import report_from_service
+    from remat.client.service_client import PlanServiceClient
+
+    token = os.environ.get("REMAT_API_TOKEN") or None
+    if refresh and token is None:
+        _fail_input("--refresh with --server profiles here and uploads the trace: set REMAT_API_TOKEN")
+    with PlanServiceClient(server, token=token) as client:
+        try:
+            client.health()  # an unreachable server fails now, not after building the model
+            report = _run_with_progress(lambda progress: report_from_service(
+                request, client, upload=token is not None, refresh=refresh, progress=progress), as_json)
+        except (ServiceError, PlanError) as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        _emit_json({**report.to_dict(), "server": client.base_url})
+    elif report.from_store:
+        _print_model_table(report, f"from the service at {client.base_url}")
+    else:
+        _print_model_table(report, f"profiled here, planned by the service at {client.base_url}")
 
 
 @cli.command("trace")

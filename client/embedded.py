@@ -72,7 +72,7 @@ def default_request(spec: str, *, batch_size: int | None, sample_shape: Sequence
     if sample_shape is None:
         from remat.client.zoo import default_input_shape
 
-        shape = tuple(default_input_shape(spec))
+        shape = tuple(default_input_shape(spec, check_known=False))
         if device == "cpu" and len(shape) == 3:
             shape = (shape[0], DEFAULT_CPU_RESOLUTION, DEFAULT_CPU_RESOLUTION)
         sample_shape = shape
@@ -155,7 +155,7 @@ def cached_report(request: ModelRequest) -> ModelReport | None:
                          from_store=True, device_name=first.trace.device_name)
     for name in PLANNERS:
         record = by_algorithm[name]
-        m = record.measurements[-1]
+        m = record.measurements[0]  # the repository returns the newest first
         report.rows.append(PlanRow(plan=record.plan, measured_peak_bytes=m.measured_peak_bytes, step_ms=m.step_ms))
     return report
 
@@ -184,12 +184,12 @@ def _build(request: ModelRequest) -> tuple[Any, Any, Any]:
 def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None) -> ModelReport:
     """Profile, plan with every algorithm, measure each plan, store everything; returns the report."""
     from remat.service.records import Measurement
-    from remat.worker.measure import measure_step
+    from remat.worker.measure import measure_step, time_plans
     from remat.worker.planners import PLANNERS
     from remat.worker.planning import STORED_COST_MODEL, plan_all
 
     say = progress or (lambda message, fraction: None)
-    total = 2 + len(PLANNERS)
+    total = 3 + len(PLANNERS)  # build, profile, one measurement per plan, timing; storing is quick
     say(f"building {request.name}", 0.0)
     model, x, chain = _build(request)
     say(f"profiling {chain.num_stages} stages", 1 / total)
@@ -200,14 +200,19 @@ def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None) 
     measurements = {}
     for k, plan in enumerate(plans):
         say(f"measuring {plan.algorithm}", (2 + k) / total)
-        # Two timed steps per plan, the faster kept: a single one is at the mercy of a busy machine.
         result = measure_step(model, x, plan.checkpoints, grads=request.grads, device=request.device, chain=chain,
-                              train=request.mode == "train", trace=trace, algorithm=plan.algorithm, baseline=False,
-                              timing_repeats=2)
+                              train=request.mode == "train", trace=trace, algorithm=plan.algorithm, baseline=False)
         measurements[plan.algorithm] = result
-        report.rows.append(PlanRow(plan=plan, measured_peak_bytes=result["measured_peak_bytes"],
-                                   step_ms=result["step_ms"]))
-    say("storing", (total - 0.5) / total)
+    # Step times from interleaved rounds (every plan once per round, fastest kept): timing the plans one
+    # after another put a busy minute of the machine on whichever plan ran then (overheads of +3000% seen).
+    say("timing every plan", (2 + len(plans)) / total)
+    step_times = time_plans(model, x, [p.checkpoints for p in plans], grads=request.grads, device=request.device,
+                            chain=chain, train=request.mode == "train", rounds=2)
+    for plan, ms in zip(plans, step_times, strict=True):
+        measurements[plan.algorithm]["step_ms"] = ms
+        report.rows.append(PlanRow(plan=plan, measured_peak_bytes=measurements[plan.algorithm]["measured_peak_bytes"],
+                                   step_ms=ms))
+    say("storing", 0.99)
     store = _open_store()
     try:
         stored_key = store.save_trace_and_plans(trace, plans)

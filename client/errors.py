@@ -5,7 +5,8 @@ Hierarchy::
     RematError                      base of everything remat raises on purpose
     ├── TraceFormatError            a trace file or object breaks the remat-trace/1 contract (also ValueError)
     ├── PlanError                   a plan cannot be computed or used (also ValueError)
-    │   └── PlanMismatchError       a plan's key does not match the model it is applied to
+    │   ├── PlanMismatchError       a plan's key does not match the model it is applied to
+    │   └── PlanNotFoundError       the plan service has no plan for the key
     ├── ServiceError                the plan service could not be reached or answered an error
     └── ModelError                  a model cannot be resolved, traced or cut into stages (also ValueError)
         └── UnknownModelError       a zoo name that torchvision does not know
@@ -30,6 +31,10 @@ class PlanError(RematError, ValueError):
 
 class PlanMismatchError(PlanError):
     """A plan was computed for another model, input signature or convention than the one at hand."""
+
+
+class PlanNotFoundError(PlanError):
+    """The service answered, but has no plan for the key; the message names the key and how to create one."""
 
 
 class ServiceError(RematError):

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from remat.client.errors import UnknownModelError
+
+if TYPE_CHECKING:  # torch loads only when a model is built: the CLI's store lookups must stay torch-free
+    from torch import nn
 
 __all__ = ["available_models", "canonical_name", "default_input_shape", "resolve_model"]
 
@@ -108,8 +109,13 @@ def resolve_model(spec: str, **kwargs: Any) -> nn.Module:
     return builder(**kwargs)
 
 
-def default_input_shape(spec: str) -> tuple[int, ...]:
-    """Per-sample input shape (no batch dimension) the model expects by default, e.g. ``(3, 224, 224)``."""
+def default_input_shape(spec: str, *, check_known: bool = True) -> tuple[int, ...]:
+    """Per-sample input shape (no batch dimension) the model expects by default, e.g. ``(3, 224, 224)``.
+
+    ``check_known=False`` skips asking torchvision whether the name exists (which imports it): the CLI
+    first looks the request up in the plan store, and only builds — and so checks — the model on a miss.
+    """
     name = _split(spec)
-    _check_known(name)
+    if check_known:
+        _check_known(name)
     return _SPECIAL_SHAPES.get(name) or _VIDEO_SHAPES.get(name) or (3, 224, 224)

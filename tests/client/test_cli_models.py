@@ -134,3 +134,16 @@ def test_bad_model_input_exits_2_with_one_line(capsys, store_url: str, args: lis
     assert code == 2
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_default_request_needs_no_torch() -> None:
+    """The store lookup path fills in defaults without importing torch (regression: the zoo imported it)."""
+    probe = (
+        "import sys\n"
+        "from remat.client.embedded import default_request\n"
+        "r = default_request('resnet152', batch_size=None, sample_shape=None, device='cpu', grads='none')\n"
+        "assert r.input_shape == (4, 3, 128, 128), r.input_shape\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "TORCH False" in result.stdout

@@ -1,0 +1,190 @@
+"""Fetch plans from a remat service: one call at train time, and the CLI's ``plan MODEL --server URL``.
+
+A training job computes its model's plan key here (the architecture hash needs torch and the model), asks
+the service for the stored plan and gets a :class:`~remat.client.plan.Plan` whose ``extra["key"]`` says what
+it was made for, so that ``apply`` refuses it for another architecture, input or torch version::
+
+    model = fetch_and_apply(model, (32, 3, 224, 224), server="http://plans:8000", grads="none")
+
+The key sent is the client's own (``PlanKey.for_model``); the torch version in the returned plan's key is the
+one of the trace the service planned from, because the service keys plans without it and records it as
+provenance (docs/service.md): ``apply`` then compares it with the installed torch.
+
+Public API::
+
+    fetch_plan(model, input_shape, *, server, algorithm="linear", dtype="float32", grads="none",
+               mode="train", device=None, token=None) -> Plan
+    fetch_and_apply(model, input_shape, *, server, **kw) -> nn.Module
+    report_from_service(request, client, *, upload=False, refresh=False, progress=None) -> ModelReport
+    PlanNotFoundError                       # a PlanError: the service has no plan for the key
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from remat.client import embedded
+from remat.client.embedded import ModelReport, ModelRequest, PlanRow, ProgressFn
+from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
+from remat.client.plan import Plan
+from remat.client.plan_key import PlanKey, normalize_torch_version
+from remat.client.service_client import PlanServiceClient
+
+__all__ = ["PlanNotFoundError", "fetch_and_apply", "fetch_plan", "report_from_service"]
+
+HOW_TO_CREATE = ("create one with `remat-client trace MODEL --out trace.json` and POST it to /v1/traces "
+                 "(with the write token), or POST a profiling job to /v1/jobs")
+
+
+def describe_key(key: PlanKey) -> str:
+    """One line naming a key, short enough for an error message (the hash is cut to 12 hex digits)."""
+    return (f"model_hash {key.model_hash[:12]}…, input_shape {list(key.input_shape)}, dtype {key.dtype}, "
+            f"device {key.device}, mode {key.mode}, grads {key.grads}")
+
+
+@contextmanager
+def _service(server: str | PlanServiceClient, token: str | None) -> Iterator[PlanServiceClient]:
+    """Use the caller's client as is (it keeps its connections), or open one for this call only."""
+    if isinstance(server, PlanServiceClient):
+        yield server
+        return
+    with PlanServiceClient(server, token=token) as client:
+        yield client
+
+
+def plan_from_record(record: Mapping[str, Any], key: PlanKey) -> Plan:
+    """The served plan, carrying the key it is valid for in ``extra["key"]``.
+
+    The key is ``key`` (computed from the model here) with the torch version of the trace the service planned
+    from, when the trace recorded one: the stage graph, hence the plan, can change between torch releases,
+    and ``apply`` checks this field against the installed torch.
+    """
+    traced_with = (record.get("trace") or {}).get("torch_version")
+    key_dict = key.to_dict()
+    if traced_with:
+        try:
+            key_dict["torch_version"] = normalize_torch_version(traced_with)
+        except PlanError:
+            pass  # an unreadable version string is provenance, not a key; keep this torch's
+    try:
+        plan = record["plan"]
+    except (KeyError, TypeError):
+        raise ServiceError("remat service: a plan record without its 'plan' field; is this a remat service?") \
+            from None
+    return Plan.from_dict({**plan, "key": key_dict})
+
+
+def fetch_plan(model: nn.Module, input_shape: Sequence[int], *, server: str | PlanServiceClient,
+               algorithm: str = "linear", dtype: torch.dtype | str = "float32", grads: str = "none",
+               mode: str = "train", device: torch.device | str | None = None, token: str | None = None) -> Plan:
+    """The service's plan for ``model`` on inputs of ``input_shape``.
+
+    Args:
+        model: the model to be trained (its architecture is hashed; weights are never read or sent).
+        input_shape: the full input shape, batch dimension included: plans are made for one batch size.
+        server: the service URL (``http://plans:8000``) or an open ``PlanServiceClient`` to reuse.
+        algorithm: planner whose plan to fetch; ``linear`` is exact for the PyTorch-faithful cost model.
+        dtype: input dtype (``torch.bfloat16`` or ``"bfloat16"``).
+        grads: ``none`` if gradients are set to None between steps (``zero_grad()``'s default), ``kept``
+            if they stay allocated; the plans differ.
+        mode: ``train`` (checkpointing only matters there; ``apply`` refuses an ``eval`` plan).
+        device: device class of the training run; None: the device of the model's parameters.
+        token: bearer token, needed only where the service requires one for reads.
+
+    Returns:
+        The plan, with ``extra["key"]`` set so that ``apply`` can check it.
+
+    Raises:
+        PlanNotFoundError: the service has no plan for this key (the message says how to create one).
+        ServiceError: the service is unreachable or answered an error.
+        PlanError: the arguments do not make a valid key, or the served plan is malformed.
+    """
+    key = PlanKey.for_model(model, input_shape, dtype=dtype, mode=mode, grads=grads, device=device)
+    with _service(server, token) as client:
+        record = client.get_plan(key, algorithm=algorithm)
+        if record is None:
+            raise PlanNotFoundError(f"the remat service at {client.base_url} has no {algorithm} plan for "
+                                    f"{describe_key(key)}; {HOW_TO_CREATE}")
+    return plan_from_record(record, key)
+
+
+def fetch_and_apply(model: nn.Module, input_shape: Sequence[int], *, server: str | PlanServiceClient,
+                    strict: bool = True, **kw: Any) -> nn.Module:
+    """``apply(model, fetch_plan(model, input_shape, server=server, **kw))``: the one call of a training script.
+
+    Args:
+        model, input_shape, server, **kw: as for ``fetch_plan``.
+        strict: passed to ``apply``: refuse the plan when the model or torch version does not match its key.
+
+    Returns:
+        ``model`` itself, its forward now running the plan's checkpointed segments in training.
+    """
+    from remat.client.apply_plan import apply
+
+    return apply(model, fetch_plan(model, input_shape, server=server, **kw), strict=strict)
+
+
+# --- the CLI's server mode --------------------------------------------------------------------------------
+
+def _fetch_all(client: PlanServiceClient, key: PlanKey, algorithms: Sequence[str]) -> list[dict[str, Any]]:
+    """The stored record of every algorithm the service has a minimum-peak plan of, in ``algorithms`` order."""
+    records = (client.get_plan(key, algorithm=name) for name in algorithms)
+    return [r for r in records if r is not None]
+
+
+def _report(request: ModelRequest, key: PlanKey, records: Sequence[Mapping[str, Any]], *,
+            from_store: bool) -> ModelReport:
+    """A ``ModelReport`` from served records: measured figures are those of each plan's newest measurement."""
+    plans = [plan_from_record(r, key) for r in records]
+    first_trace = records[0].get("trace") or {}
+    report = ModelReport(request=request, key=dict(plans[0].extra["key"]), num_stages=plans[0].num_stages,
+                         from_store=from_store, device_name=first_trace.get("device_name"))
+    for record, plan in zip(records, plans, strict=True):
+        measured = (record.get("measurements") or [{}])[0]  # the service lists them newest first
+        report.rows.append(PlanRow(plan=plan, measured_peak_bytes=measured.get("measured_peak_bytes"),
+                                   step_ms=measured.get("step_ms")))
+    return report
+
+
+def report_from_service(request: ModelRequest, client: PlanServiceClient, *, upload: bool = False,
+                        refresh: bool = False, progress: ProgressFn | None = None) -> ModelReport:
+    """Every algorithm's plan for a zoo request, from the service (``remat-client plan MODEL --server URL``).
+
+    The model is built here only to compute its key. When the service has no plan for it (or ``refresh``),
+    and ``upload`` is allowed (a write token is configured), the model is profiled here and its trace
+    uploaded: the service plans it with every algorithm and stores the plans for everyone after us.
+
+    Raises:
+        PlanNotFoundError: nothing stored and ``upload`` is False.
+        ServiceError: unreachable service, refused token, or an error answer.
+    """
+    from remat.worker.planners import PLANNERS
+
+    say = progress or (lambda message, fraction: None)
+    say(f"building {request.name}", 0.0)
+    model, x, chain = embedded._build(request)
+    key = PlanKey.for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
+                            grads=request.grads, device=request.device, graph=chain.graph_module)
+    say("fetching plans", 0.3)
+    records = [] if refresh else _fetch_all(client, key, list(PLANNERS))
+    if records:
+        return _report(request, key, records, from_store=True)
+    if not upload:
+        raise PlanNotFoundError(f"the remat service at {client.base_url} has no plans for {request.name} "
+                                f"({describe_key(key)}); set REMAT_API_TOKEN to profile it here and upload "
+                                f"the trace, or POST a profiling job to /v1/jobs")
+    say(f"profiling {chain.num_stages} stages", 0.4)
+    trace = embedded._profile(request, model, x, chain)
+    say("uploading the trace", 0.9)
+    client.upload_trace(trace)
+    records = _fetch_all(client, key, list(PLANNERS))
+    if not records:
+        raise ServiceError(f"remat service {client.base_url}: stored the trace but serves no plan for "
+                           f"{describe_key(key)}")
+    say("done", 1.0)
+    return _report(request, key, records, from_store=False)

@@ -1,0 +1,244 @@
+"""HTTP client of the remat plan service: fetch stored plans, upload traces, ask for health.
+
+Training jobs fetch plans at start-up, often from many nodes at once, so this module is deliberately small:
+it needs httpx and nothing else of the heavy stack (no torch, sqlalchemy, celery or the web framework; a test
+checks ``sys.modules`` in a fresh interpreter). Keys are taken as plain mappings or as anything with a
+``to_dict()`` (the client's ``PlanKey``), so that importing the key class, which imports torch, is not needed.
+
+Every failure leaves as one ``ServiceError`` with a one-line message naming the URL and what happened, the
+way httpx maps socket errors to its own: callers catch one exception type and can show its message as is.
+
+Public API::
+
+    with PlanServiceClient("http://plans:8000", token=None, timeout=10.0) as client:
+        client.health() -> dict                                     # {status, database, cache}
+        client.get_plan(key, algorithm="linear", budget=None) -> dict | None   # None: no such plan
+        client.upload_trace(trace) -> dict                          # {key, trace_id, created, plans}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from remat.client.errors import ServiceError
+
+__all__ = ["PlanServiceClient", "ServiceResponseError", "key_query"]
+
+_KEY_DEFAULTS = {"dtype": "float32", "device": "cpu", "mode": "train", "grads": "none"}
+"""What a key mapping means when it leaves a field out: the defaults of the client's ``PlanKey``."""
+
+
+class ServiceResponseError(ServiceError):
+    """The service answered, with an error status; ``detail`` is its own one-line explanation.
+
+    Attributes:
+        status_code: the HTTP status.
+        url: the request URL.
+        detail: the service's ``detail`` message (or a short excerpt of a non-JSON body).
+    """
+
+    def __init__(self, message: str, *, status_code: int, url: str, detail: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.url = url
+        self.detail = detail
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def key_query(key: Any, *, algorithm: str = "linear", budget: int | None = None) -> tuple[str, dict[str, str]]:
+    """The path and query parameters of ``GET /v1/plans/{model_hash}`` for ``key``.
+
+    Args:
+        key: a mapping with ``model_hash`` and ``input_shape`` (missing ``dtype``, ``device``, ``mode`` and
+            ``grads`` take ``PlanKey``'s defaults), or an object with ``to_dict()`` returning one.
+        algorithm: planner name.
+        budget: memory budget in bytes; None asks for the minimum-peak plan.
+
+    Raises:
+        ServiceError: the key lacks ``model_hash`` or ``input_shape``; nothing was sent.
+    """
+    fields = key.to_dict() if hasattr(key, "to_dict") else key
+    if not isinstance(fields, Mapping):
+        raise ServiceError(f"plan key: expected a mapping or a PlanKey, got {type(key).__name__}")
+    missing = [name for name in ("model_hash", "input_shape") if fields.get(name) is None]
+    if missing:
+        raise ServiceError(f"plan key: field {missing[0]!r} is missing")
+    shape = fields["input_shape"]
+    try:
+        shape_text = shape if isinstance(shape, str) else ",".join(str(int(d)) for d in shape)
+    except (TypeError, ValueError):
+        raise ServiceError(f"plan key: input_shape must be a list of integers, got {shape!r}") from None
+    params = {"input_shape": shape_text, "algorithm": algorithm}
+    for name, default in _KEY_DEFAULTS.items():
+        value = fields.get(name)
+        params[name] = str(default if value is None else value)
+    if budget is not None:
+        params["budget"] = str(int(budget))
+    # Quoted so that a hand-written hash cannot change the path; real hashes are hex digits and pass as is.
+    return f"/v1/plans/{quote(str(fields['model_hash']), safe=':+.-_')}", params
+
+
+class PlanServiceClient:
+    """A synchronous client of one remat service; reuses its connections until closed.
+
+    Args:
+        base_url: the service's root, e.g. ``http://plans.internal:8000``.
+        token: bearer token, sent with every request: the write token (``REMAT_API_TOKEN``) is needed to
+            upload and also reads; a read token is needed only where the server requires one for reads.
+        timeout: seconds for connecting and for each read; a training job should fail fast, not hang.
+        transport: an httpx transport (tests, proxies); None uses httpx's default.
+    """
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        text = str(base_url).strip()
+        if "://" not in text:
+            raise ServiceError(f"server URL {text!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+        self.base_url = text.rstrip("/")
+        self.timeout = timeout
+        headers = {"Accept": "application/json", "User-Agent": "remat-client"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._has_token = bool(token)
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PlanServiceClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PlanServiceClient({self.base_url!r})"
+
+    # --- API ----------------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``{status, database, cache}``.
+
+        A 503 is returned, not raised: it is the documented answer of a service whose database is down
+        (``status`` says ``unavailable``), and a health probe wants to show it.
+        """
+        response = self._send("GET", "/healthz")
+        if response.status_code == 503:
+            body = self._json(response)
+            if isinstance(body, dict) and "status" in body:
+                return body
+        return self._checked(response)
+
+    def get_plan(self, key: Any, *, algorithm: str = "linear", budget: int | None = None) -> dict[str, Any] | None:
+        """The stored plan record for ``key``, or None when the service has none.
+
+        Args:
+            key: a ``PlanKey`` (client or service) or a mapping with its fields; see ``key_query``.
+            algorithm: planner name (``linear``, the default, is exact for the PyTorch-faithful cost model).
+            budget: memory budget in bytes; None asks for the minimum-peak plan.
+
+        Returns:
+            ``{plan_id, key, plan, trace, measurements, created_at, updated_at}`` as served; ``plan`` is
+            ``Plan.to_dict()``'s form and ``measurements`` are newest first.
+
+        Raises:
+            ServiceError: the service is unreachable, refused the request or answered an error.
+        """
+        path, params = key_query(key, algorithm=algorithm, budget=budget)
+        response = self._send("GET", path, params=params)
+        if response.status_code == 404 and self._is_remat_404(response):
+            return None
+        return self._checked(response)
+
+    def upload_trace(self, trace: Any) -> dict[str, Any]:
+        """``POST /v1/traces``: store a trace; the service plans it with every algorithm and stores the plans.
+
+        Args:
+            trace: a ``Trace`` (anything with ``to_dict()``), its dict form, or its JSON text.
+
+        Returns:
+            ``{key, trace_id, content_sha256, created, plans}``; ``created`` is False when the same trace
+            content was stored before (the upload is idempotent).
+
+        Raises:
+            ServiceError: no or a refused token, a trace the service rejects (the message is its own),
+                or any transport failure.
+        """
+        if hasattr(trace, "to_dict"):
+            trace = trace.to_dict()
+        content = trace.encode("utf-8") if isinstance(trace, str) else (
+            trace if isinstance(trace, bytes) else json.dumps(trace).encode("utf-8"))
+        response = self._send("POST", "/v1/traces", content=content,
+                              headers={"Content-Type": "application/json"})
+        return self._checked(response)
+
+    # --- plumbing -----------------------------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request; every transport failure becomes a one-line ``ServiceError`` naming the URL."""
+        url = f"{self.base_url}{path}"
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            what = f"no answer within {self.timeout:g} s ({type(exc).__name__})"
+        except httpx.ConnectError as exc:
+            what = f"cannot connect ({_one_line(str(exc)) or type(exc).__name__})"
+        except httpx.TransportError as exc:
+            what = f"request failed ({type(exc).__name__}: {_one_line(str(exc))})"
+        except httpx.InvalidURL as exc:
+            what = f"invalid URL ({_one_line(str(exc))})"
+        raise ServiceError(f"remat service {url}: {what}") from None
+
+    @staticmethod
+    def _json(response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
+    @staticmethod
+    def _is_remat_404(response: httpx.Response) -> bool:
+        """A 404 that means "no plan for this key", not a wrong base URL or another server.
+
+        The service's 404 names the key (``model_hash: no linear plan ...``); a path that does not exist
+        gets FastAPI's bare ``Not Found``, and that must not pass for "nothing stored".
+        """
+        body = PlanServiceClient._json(response)
+        detail = body.get("detail") if isinstance(body, dict) else None
+        return isinstance(detail, str) and detail.startswith("model_hash:")
+
+    def _checked(self, response: httpx.Response) -> dict[str, Any]:
+        """The JSON body of a success; otherwise a ``ServiceError`` that says what went wrong."""
+        url = str(response.request.url)
+        body = self._json(response)
+        if response.is_success:
+            if not isinstance(body, dict):
+                raise ServiceError(f"remat service {url}: answered HTTP {response.status_code} without a JSON "
+                                   "object; is this a remat service?")
+            return body
+        detail = body.get("detail") if isinstance(body, dict) else None
+        detail = _one_line(detail if isinstance(detail, str) else (response.text[:200] or response.reason_phrase))
+        code = response.status_code
+        if code == 401:
+            problem = ("the bearer token was refused (check REMAT_API_TOKEN)" if self._has_token
+                       else "a bearer token is needed and none was given (set REMAT_API_TOKEN)")
+            message = f"remat service {url}: {problem}: {detail}"
+        elif code == 403:
+            message = f"remat service {url}: the token was refused (HTTP 403): {detail}"
+        elif code >= 500:
+            message = f"remat service {url}: server error HTTP {code}: {detail}"
+        else:
+            message = f"remat service {url}: HTTP {code}: {detail}"
+        raise ServiceResponseError(message, status_code=code, url=url, detail=detail)

@@ -1,0 +1,244 @@
+"""The client side of the shared plan cache, against the real service on a real socket.
+
+One uvicorn server runs in a thread for the whole module (a temporary SQLite file, a write token, no Redis),
+so every request goes through httpx, TCP and the ASGI stack as in a cluster. The model is ResNet-18 at
+2×3×32×32: profiled once here, uploaded, then fetched and applied.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import torchvision
+import uvicorn
+
+from remat.client import embedded
+from remat.client.cli import main
+from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
+from remat.client.fetch import fetch_and_apply, fetch_plan
+from remat.client.service_client import PlanServiceClient, ServiceResponseError
+from remat.service.api.app import create_app
+from remat.service.config import ServiceSettings
+from remat.worker.planners import PLANNERS
+from tests.service.factories import TOKEN, closed_port_url
+
+BATCH, SAMPLE = 2, (3, 32, 32)
+SHAPE = (BATCH, *SAMPLE)
+SMALL = ["resnet18", "--batch-size", str(BATCH), "--input-shape", ",".join(map(str, SAMPLE))]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The service on 127.0.0.1 at a port the kernel chose; stopped after the module."""
+    db_file = tmp_path_factory.mktemp("service") / "plans.sqlite"
+    settings = ServiceSettings(database_url=f"sqlite:///{db_file}", redis_url=None, broker_url=closed_port_url(),
+                               api_token=TOKEN, auto_migrate=True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning", access_log=False))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            pytest.fail("the test service did not start")
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    uv.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def uploaded(server: str) -> dict[str, Any]:
+    """ResNet-18's trace, profiled as ``remat-client trace`` does, uploaded with the write token."""
+    request = embedded.default_request("resnet18", batch_size=BATCH, sample_shape=SAMPLE, device="cpu",
+                                       grads="none")
+    trace = embedded.profile_trace(request)
+    with PlanServiceClient(server, token=TOKEN) as client:
+        stored = client.upload_trace(trace)
+    assert stored["created"] is True
+    return stored
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("REMAT_API_TOKEN", "REMAT_SERVER"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(info.value.code), out, err
+
+
+def _stored_plan(stored: dict[str, Any], algorithm: str) -> dict[str, Any]:
+    return next(p for p in stored["plans"] if p["algorithm"] == algorithm)
+
+
+# --- the HTTP client --------------------------------------------------------------------------------------
+
+def test_fetch_plan_returns_the_stored_plan_with_its_key(server: str, uploaded: dict[str, Any]) -> None:
+    model = torchvision.models.resnet18(weights=None)
+    plan = fetch_plan(model, SHAPE, server=server)
+    stored = _stored_plan(uploaded, "linear")
+    assert plan.algorithm == "linear"
+    assert list(plan.checkpoints) == stored["checkpoints"]
+    assert plan.predicted_peak_bytes == stored["predicted_peak_bytes"]
+    key = plan.extra["key"]
+    assert key["model_hash"] == uploaded["key"]["model_hash"] and key["input_shape"] == list(SHAPE)
+    assert key["torch_version"] == ".".join(torch.__version__.split(".")[:2])
+
+    with PlanServiceClient(server) as client:  # reads need no token; an open client can be passed in
+        uniform = fetch_plan(model, SHAPE, server=client, algorithm="uniform")
+        assert list(uniform.checkpoints) == _stored_plan(uploaded, "uniform")["checkpoints"]
+        assert client.health()["status"] == "ok"
+
+
+def test_fetch_and_apply_trains_like_the_plain_model(server: str, uploaded: dict[str, Any]) -> None:
+    torch.manual_seed(0)
+    plain = torchvision.models.resnet18(weights=None)
+    planned = torchvision.models.resnet18(weights=None)
+    planned.load_state_dict(plain.state_dict())
+    assert fetch_and_apply(planned, SHAPE, server=server) is planned
+    x = torch.randn(SHAPE)
+    for model in (plain, planned):
+        model(x).square().mean().backward()
+    for (name, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_a_missing_key_is_a_plan_error_that_says_how_to_create_one(server: str, uploaded: dict[str, Any]) -> None:
+    with pytest.raises(PlanNotFoundError) as info:
+        fetch_plan(torchvision.models.resnet18(weights=None), (1, *SAMPLE), server=server)
+    message = str(info.value)
+    assert isinstance(info.value, PlanError)
+    assert "no linear plan" in message and "input_shape [1, 3, 32, 32]" in message and server in message
+    assert "remat-client trace" in message and "/v1/traces" in message and "/v1/jobs" in message
+    assert "\n" not in message
+    with PlanServiceClient(server) as client:  # the client itself says "nothing" with None
+        assert client.get_plan({**uploaded["key"], "input_shape": [1, 3, 32, 32]}) is None
+
+
+@pytest.mark.parametrize("token, problem", [(None, "none was given"), ("wrong-token", "token was refused")])
+def test_upload_without_the_write_token_names_the_token_problem(server: str, token: str | None,
+                                                                problem: str) -> None:
+    trace = {"format": "remat-trace/1", "input_bytes": 8, "stages": [{"name": "a", "output_bytes": 8,
+                                                                       "saved_bytes": 0}]}
+    with PlanServiceClient(server, token=token) as client, pytest.raises(ServiceResponseError) as info:
+        client.upload_trace(trace)
+    assert info.value.status_code == 401 and problem in str(info.value) and "REMAT_API_TOKEN" in str(info.value)
+
+
+def test_service_error_details_are_carried(server: str) -> None:
+    with PlanServiceClient(server, token=TOKEN) as client:
+        with pytest.raises(ServiceResponseError) as info:
+            client.upload_trace({"format": "remat-trace/1", "input_bytes": 8, "stages": []})
+        assert info.value.status_code == 422 and "stages" in info.value.detail
+        with pytest.raises(ServiceError, match="HTTP 422: input_shape"):
+            client.get_plan({"model_hash": "abc", "input_shape": "x"})
+
+
+def test_an_unreachable_server_is_one_line_naming_the_url() -> None:
+    url = closed_port_url("http").removesuffix("/0")
+    with PlanServiceClient(url, timeout=2) as client, pytest.raises(ServiceError) as info:
+        client.get_plan({"model_hash": "abc", "input_shape": [1]})
+    message = str(info.value)
+    assert message.startswith(f"remat service {url}/v1/plans/abc: cannot connect") and "\n" not in message
+
+
+def test_a_wrong_base_url_is_not_mistaken_for_a_missing_plan(server: str) -> None:
+    with PlanServiceClient(server + "/nothing-here") as client, pytest.raises(ServiceResponseError) as info:
+        client.get_plan({"model_hash": "abc", "input_shape": [1]})
+    assert info.value.status_code == 404
+
+
+def test_the_client_module_imports_no_heavy_packages() -> None:
+    probe = ("import sys\n"
+             "import remat.client, remat.client.service_client\n"
+             "print(sorted(m for m in ('torch', 'sqlalchemy', 'celery', 'fastapi') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+# --- remat-client plan MODEL --server URL -----------------------------------------------------------------
+
+def test_cli_shows_the_service_plans_with_their_measurements(capsys, server: str, uploaded: dict[str, Any]) -> None:
+    measured = {"key": uploaded["key"], "algorithm": "linear", "measured_peak_bytes": 123_456, "step_ms": 42.0}
+    response = httpx.post(f"{server}/v1/measurements", json=measured, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 201, response.text
+
+    code, out, err = run_cli(capsys, "plan", *SMALL, "--server", server, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["from_store"] is True and report["server"] == server
+    assert report["key"]["model_hash"] == uploaded["key"]["model_hash"]
+    assert [p["algorithm"] for p in report["plans"]] == list(PLANNERS)
+    by_name = {p["algorithm"]: p for p in report["plans"]}
+    assert by_name["linear"]["checkpoints"] == _stored_plan(uploaded, "linear")["checkpoints"]
+    assert by_name["linear"]["measured_peak_bytes"] == 123_456 and by_name["linear"]["step_ms"] == 42.0
+    assert by_name["uniform"]["measured_peak_bytes"] is None and by_name["uniform"]["step_ms"] is None
+    assert all(p["key"] == report["key"] for p in report["plans"])  # each plan applies on its own
+
+
+def test_cli_without_a_plan_or_token_exits_1_with_one_line(capsys, server: str, uploaded: dict[str, Any],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REMAT_SERVER", server)  # the environment variable works as --server
+    code, out, err = run_cli(capsys, "plan", "resnet18", "--batch-size", "4", "--input-shape", "3,32,32", "--json")
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "has no plans for torchvision:resnet18" in err and "REMAT_API_TOKEN" in err
+
+
+def test_cli_with_a_token_profiles_uploads_and_shows_unmeasured_plans(capsys, server: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REMAT_API_TOKEN", TOKEN)
+    code, out, err = run_cli(capsys, "plan", "resnet18", "--batch-size", "3", "--input-shape", "3,32,32",
+                             "--server", server)
+    assert code == 0, err
+    assert "planned by the service" in out
+    linear_row = next(line for line in out.splitlines() if " linear " in line)
+    assert linear_row.count(" - ") >= 2  # measured peak and saving: nothing measured yet
+    # The service now has them for everyone: without the token, the same request answers from it.
+    monkeypatch.delenv("REMAT_API_TOKEN")
+    code, out, err = run_cli(capsys, "plan", "resnet18", "--batch-size", "3", "--input-shape", "3,32,32",
+                             "--server", server, "--json")
+    assert code == 0, err
+    assert json.loads(out)["from_store"] is True
+
+
+def test_cli_unreachable_server_exits_1_with_one_line(capsys) -> None:
+    url = closed_port_url("http").removesuffix("/0")
+    code, out, err = run_cli(capsys, "plan", *SMALL, "--server", url)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and f"{url}/healthz: cannot connect" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--server", "localhost:8000"], "server URL"),
+    (["--server", "http://127.0.0.1:1", "--refresh"], "REMAT_API_TOKEN"),
+])
+def test_cli_bad_server_arguments_exit_2(capsys, args: list[str], message: str) -> None:
+    code, _, err = run_cli(capsys, "plan", *SMALL, *args)
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_cli_server_with_a_trace_file_exits_2(capsys, tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"format": "remat-trace/1", "input_bytes": 8,
+                                 "stages": [{"name": "a", "output_bytes": 8, "saved_bytes": 0}]}))
+    code, _, err = run_cli(capsys, "plan", "--trace", str(trace), "--server", "http://127.0.0.1:1")
+    assert code == 2 and "--server applies to MODEL" in err
