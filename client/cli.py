@@ -228,7 +228,7 @@ def _print_model_table(report: Any, source: str | None = None) -> None:
                       saving, step)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
-               "step time is the recompute overhead.")
+               "the step time's change against none is the recompute overhead.")
 
 
 def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
