@@ -252,6 +252,7 @@ def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json
     from remat.client.fetch import report_from_service
     from remat.client.service_client import PlanServiceClient
 
+    # The write token comes from the environment only: a --token flag would leak it into shell history and ps.
     token = os.environ.get("REMAT_API_TOKEN") or None
     if refresh and token is None:
         _fail_input("--refresh with --server profiles here and uploads the trace: set REMAT_API_TOKEN")
