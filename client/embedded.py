@@ -66,14 +66,14 @@ def default_request(spec: str, *, batch_size: int | None, sample_shape: Sequence
                     grads: str) -> ModelRequest:
     """Fill in defaults that keep a CPU run to a couple of minutes and a GPU run realistic.
 
-    On CPU the images are 128 px (a 3-channel model's default resolution is scaled down) and the batch is
-    4; on CUDA the zoo's own input shape and a batch of 32.
+    On CPU the images are 128 px (a 3-channel model's default resolution is scaled down, unless the model
+    only runs at its own, like ViT) and the batch is 4; on CUDA the zoo's own input shape and a batch of 32.
     """
     if sample_shape is None:
-        from remat.client.zoo import default_input_shape
+        from remat.client.zoo import default_input_shape, fixed_resolution
 
         shape = tuple(default_input_shape(spec, check_known=False))
-        if device == "cpu" and len(shape) == 3:
+        if device == "cpu" and len(shape) == 3 and not fixed_resolution(spec):
             shape = (shape[0], DEFAULT_CPU_RESOLUTION, DEFAULT_CPU_RESOLUTION)
         sample_shape = shape
     if batch_size is None:

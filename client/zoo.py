@@ -22,7 +22,7 @@ from remat.client.errors import UnknownModelError
 if TYPE_CHECKING:  # torch loads only when a model is built: the CLI's store lookups must stay torch-free
     from torch import nn
 
-__all__ = ["available_models", "canonical_name", "default_input_shape", "resolve_model"]
+__all__ = ["available_models", "canonical_name", "default_input_shape", "fixed_resolution", "resolve_model"]
 
 _SOURCE = "torchvision"
 
@@ -107,6 +107,16 @@ def resolve_model(spec: str, **kwargs: Any) -> nn.Module:
     if name in ("inception_v3", "googlenet"):
         kwargs.setdefault("init_weights", False)
     return builder(**kwargs)
+
+
+#: Name prefixes of models that only run at their native resolution (ViT checks the image size, MaxViT's
+#: window partition needs multiples of its grid); everything else in the classification zoo runs at 128 px.
+_FIXED_RESOLUTION_PREFIXES = ("vit_", "maxvit_")
+
+
+def fixed_resolution(spec: str) -> bool:
+    """Whether the model must be fed its native input size (so a CPU run cannot scale images down)."""
+    return _split(spec).startswith(_FIXED_RESOLUTION_PREFIXES)
 
 
 def default_input_shape(spec: str, *, check_known: bool = True) -> tuple[int, ...]:

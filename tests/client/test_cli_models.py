@@ -147,3 +147,11 @@ def test_default_request_needs_no_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert "TORCH False" in result.stdout
+
+
+@pytest.mark.parametrize(("spec", "shape"), [("resnet152", (4, 3, 128, 128)), ("vit_b_16", (4, 3, 224, 224)),
+                                             ("torchvision:maxvit_t", (4, 3, 224, 224))])
+def test_cpu_defaults_scale_images_down_only_where_the_model_allows(spec: str, shape: tuple[int, ...]) -> None:
+    from remat.client.embedded import default_request
+
+    assert default_request(spec, batch_size=None, sample_shape=None, device="cpu", grads="none").input_shape == shape
