@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
+from remat.client.write_probe import preserved_state as client_preserved_state
 from remat.worker.memory_meter import storage_key
 
 __all__ = ["Backend", "StageChainLike", "build_chain", "preserved_state", "profile_chain"]
@@ -115,27 +116,10 @@ def cpu_name() -> str:
 
 @contextlib.contextmanager
 def preserved_state(model: nn.Module, *, devices: Sequence[torch.device] = ()) -> Iterator[None]:
-    """Run a block that trains the model and leave the model as it was (feasibility pitfall P5).
-
-    Restores buffer values (BatchNorm running statistics, ``num_batches_tracked``), each parameter's
-    ``.grad`` object, the train/eval flag of every submodule, and the global RNG state (CPU and the given
-    devices), so that profiling and measuring are invisible to the caller.
-    """
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    grads = [(p, p.grad) for p in model.parameters()]
-    modes = [(m, m.training) for m in model.modules()]
-    cuda_devices = [d for d in devices if d.type == "cuda"]
-    with torch.random.fork_rng(devices=cuda_devices, device_type="cuda"):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for buf, saved in buffers:
-                    buf.copy_(saved)
-            for p, g in grads:
-                p.grad = g
-            for m, training in modes:
-                m.training = training
+    """The client's :func:`remat.client.write_probe.preserved_state`, taking the backend's devices."""
+    cuda = [d.index if d.index is not None else torch.cuda.current_device() for d in devices if d.type == "cuda"]
+    with client_preserved_state(model, cuda_devices=cuda):
+        yield
 
 
 def param_keys(model: nn.Module) -> set[int]:
