@@ -9,19 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from remat.client.cli import main
 from remat.client.trace import TRACE_FORMAT
 from remat.worker.cost_models import peak
 from remat.worker.planners import PLANNERS
+from tests.utils.cli import run_cli
 
 SCRIPT = str(Path(sys.executable).parent / "remat-client")
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code), out, err
 
 
 @pytest.fixture

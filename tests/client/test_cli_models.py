@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from remat.client.cli import main
 from remat.client.trace import load_trace
 from remat.worker.planners import PLANNERS
+from tests.utils.cli import run_cli
 
 SMALL = ["resnet18", "--batch-size", "2", "--input-shape", "3,32,32"]
 
@@ -23,11 +23,6 @@ def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return url
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code), out, err
 
 
 def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, store_url: str) -> None:

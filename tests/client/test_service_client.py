@@ -24,7 +24,6 @@ import torchvision
 import uvicorn
 
 from remat.client import embedded
-from remat.client.cli import main
 from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
 from remat.client.fetch import fetch_and_apply, fetch_plan
 from remat.client.service_client import PlanServiceClient, ServiceResponseError
@@ -32,6 +31,7 @@ from remat.service.api.app import create_app
 from remat.service.config import ServiceSettings
 from remat.worker.planners import PLANNERS
 from tests.service.factories import TOKEN, closed_port_url
+from tests.utils.cli import run_cli
 
 BATCH, SAMPLE = 2, (3, 32, 32)
 SHAPE = (BATCH, *SAMPLE)
@@ -79,11 +79,6 @@ def _no_ambient_config(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code), out, err
 
 
 def _stored_plan(stored: dict[str, Any], algorithm: str) -> dict[str, Any]:
