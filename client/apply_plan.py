@@ -17,6 +17,7 @@ grad mode the class's own ``forward`` runs, unchanged. docs/apply.md lists what 
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ class _Applied:
     strict: bool
     chain: StageChain | None = None
     checked: bool = False
+    warned: bool = False
 
     def __deepcopy__(self, memo: dict) -> _Applied:
         # A deep-copied model gets its own chain, built from its own modules at its first training call.
@@ -123,13 +125,14 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """Replacement forward: the chain with checkpoints in training, the class's forward otherwise."""
     state: _Applied = self.__dict__[_STATE]
     original = type(self).forward
-    if (
-        not self.training
-        or not torch.is_grad_enabled()
-        or len(args) != 1
-        or kwargs
-        or not isinstance(args[0], torch.Tensor)
-    ):
+    if not self.training or not torch.is_grad_enabled():
+        return original(self, *args, **kwargs)
+    if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
+        if not state.warned:
+            # Not silent: the user believes the plan is saving memory, and on this call it is not.
+            warnings.warn("remat: the applied plan only handles a single positional tensor input; this "
+                          "training call ran without checkpointing", RuntimeWarning, stacklevel=2)
+            state.warned = True
         return original(self, *args, **kwargs)
     x = args[0]
     if state.chain is None:

@@ -178,6 +178,13 @@ def test_plan_without_key_builds_at_first_training_call(resnet: nn.Module) -> No
         wrong(torch.randn(SHAPE))
 
 
+def test_unsupported_call_signature_warns_instead_of_silently_skipping_the_plan(resnet: nn.Module) -> None:
+    model, _ = _applied_resnet(resnet)
+    with pytest.warns(RuntimeWarning, match="ran without checkpointing"):
+        model(x=torch.randn(SHAPE)).sum().backward()
+    assert applied_chain(model) is not None  # the plan is still applied for ordinary calls
+
+
 @pytest.mark.cuda
 def test_cuda_step_matches(resnet: nn.Module) -> None:
     """On GPU some backward kernels are not deterministic, so gradients are compared with a tolerance."""
