@@ -29,14 +29,11 @@ DEFAULT_CPU_RESOLUTION = 128
 DEFAULT_CUDA_BATCH = 32
 
 
-def _major_minor(version: str) -> str:
-    parts = version.split("+")[0].split(".")
-    return ".".join(parts[:2])
-
-
 def installed_torch_version() -> str:
     """torch's major.minor from the package metadata (reading it does not import torch)."""
-    return _major_minor(importlib.metadata.version("torch"))
+    from remat.client.plan_key import normalize_torch_version
+
+    return normalize_torch_version(importlib.metadata.version("torch"))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -129,6 +126,7 @@ def _open_store() -> Any:
 
 def cached_report(request: ModelRequest) -> ModelReport | None:
     """The stored answer for ``request``, when every algorithm has a measured plan; never imports torch."""
+    from remat.client.plan_key import normalize_torch_version
     from remat.service import repository
     from remat.worker.planners import PLANNERS
 
@@ -143,7 +141,7 @@ def cached_report(request: ModelRequest) -> ModelReport | None:
     matching = [r for r in records
                 if r.key.input_shape == request.input_shape and r.key.grads == request.grads
                 and r.key.mode == request.mode and r.trace.torch_version is not None
-                and _major_minor(r.trace.torch_version) == torch_version]
+                and normalize_torch_version(r.trace.torch_version) == torch_version]
     if not matching:
         return None
     newest_trace = max(matching, key=lambda r: r.updated_at).trace.trace_id

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from remat.client.errors import PlanError
 from remat.client.trace import GRAD_CONVENTIONS, MODES
+
+if TYPE_CHECKING:  # torch loads only when a key is built from a model: the CLI's store lookups stay torch-free
+    import torch
+    from torch import nn
 
 __all__ = ["KEY_FIELDS", "PlanKey", "current_torch_version", "normalize_dtype", "normalize_torch_version"]
 
@@ -41,6 +42,8 @@ def normalize_torch_version(version: str) -> str:
 
 
 def current_torch_version() -> str:
+    import torch
+
     return normalize_torch_version(torch.__version__)
 
 
@@ -102,7 +105,7 @@ class PlanKey:
         model: nn.Module,
         input_shape: Sequence[int],
         *,
-        dtype: torch.dtype | str = torch.float32,
+        dtype: torch.dtype | str = "float32",
         mode: str = "train",
         grads: str = "none",
         device: torch.device | str | None = None,
