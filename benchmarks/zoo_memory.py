@@ -16,14 +16,19 @@ column compares plans timed under the same load.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import itertools
 import json
+import multiprocessing
 import sys
 import time
+import traceback
 from typing import Any
 
 import torch
 import torchvision
 
+from remat.client.precision import autocast_context
 from remat.client.stage_graph import build_stage_chain
 from remat.worker.measure import make_loss, measure_step, time_plans
 from remat.worker.planners import PLANNERS
@@ -35,50 +40,85 @@ MIB = 1024 * 1024
 
 
 def run_model(name: str, *, batch_size: int, image_size: int, grads_list: list[str], device: str,
-              algorithms: list[str], timing_repeats: int) -> list[dict[str, Any]]:
-    """Profile one model and measure every algorithm's plan under each gradient convention."""
+              algorithms: list[str], timing_repeats: int,
+              precisions: tuple[str, ...] = ("float32",)) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Profile one model and measure every algorithm's plan under each precision and gradient convention.
+
+    Returns the rows and every profiled trace as ``{"<model>/<precision>/<grads>": trace dict}``, so that
+    the cost model can be re-evaluated later against the same measurements without the device.
+    """
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None).to(device)
     x = torch.randn(batch_size, 3, image_size, image_size, device=device)
     chain = build_stage_chain(model, x, train=True)
-    with torch.no_grad():
-        loss_fn = make_loss(chain.run(x))
     rows: list[dict[str, Any]] = []
-    for grads in grads_list:
+    traces: dict[str, Any] = {}
+    for precision, grads in itertools.product(precisions, grads_list):
+        with torch.no_grad(), autocast_context(precision, x.device.type):
+            loss_fn = make_loss(chain.run(x))
         started = time.perf_counter()
         trace = profile(model, x, device=device, grads=grads, chain=chain, model_name=name,
-                        timing_repeats=timing_repeats)
+                        timing_repeats=timing_repeats, precision=precision)
         profile_s = time.perf_counter() - started
+        traces[f"{name}/{precision}/{grads}"] = trace.to_dict()
         plans = [make_plan(trace, algorithm, cost_model="pytorch") for algorithm in algorithms]
         results = [measure_step(model, x, plan.checkpoints, grads=grads, device=device, chain=chain, trace=trace,
-                                algorithm=plan.algorithm, baseline=False, timing_repeats=0, loss_fn=loss_fn)
+                                algorithm=plan.algorithm, baseline=False, timing_repeats=0, loss_fn=loss_fn,
+                                precision=precision)
                    for plan in plans]
         times = time_plans(model, x, [p.checkpoints for p in plans], grads=grads, device=device, chain=chain,
-                           rounds=timing_repeats, loss_fn=loss_fn)
-        base_bytes, base_ms = results[0]["measured_peak_bytes"], times[0]  # algorithms[0] is "none"
+                           rounds=timing_repeats, loss_fn=loss_fn, precision=precision)
+        base_bytes, base_ms = results[0].measured_peak_bytes, times[0]  # algorithms[0] is "none"
         for plan, result, ms in zip(plans, results, times, strict=True):
+            measured, predicted = result.measured_peak_bytes, result.predicted_peak_bytes
             rows.append({
-                "model": name, "grads": grads, "algorithm": plan.algorithm, "num_stages": trace.num_stages,
-                "segments": len(plan.checkpoints) + 1, "checkpoints": list(plan.checkpoints),
-                "predicted_bytes": result["predicted_peak_bytes"], "measured_bytes": result["measured_peak_bytes"],
-                "error": result["prediction_error"], "saving": 1 - result["measured_peak_bytes"] / base_bytes,
+                "model": name, "precision": precision, "grads": grads, "algorithm": plan.algorithm,
+                "num_stages": trace.num_stages, "segments": len(plan.checkpoints) + 1,
+                "checkpoints": list(plan.checkpoints), "predicted_bytes": predicted, "measured_bytes": measured,
+                "error": result.prediction_error, "saving": 1 - measured / base_bytes,
                 "step_ms": ms, "overhead": ms / base_ms - 1, "profile_s": profile_s,
+                "reserved_bytes": result.measured_reserved_bytes,
+                "reserved_before_bytes": result.extra.get("reserved_before_bytes"),
+                "absolute_bytes": result.absolute_peak_bytes, "requested_bytes": result.requested_peak_bytes,
+                "device_name": result.device_name, "torch_version": torch.__version__,
             })
-            print(f"  {name} grads={grads} {plan.algorithm}: measured {result['measured_peak_bytes'] / MIB:.2f} MiB, "
-                  f"predicted {result['predicted_peak_bytes'] / MIB:.2f} MiB ({result['prediction_error']:+.2%}), "
-                  f"{ms:.0f} ms", file=sys.stderr)
-    return rows
+            print(f"  {name} {precision} grads={grads} {plan.algorithm}: measured {measured / MIB:.2f} MiB, "
+                  f"predicted {predicted / MIB:.2f} MiB ({result.prediction_error:+.2%}), {ms:.0f} ms",
+                  file=sys.stderr)
+    return rows, traces
+
+
+def run_model_fresh(name: str, **kwargs: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """:func:`run_model` in a new process (CUDA): every model starts with an empty caching allocator, so the
+    reserved figures are the model's own and not what earlier models left cached and fragmented."""
+    context = multiprocessing.get_context("spawn")  # never fork a process that has initialised CUDA
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(run_model, name, **kwargs).result()
+
+
+def reserved_markdown(rows: list[dict[str, Any]]) -> str:
+    """CUDA only: what the caching allocator held beside what tensors needed, per plan (absolute bytes)."""
+    lines = ["| model | precision | grads | algorithm | allocated peak MiB | reserved peak MiB | reserved before "
+             "step MiB | requested activation MiB | allocated activation MiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['precision']} | {r['grads']} | {r['algorithm']} | "
+                     f"{r['absolute_bytes'] / MIB:.0f} | {r['reserved_bytes'] / MIB:.0f} | "
+                     f"{r['reserved_before_bytes'] / MIB:.0f} | {r['requested_bytes'] / MIB:.2f} | "
+                     f"{r['measured_bytes'] / MIB:.2f} |")
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The calibration table: one row per model × gradient convention × algorithm."""
-    lines = ["| model | grads | algorithm | segments | measured MiB | predicted MiB | error | saving vs none "
-             "| step ms | time overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | precision | grads | algorithm | segments | measured MiB | predicted MiB | error "
+             "| saving vs none | step ms | time overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['grads']} | {r['algorithm']} | {r['segments']}/{r['num_stages']} | "
-                     f"{r['measured_bytes'] / MIB:.2f} | {r['predicted_bytes'] / MIB:.2f} | {r['error']:+.2%} | "
-                     f"{r['saving']:.1%} | {r['step_ms']:.0f} | {r['overhead']:+.0%} |")
+        lines.append(f"| {r['model']} | {r['precision']} | {r['grads']} | {r['algorithm']} | "
+                     f"{r['segments']}/{r['num_stages']} | {r['measured_bytes'] / MIB:.2f} | "
+                     f"{r['predicted_bytes'] / MIB:.2f} | {r['error']:+.2%} | {r['saving']:.1%} | "
+                     f"{r['step_ms']:.0f} | {r['overhead']:+.0%} |")
     errors = [abs(r["error"]) for r in rows]
     if errors:
         lines.append("")
@@ -93,13 +133,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--grads", default="none,kept", help="none, kept or both (comma-separated)")
+    parser.add_argument("--precision", default="float32",
+                        help="comma-separated precisions: float32, autocast_bfloat16, ... (remat.client.precision)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--algorithms", default=",".join(PLANNERS), help="planners to run (default: all)")
     parser.add_argument("--timing-repeats", type=int, default=3,
                         help="interleaved timing rounds, every plan once per round (fastest kept)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (1 gives steadier times on a "
                         "shared CPU)")
-    parser.add_argument("--json", dest="json_path", help="also write the rows to this JSON file")
+    parser.add_argument("--json", dest="json_path", help="also write the rows to this JSON file (after each model)")
+    parser.add_argument("--fresh-process", action="store_true",
+                        help="run each model in a new process (always on CUDA)")
+    parser.add_argument("--traces-out", help="write every profiled trace to this JSON file, keyed model/grads")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -108,16 +153,36 @@ def main(argv: list[str] | None = None) -> int:
         algorithms.remove("none")
     algorithms.insert(0, "none")
     rows: list[dict[str, Any]] = []
+    traces: dict[str, Any] = {}
+    failed = []
     for name in [m for m in args.models.split(",") if m]:
-        rows += run_model(name, batch_size=args.batch_size, image_size=args.image_size,
-                          grads_list=[g for g in args.grads.split(",") if g], device=args.device,
-                          algorithms=algorithms, timing_repeats=args.timing_repeats)
-    print(f"batch {args.batch_size}, {args.image_size}x{args.image_size}, device {args.device}, "
+        runner = run_model_fresh if args.device.startswith("cuda") or args.fresh_process else run_model
+        try:
+            model_rows, model_traces = runner(
+                name, batch_size=args.batch_size, image_size=args.image_size,
+                grads_list=[g for g in args.grads.split(",") if g], device=args.device, algorithms=algorithms,
+                timing_repeats=args.timing_repeats, precisions=tuple(p for p in args.precision.split(",") if p))
+            rows += model_rows
+            traces.update(model_traces)
+        except Exception:  # one model's failure must not lose the others' figures
+            traceback.print_exc()
+            failed.append(name)
+        # Written after every model: a run cut off by a time limit still leaves what it measured.
+        if args.json_path:
+            with open(args.json_path, "w", encoding="utf-8") as f:
+                json.dump(rows, f, indent=1)
+        if args.traces_out:
+            with open(args.traces_out, "w", encoding="utf-8") as f:
+                json.dump(traces, f)
+    device_name = rows[0]["device_name"] if rows else args.device
+    print(f"batch {args.batch_size}, {args.image_size}x{args.image_size}, device {args.device} ({device_name}), "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}\n")
+    if rows and rows[0].get("reserved_bytes") is not None:
+        print(reserved_markdown(rows) + "\n")
     print(markdown(rows))
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -28,7 +28,8 @@ from torch import nn
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
 from remat.client.hashing import architecture_hash
 from remat.client.plan import Plan
-from remat.client.plan_key import PlanKey, current_torch_version, normalize_dtype
+from remat.client.plan_key import PlanKey, current_torch_version
+from remat.client.precision import autocast_dtype, precision_of_call
 from remat.client.stage_graph import StageChain, build_stage_chain, trace_model
 
 __all__ = ["applied_chain", "applied_plan", "apply", "remove"]
@@ -71,17 +72,12 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _example_for(key: PlanKey, model: nn.Module) -> torch.Tensor | None:
-    """A probe input with the key's shape and dtype on the model's device, without touching global RNG."""
-    dtype = getattr(torch, key.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        return None  # an autocast label or similar: wait for the first real batch
+def _example_for(key: PlanKey, model: nn.Module) -> torch.Tensor:
+    """A probe input with the key's shape in its precision's floating dtype, on the model's device, without
+    touching the global RNG (an autocast precision runs a float32 model on float32 inputs)."""
+    dtype = getattr(torch, "float32" if autocast_dtype(key.dtype) else key.dtype)
     generator = torch.Generator().manual_seed(0)
-    if dtype.is_floating_point:
-        example = torch.randn(key.input_shape, generator=generator).to(dtype)
-    else:
-        example = torch.zeros(key.input_shape, dtype=dtype)
-    return example.to(_model_device(model))
+    return torch.randn(key.input_shape, generator=generator).to(dtype).to(_model_device(model))
 
 
 def _mismatch(plan: Plan, detail: str) -> PlanMismatchError:
@@ -105,7 +101,7 @@ def _build(state: _Applied, model: nn.Module, example: torch.Tensor) -> None:
     _check_stages(state)
 
 
-def _check_call(state: _Applied, x: torch.Tensor) -> None:
+def _check_call(state: _Applied, model: nn.Module, x: torch.Tensor) -> None:
     """First training call: the input signature must be the one the plan was measured for."""
     key = state.key
     if key is None or not state.strict:
@@ -113,8 +109,9 @@ def _check_call(state: _Applied, x: torch.Tensor) -> None:
     diffs = []
     if tuple(x.shape) != key.input_shape:
         diffs.append(f"input_shape: plan {list(key.input_shape)} vs input {list(x.shape)}")
-    if isinstance(getattr(torch, key.dtype, None), torch.dtype) and normalize_dtype(x.dtype) != key.dtype:
-        diffs.append(f"dtype: plan {key.dtype} vs input {normalize_dtype(x.dtype)}")
+    precision = precision_of_call(model, x)
+    if precision != key.dtype:
+        diffs.append(f"dtype: plan {key.dtype} vs this call's {precision}")
     if x.device.type != key.device:
         diffs.append(f"device: plan {key.device} vs input {x.device.type}")
     if diffs:
@@ -138,7 +135,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if state.chain is None:
         _build(state, self, x)
     if not state.checked:
-        _check_call(state, x)
+        _check_call(state, self, x)
         state.checked = True
     assert state.chain is not None
     return state.chain.run(x, state.plan.checkpoints)
@@ -181,9 +178,14 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
             )
     state = _Applied(plan=plan, key=key, strict=strict)
     if key is not None:
-        example = _example_for(key, model)
-        if example is not None:
-            _build(state, model, example)
+        try:
+            _build(state, model, _example_for(key, model))
+        except PlanMismatchError:
+            raise
+        except (RuntimeError, TypeError, ValueError, IndexError):
+            # The model does not take a floating input of this shape (token ids, say): the chain is built
+            # from the first real training batch instead, and a real mismatch is reported there.
+            state.chain = None
     model.__dict__[_STATE] = state
     model.__dict__["forward"] = types.MethodType(_forward, model)
     return model

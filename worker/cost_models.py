@@ -51,7 +51,8 @@ class PytorchTables:
       stage saves it (stage t as output, or stage t+1 as input). Counting x_t here, once, is the
       storage-level de-duplication between neighbouring stages.
     - ``U[t]`` — prefix sums of u; the bytes saved by stages a+1..s-1 are U[s-1] - U[a].
-    - ``back[s]`` — backward candidate of stage s, before subtracting U[a]: everything saved by earlier
+    - ``back[s]``/``back_ck[s]`` — backward candidate of stage s (``back_ck`` in a checkpointed segment, from
+      the recomputed backward peak B°_s when profiled), before subtracting U[a]: everything saved by earlier
       stages of its segment, plus the stage's own backward footprint (its backward peak B_s, never below
       its own saved tensors + its output gradient; an unprofiled stage, B_s = 0, is charged those plus all
       its new parameter gradients at once), plus the parameter gradients of all later stages (born
@@ -68,9 +69,23 @@ class PytorchTables:
       of its output x_b (alive through the whole re-run) and the parameter gradients of stages after b.
     - ``drop_input[a]`` — the last segment is not checkpointed, so its input x_a stays alive only if its
       first stage saves it.
+    - ``frameless_end[a]`` — the largest b such that stages a+1..b all save nothing (a when stage a+1 saves
+      something). A checkpointed segment (a, b] with b ≤ frameless_end[a] is *frameless*: no checkpoint frame
+      outlives its forward, so x_a is not kept, nothing is recomputed, and only its backward and forward
+      candidates count (``local_frameless``).
+    - ``fwd_first[s]``, ``fwd_mid[s]``, ``fwd_last_first[s]``, ``fwd_tail[s]`` — forward candidates
+      (docs/cost-model.md §2, "The forward"): stage s running forward as the first stage of a checkpointed
+      segment (its input is the kept checkpoint; the stage keeps none of its saved tensors, so F°), as a
+      later stage of one (its input alive beside it), as the first stage of the last segment (saved tensors
+      kept: F), and as a later stage of the last segment (before ``- U[a] - drop_input[a] +
+      cast_saved[a]``). Each carries the autocast cast cache of the stages before s: every copy made by a
+      checkpointed stage (its saved tensors are dropped, the cache still holds the copy) and, in the last
+      segment, the copies no stage saves. Without autocast they reduce to the stage's forward peak plus
+      what is provably alive, and never exceed the recompute candidates of a checkpointed segment.
     """
 
-    __slots__ = ("n", "d", "U", "back", "rec", "rec_first", "rec_last", "rec_last_first", "delta", "drop_input")
+    __slots__ = ("n", "d", "U", "back", "back_ck", "rec", "rec_first", "rec_last", "rec_last_first", "delta",
+                 "drop_input", "frameless_end", "fwd_first", "fwd_last_first", "fwd_mid", "fwd_tail", "cast_saved")
 
     def __init__(self, trace: Trace) -> None:
         stages = trace.stages
@@ -87,12 +102,20 @@ class PytorchTables:
         self.d = d
         self.U = U
         self.back = [0] * (n + 1)
+        self.back_ck = [0] * (n + 1)
         self.rec = [0] * (n + 1)
         self.rec_first = [0] * (n + 1)
         self.rec_last = [0] * (n + 1)
         self.rec_last_first = [0] * (n + 1)
         self.delta = [0] * (n + 1)
         self.drop_input = [0] * (n + 1)
+        cast = list(accumulate((s.cast_bytes for s in stages), initial=0))  # CW[t] = Σ_{j≤t} W_j
+        cast_unsaved = list(accumulate((s.cast_unsaved_bytes for s in stages), initial=0))
+        self.cast_saved = [c - cu for c, cu in zip(cast, cast_unsaved, strict=True)]
+        self.fwd_first = [0] * (n + 1)
+        self.fwd_last_first = [0] * (n + 1)
+        self.fwd_mid = [0] * (n + 1)
+        self.fwd_tail = [0] * (n + 1)
         for s in range(1, n + 1):
             st = stages[s - 1]
             own = st.saved_bytes + (st.output_bytes if st.saves_output else 0)
@@ -104,24 +127,59 @@ class PytorchTables:
             else:
                 bwd = own + st.output_bytes + st.param_grad_bytes
             self.back[s] = U[s - 1] + bwd + grad_suffix[s]
+            # Recomputed stages drop their saved tensors earlier in backward: B° when profiled.
+            rb = st.recomputed_backward_peak_bytes
+            self.back_ck[s] = U[s - 1] + (max(rb, own + st.output_bytes) if rb else bwd) + grad_suffix[s]
             self.rec_first[s] = U[s - 1] + fwd
             self.rec[s] = self.rec_first[s] + unsaved_input
             self.rec_last_first[s] = U[s - 1] + fwd_last
             self.rec_last[s] = self.rec_last_first[s] + unsaved_input
             self.delta[s] = st.output_bytes + grad_suffix[s]
+            # A checkpointed stage's first forward keeps none of its saved tensors: F° when profiled.
+            fwd_dropped = max(st.forward_peak_dropped_bytes, st.output_bytes) if st.forward_peak_dropped_bytes else fwd
+            self.fwd_first[s] = cast[s - 1] + fwd_dropped
+            self.fwd_mid[s] = cast[s - 1] + d[s - 1] + fwd_dropped
+            self.fwd_last_first[s] = cast[s - 1] + fwd
+            self.fwd_tail[s] = U[s - 1] + cast_unsaved[s - 1] + unsaved_input + fwd
         for a in range(1, n):
             self.drop_input[a] = 0 if stages[a].saves_input else d[a]
+        self.frameless_end = list(range(n + 1))
+        for a in range(n - 1, -1, -1):
+            if stages[a].saves_nothing:
+                self.frameless_end[a] = self.frameless_end[a + 1]
 
     def local(self, a: int, b: int) -> int:
         """local(a, b): the peak of segment (a, b] minus the checkpoints kept before it. O(b - a)."""
         peak = max(self.back[a + 1:b + 1]) - self.U[a]
         if b == self.n:
-            return peak - self.drop_input[a]
+            peak -= self.drop_input[a]
+            forward = self.fwd_last_first[a + 1]
+            if b > a + 1:
+                forward = max(forward, max(self.fwd_tail[a + 2:b + 1]) - self.U[a] - self.drop_input[a]
+                              + self.cast_saved[a])
+            return max(peak, forward)
+        peak = max(self.back_ck[a + 1:b + 1]) - self.U[a]
+        forward = max(self.fwd_first[a + 1], max(self.fwd_mid[a + 2:b + 1], default=0))
         if b == a + 1:
             rec = self.rec_last_first[b]
         else:
             rec = max(self.rec_first[a + 1], self.rec_last[b], max(self.rec[a + 2:b], default=0))
-        return max(peak, rec + self.delta[b] - self.U[a])
+        return max(peak, rec + self.delta[b] - self.U[a], forward)
+
+    def is_frameless(self, a: int, b: int) -> bool:
+        """True when (a, b] is a checkpointed segment whose stages save nothing (NOTE above)."""
+        return b < self.n and b <= self.frameless_end[a]
+
+    def local_frameless(self, a: int, b: int) -> int:
+        """local of a frameless segment, whose input x_a is not among the kept checkpoints.
+
+        Backward candidates, and forward candidates that count x_a only while stage a+1 runs: the frame
+        really holds x_a until the segment's forward ends, but charging it for the later stages too would
+        tie each frameless segment's value to its own start and rule out the planners' one-step recurrence
+        over frameless runs. Frameless stages are views, permutes and concatenations whose forward is
+        rarely a step's peak; docs/cost-model.md lists this as a known under-estimate.
+        """
+        return max(max(self.back_ck[a + 1:b + 1]) - self.U[a], max(self.fwd_mid[a + 1:b + 1]))
 
 
 def pytorch_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables | None = None) -> int:
@@ -136,9 +194,55 @@ def pytorch_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables
     bounds = _bounds(trace, checkpoints)
     peak = kept = 0
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if t.is_frameless(a, b):
+            peak = max(peak, kept + t.local_frameless(a, b))
+            continue
         kept += t.d[a]
         peak = max(peak, kept + t.local(a, b))
     return peak
+
+
+def peak_candidates(trace: Trace, checkpoints: Sequence[int]) -> list[tuple[int, str]]:
+    """Every candidate of the ``pytorch`` model for a plan, as (bytes, what it is), largest first.
+
+    For diagnosis: which term decides a predicted peak (its maximum is :func:`pytorch_peak`). O(n) per
+    segment, so meant for one plan at a time, not inside a planner.
+    """
+    t = PytorchTables(trace)
+    bounds = _bounds(trace, checkpoints)
+    out: list[tuple[int, str]] = []
+    kept = 0
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        seg = f"segment ({a}, {b}]"
+        frameless = t.is_frameless(a, b)
+        pre = kept if frameless else kept + t.d[a]
+        drop = t.drop_input[a] if b == t.n else 0
+        for s in range(a + 1, b + 1):
+            back = t.back[s] if b == t.n else t.back_ck[s]
+            out.append((pre + back - t.U[a] - drop, f"backward of stage {s}, {seg}"))
+            if frameless:
+                out.append((pre + t.fwd_mid[s], f"forward of stage {s}, frameless {seg}"))
+            elif s == a + 1:
+                first = t.fwd_last_first[s] if b == t.n else t.fwd_first[s]
+                out.append((pre + first, f"forward of stage {s}, first of {seg}"))
+            elif b == t.n:
+                out.append((pre + t.fwd_tail[s] - t.U[a] - drop + t.cast_saved[a], f"forward of stage {s}, {seg}"))
+            else:
+                out.append((pre + t.fwd_mid[s], f"forward of stage {s}, {seg}"))
+            if b < t.n and not frameless:
+                if b == a + 1:
+                    rec = t.rec_last_first[s]
+                elif s == a + 1:
+                    rec = t.rec_first[s]
+                elif s == b:
+                    rec = t.rec_last[s]
+                else:
+                    rec = t.rec[s]
+                out.append((pre + rec + t.delta[b] - t.U[a], f"recompute of stage {s}, {seg}"))
+        if not frameless:
+            kept += t.d[a]
+    out.sort(key=lambda item: -item[0])
+    return out
 
 
 COST_FUNCTIONS: dict[str, CostFn] = {"classic": classic_peak, "pytorch": pytorch_peak}

@@ -26,9 +26,17 @@ class TestClassic:
 
 class TestPytorch:
     def test_plain_trace_no_checkpoints(self) -> None:
-        # No flags, no profiled peaks: all saved tensors plus the output gradient of the last stage.
+        # No flags, no profiled peaks. Backward of stage 4: all saved tensors plus its output gradient,
+        # 1 + 2 + 3 + 5 + 4 = 15. The end of stage 4's forward is higher: stages 1-3's saved (6), its input
+        # x_3 (4, alive while it runs though nobody saves it), its saved (5) and its output (4) = 19.
         trace = make_trace([4, 4, 4, 4], [1, 2, 3, 5])
-        assert pytorch_peak(trace, ()) == 1 + 2 + 3 + 5 + 4
+        assert pytorch_peak(trace, ()) == 19
+        flagged = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": [
+            {"name": f"s{i}", "output_bytes": 4, "saved_bytes": e, "saves_input": True}
+            for i, e in enumerate([1, 2, 3, 5])]})
+        # With every input saved (x_0 is the baseline), stages 1-3 keep 1+4, 2+4, 3+4 = 18 and stage 4 adds its
+        # saved and its output (forward's end) or its saved and its output gradient (backward): 27 both.
+        assert pytorch_peak(flagged, ()) == 27
 
     def test_plain_trace_one_checkpoint(self) -> None:
         trace = make_trace([4, 4, 4, 4])
@@ -66,14 +74,18 @@ class TestPytorch:
         trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
         assert pytorch_peak(trace, ()) == 40
 
-    @pytest.mark.parametrize(("saves_input", "expected"), [(False, 101), (True, 104)])
+    @pytest.mark.parametrize(("saves_input", "expected"), [(False, 102), (True, 105)])
     def test_last_segment_keeps_its_input_only_if_saved(self, saves_input: bool, expected: int) -> None:
         stages = [{"name": f"s{i}", "output_bytes": d, "saved_bytes": 1} for i, d in enumerate([100, 1, 1, 1])]
         stages[1]["saves_input"] = saves_input
         trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
-        # Segment 1 re-run: stage 1's saved (1) + gradient of x_1 (100) = 101. The last segment holds
-        # stages 2-4's saved (3) + the output gradient (1), plus x_1 (100) only when stage 2 saves it.
-        assert PytorchTables(trace).local(1, 4) == (4 if saves_input else 4 - 100)
+        tables = PytorchTables(trace)
+        # Segment 1 re-run: stage 1's saved (1) + gradient of x_1 (100) = 101. In backward the last segment
+        # holds stages 2-4's saved (3) + the output gradient (1), plus x_1 (100) only when stage 2 saves it.
+        # Forward, which decides here: without the flag x_1 (100) is alive only while stage 2 runs, beside its
+        # saved tensor and output (1 + 1) = 102; with it x_1 stays, and the end of stage 4's forward holds
+        # x_1 + stages 2-3's saved (2) + x_3 (1, unsaved) + stage 4's saved and output (2) = 105 (backward: 104).
+        assert tables.local(1, 4) == (5 if saves_input else 2)
         assert pytorch_peak(trace, (1,)) == expected
 
 

@@ -4,13 +4,19 @@ The name is the registry's: Hong et al. claim a linear-time exact planner for th
 For *our* model (``worker/cost_models.py``) we have not found an exact linear algorithm; this module is exact
 for every trace and runs in O(n log² n) worst-case time, with all but O(n) of the work inside numpy kernels.
 
-**Recurrence.** With local(i, j) from :class:`PytorchTables` and w[j] = d[j] + h[j], the peak of the best plan
-for stages i+1..n, counted above the checkpoints kept up to and including i, is
+**Recurrence.** With local(i, j) from :class:`PytorchTables`, the peak of the best plan for stages i+1..n,
+counted above the checkpoints kept before boundary i, is w[i], where
 
-    h[i] = min( local(i, n),  min_{i < j < n} max(local(i, j), w[j]) ),      optimum = h[0].
+    h[i] = min( local(i, n),  min_{i < j < n} max(local(i, j), w[j]) )       (segment (i, j] keeps x_i)
+    f[i] = max(back[i+1] - U[i], min(w[i+1], f[i+1]))   if stage i+1 saves nothing and i+1 < n, else none
+    w[i] = min(d[i] + h[i], f[i]),                                             optimum = w[0].
 
-It is exact because every later segment's peak is offset by the same kept checkpoints, so only the value of
-the rest matters, not how it was reached.
+f[i] is the best suffix that starts with a frameless segment (its stages save nothing, so x_i is not kept
+and nothing is recomputed, docs/cost-model.md): local_frameless(i, j) is a running maximum of back minus
+U[i], and U is constant inside such a run, so the minimum over j folds into the one-step form above. h's
+minimum also meets frameless (i, j] priced as ordinary segments; that price is never below the frameless
+one, so it cannot win wrongly. It is exact because every later segment's peak is offset by the same kept
+checkpoints, so only the value of the rest matters, not how it was reached.
 
 **Divide and conquer over positions** (offline, "CDQ"): solve the right half, add every pair (i left, j right)
 in one vectorised batch, then solve the left half, whose i then see every j. In a batch split at ``mid`` the
@@ -43,8 +49,8 @@ Notes:
     the ``pytorch`` objective, and the caller evaluates the plan under whichever model it reports.
 
     Model facts checked here: local(a, b) is non-increasing in a for b < n, but **not** for b = n, because
-    ``drop_input[a]`` releases the last segment's input (d = [100, 1, 1], no flags: local(1, 3) = -99,
-    local(2, 3) = 0). Nothing below relies on monotonicity for the last segment.
+    ``drop_input[a]`` releases the last segment's input (d = [100, 0, 100], e = [5, 1, 0]: local(1, 3) = 1,
+    local(2, 3) = 100). Nothing below relies on monotonicity for the last segment.
 
 References:
     Hong et al., "GPU Memory Usage Optimization for Backward Propagation in Deep Network Training",
@@ -65,7 +71,8 @@ from remat.worker.cost_models import PytorchTables
 
 _LEAF = 32
 _INT64_LIMIT = 1 << 59  # every sum the batches form stays below 2^62
-_TABLE_NAMES = ("back", "rec", "rec_first", "rec_last", "rec_last_first", "delta", "U", "d", "drop_input")
+_TABLE_NAMES = ("back", "back_ck", "rec", "rec_first", "rec_last", "rec_last_first", "delta", "U", "d", "drop_input",
+                "fwd_first", "fwd_last_first", "fwd_mid", "fwd_tail", "cast_saved")
 
 
 def plan(trace: Trace, *, cost_model: str = "pytorch") -> tuple[int, ...]:
@@ -85,7 +92,7 @@ def plan(trace: Trace, *, cost_model: str = "pytorch") -> tuple[int, ...]:
 
 
 def optimal_suffix_peaks(tables: PytorchTables, leaf: int = _LEAF) -> list[int]:
-    """h[0..n-1] of the recurrence in the module docstring; h[0] is the optimal peak.
+    """w[0..n-1] of the recurrence in the module docstring; w[0] is the optimal peak.
 
     Args:
         tables: the model's arrays for one trace.
@@ -93,7 +100,7 @@ def optimal_suffix_peaks(tables: PytorchTables, leaf: int = _LEAF) -> list[int]:
     """
     solver = _Solver(tables)
     solver.solve(0, tables.n, max(leaf, 1))
-    return solver.h
+    return solver.w[:tables.n]
 
 
 class _Solver:
@@ -103,7 +110,8 @@ class _Solver:
         n = t.n
         self.t = t
         self.h = [0] * n
-        self.w = [0] * (n + 1)  # d[j] + h[j], as Python integers for the leaves
+        self.w = [0] * (n + 1)  # min(d[j] + h[j], f[j]), as Python integers for the leaves
+        self.f: list[int | None] = [None] * (n + 1)  # f[j]: best suffix starting with a frameless segment
         lists = [getattr(t, name) for name in _TABLE_NAMES]
         self.arr = _as_arrays(lists)
         back, U, drop = self.arr["back"], self.arr["U"], self.arr["drop_input"]
@@ -111,7 +119,7 @@ class _Solver:
         self.big: Any = 1 << 62 if dtype.kind != "O" else 4 * max(max(map(abs, col)) for col in lists) + 1
         self.w_np = np.zeros(n + 1, dtype=dtype)
         suffix_back = np.maximum.accumulate(back[:0:-1])[::-1]  # max back[i+1..n] for i = 0..n-1
-        self.best = (suffix_back - U[:n] - drop[:n]).tolist()  # the last segment, j = n
+        self.best = np.maximum(suffix_back - U[:n] - drop[:n], _last_segment_forward(self.arr, n, self.big)).tolist()
 
     def solve(self, lo: int, hi: int, leaf: int) -> None:
         """Finish h[lo:hi], given that best[i] already covers every j ≥ hi."""
@@ -128,11 +136,13 @@ class _Solver:
     def _leaf(self, lo: int, hi: int) -> None:
         """The recurrence directly for i = hi-1..lo, j in (i, hi), with running maxima; O((hi-lo)²)."""
         t, w, best = self.t, self.w, self.best
-        back, rec, rec_first, rec_last, delta, U = t.back, t.rec, t.rec_first, t.rec_last, t.delta, t.U
+        back, rec, rec_first, rec_last, delta, U = t.back_ck, t.rec, t.rec_first, t.rec_last, t.delta, t.U
+        fwd_mid = t.fwd_mid
         for i in range(hi - 1, lo - 1, -1):
             b, u = best[i], U[i]
             if i + 1 < hi:
-                b = min(b, max(max(back[i + 1], t.rec_last_first[i + 1] + delta[i + 1]) - u, w[i + 1]))
+                fmax = t.fwd_first[i + 1]
+                b = min(b, max(max(back[i + 1], t.rec_last_first[i + 1] + delta[i + 1]) - u, fmax, w[i + 1]))
                 bmax, rmax = back[i + 1], rec_first[i + 1]
                 for j in range(i + 2, hi):  # comparisons, not max(): this loop is the leaves' hot path
                     x = back[j]
@@ -140,6 +150,11 @@ class _Solver:
                         bmax = x
                         if x - u >= b:
                             break  # every later j costs at least bmax - u
+                    x = fwd_mid[j]
+                    if x > fmax:
+                        fmax = x
+                        if x >= b:
+                            break  # likewise for the forward candidates
                     v = rec_last[j]
                     if rmax > v:
                         v = rmax
@@ -147,6 +162,8 @@ class _Solver:
                     if bmax > v:
                         v = bmax
                     v -= u
+                    if fmax > v:
+                        v = fmax
                     if w[j] > v:
                         v = w[j]
                     if v < b:
@@ -155,37 +172,58 @@ class _Solver:
                     if x > rmax:
                         rmax = x
             self.h[i] = b
-            w[i] = t.d[i] + b
-            self.w_np[i] = w[i]
+            v = t.d[i] + b
+            if i + 1 < t.n and t.frameless_end[i] > i:  # stage i+1 saves nothing: (i, j] may be frameless
+                rest = w[i + 1] if self.f[i + 1] is None else min(w[i + 1], self.f[i + 1])
+                self.f[i] = max(t.back_ck[i + 1] - t.U[i], t.fwd_mid[i + 1], rest)
+                v = min(v, self.f[i])
+            w[i] = v
+            self.w_np[i] = v
 
     def _boundary_row(self, mid: int, hi: int) -> None:
         """Pairs (mid-1, j), j in [mid, hi): the one start whose first stage lies right of the split."""
         a, t, i = self.arr, self.t, mid - 1
-        v = max(max(t.back[mid], t.rec_last_first[mid] + t.delta[mid]) - t.U[i], self.w[mid])
+        v = max(max(t.back_ck[mid], t.rec_last_first[mid] + t.delta[mid]) - t.U[i], t.fwd_first[mid], self.w[mid])
         if hi > mid + 1:
             # max(rec_first[mid], rec[mid+1..j-1]) for j = mid+1..hi-1
             interior = np.maximum.accumulate(np.concatenate((a["rec_first"][mid:mid + 1], a["rec"][mid + 1:hi - 1])))
-            first = np.maximum.accumulate(a["back"][mid:hi])[1:]
+            first = np.maximum.accumulate(a["back_ck"][mid:hi])[1:]
             local = np.maximum(first, a["delta"][mid + 1:hi] + np.maximum(interior, a["rec_last"][mid + 1:hi]))
-            v = min(v, int(np.maximum(self.w_np[mid + 1:hi], local - a["U"][i]).min()))
+            forward = np.maximum.accumulate(np.concatenate((a["fwd_first"][mid:mid + 1], a["fwd_mid"][mid + 1:hi])))[1:]
+            v = min(v, int(np.maximum(np.maximum(self.w_np[mid + 1:hi], local - a["U"][i]), forward).min()))
         self.best[i] = min(self.best[i], v)
 
     def _batch(self, lo: int, mid: int, hi: int) -> None:
         """Pairs (i, j), lo ≤ i ≤ mid-2 < mid ≤ j < hi, by the separable form (module docstring)."""
         a = self.arr
         delta = a["delta"][mid:hi]
-        right_back = np.maximum.accumulate(a["back"][mid:hi])
+        right_back = np.maximum.accumulate(a["back_ck"][mid:hi])
         right_rec = np.concatenate((np.zeros(1, dtype=delta.dtype), np.maximum.accumulate(a["rec"][mid:hi - 1])))
         X = np.maximum(np.maximum(right_back, delta + a["rec_last"][mid:hi]), delta + right_rec)
         # Time s = 0, 1, ... is i = mid-2, mid-3, ..., lo.
         starts = np.arange(mid - 2, lo - 1, -1)
-        left_back = np.maximum.accumulate(a["back"][mid - 1:lo:-1])
+        left_back = np.maximum.accumulate(a["back_ck"][mid - 1:lo:-1])
         left_rec = np.concatenate((np.zeros(1, dtype=delta.dtype), np.maximum.accumulate(a["rec"][mid - 1:lo + 1:-1])))
         m = np.maximum(a["rec_first"][starts + 1], left_rec)
         p = -a["U"][starts]
-        inner = _separable_min(self.w_np[mid:hi], X, delta, p, m, self.big)
-        result = np.maximum(p + left_back, inner)[::-1]
+        # Forward candidates carry no -U[i]: the left part is an i-only term, the right part a j-only one.
+        left_mid = np.maximum.accumulate(a["fwd_mid"][mid - 1:lo + 1:-1])
+        left_fwd = np.maximum(a["fwd_first"][starts + 1],
+                              np.concatenate((np.zeros(1, dtype=delta.dtype), left_mid)))
+        right_w = np.maximum(self.w_np[mid:hi], np.maximum.accumulate(a["fwd_mid"][mid:hi]))
+        inner = _separable_min(right_w, X, delta, p, m, self.big)
+        result = np.maximum(np.maximum(p + left_back, left_fwd), inner)[::-1]
         self.best[lo:mid - 1] = np.minimum(np.array(self.best[lo:mid - 1], dtype=result.dtype), result).tolist()
+
+
+def _last_segment_forward(a: dict[str, np.ndarray], n: int, big: Any) -> np.ndarray:
+    """For i = 0..n-1, the forward candidates of the last segment (i, n] (``PytorchTables.local``)."""
+    result = a["fwd_last_first"][1:n + 1].copy()
+    if n >= 2:
+        tail = np.maximum.accumulate(a["fwd_tail"][:1:-1])[::-1]  # max fwd_tail[k..n] for k = 2..n
+        later = tail - a["U"][:n - 1] - a["drop_input"][:n - 1] + a["cast_saved"][:n - 1]
+        result[:n - 1] = np.maximum(result[:n - 1], later)
+    return result
 
 
 def _as_arrays(lists: Sequence[list[int]]) -> dict[str, np.ndarray]:
@@ -240,65 +278,107 @@ def _stabbing_min(start: np.ndarray, stop: np.ndarray, value: np.ndarray, T: int
     return table[0]
 
 
-def _rebuild_plan(t: PytorchTables, h: list[int]) -> tuple[int, ...]:
-    """Walk forwards spending the slack under the optimum h[0]; see the tie-break in the module Notes."""
+def _rebuild_plan(t: PytorchTables, w: list[int]) -> tuple[int, ...]:
+    """Walk forwards spending the slack under the optimum w[0]; see the tie-break in the module Notes.
+
+    At boundary i the budget counts above the checkpoints kept before i. A segment that keeps x_i costs
+    d[i] for the rest of the walk; a frameless one (docs/cost-model.md) keeps nothing and is taken only
+    when no segment that keeps x_i fits.
+    """
     n = t.n
     suffix_back = list(accumulate(reversed(t.back), max))[::-1]  # max back[s..n]
+    suffix_tail = list(accumulate(reversed(t.fwd_tail), max))[::-1] + [None]  # max fwd_tail[s..n]
+
+    def last_segment(i: int) -> int:  # local(i, n) from the suffix maxima, O(1)
+        value = max(suffix_back[i + 1] - t.U[i] - t.drop_input[i], t.fwd_last_first[i + 1])
+        if i + 2 <= n:
+            value = max(value, suffix_tail[i + 2] - t.U[i] - t.drop_input[i] + t.cast_saved[i])
+        return value
+
     checkpoints: list[int] = []
-    i, budget, work = 0, h[0], 0
-    while suffix_back[i + 1] - t.U[i] - t.drop_input[i] > budget:  # the last segment does not fit yet
-        j, scanned = _next_checkpoint(t, h, i, budget, farthest=work < 8 * n)
+    i, budget, work = 0, w[0], 0
+    while t.d[i] + last_segment(i) > budget:  # the last segment does not fit yet
+        j, scanned = _next_checkpoint(t, w, i, budget - t.d[i], farthest=work < 8 * n)
+        if j:
+            budget -= t.d[i]
+        else:
+            j, scanned = _next_frameless(t, w, i, budget)
         work += scanned
         checkpoints.append(j)
-        budget -= t.d[j]
         i = j
     return tuple(checkpoints)
 
 
-def _next_checkpoint(t: PytorchTables, h: list[int], i: int, budget: int, *, farthest: bool) -> tuple[int, int]:
-    """A j with local(i, j) ≤ budget and d[j] + h[j] ≤ budget (one exists when budget ≥ h[i]), and the scan."""
-    back, delta, U = t.back, t.delta, t.U
+def _next_checkpoint(t: PytorchTables, w: list[int], i: int, budget: int, *, farthest: bool) -> tuple[int, int]:
+    """A j with local(i, j) ≤ budget and w[j] ≤ budget (0 when there is none), and the positions scanned."""
+    back, delta, U = t.back_ck, t.delta, t.U
     u, j = U[i], i + 1
-    chosen = j if max(max(back[j], t.rec_last_first[j] + delta[j]) - u, t.d[j] + h[j]) <= budget else 0
+    fmax = t.fwd_first[j]
+    chosen = j if max(max(back[j], t.rec_last_first[j] + delta[j]) - u, fmax, w[j]) <= budget else 0
     bmax, rmax = back[j], t.rec_first[j]
     for j in range(i + 2, t.n):
         if chosen and not farthest:
             break
         bmax = max(bmax, back[j])
-        if bmax - u > budget:
+        fmax = max(fmax, t.fwd_mid[j])
+        if bmax - u > budget or fmax > budget:
             break
-        if max(bmax, max(rmax, t.rec_last[j]) + delta[j]) - u <= budget and t.d[j] + h[j] <= budget:
+        if max(bmax, max(rmax, t.rec_last[j]) + delta[j]) - u <= budget and w[j] <= budget:
             chosen = j
         rmax = max(rmax, t.rec[j])
-    if not chosen:
-        raise RuntimeError(f"no admissible boundary after {i} within {budget}: the recurrence and the model disagree")
     return chosen, j - i
 
 
-def quadratic_suffix_peaks(tables: PytorchTables) -> tuple[list[int], list[int]]:
-    """Reference: h[0..n-1] and each i's best next boundary, by the plain O(n²) recurrence.
+def _next_frameless(t: PytorchTables, w: list[int], i: int, budget: int) -> tuple[int, int]:
+    """The nearest j with (i, j] frameless, local_frameless(i, j) ≤ budget and w[j] ≤ budget."""
+    worst = 0
+    for j in range(i + 1, min(t.frameless_end[i], t.n - 1) + 1):
+        worst = max(worst, t.back_ck[j] - t.U[i], t.fwd_mid[j])
+        if max(worst, w[j]) <= budget:
+            return j, j - i
+    raise RuntimeError(f"no admissible boundary after {i} within {budget}: the recurrence and the model disagree")
 
-    local(i, j) is built for j = i+1, i+2, ... with running maxima exactly as ``PytorchTables.local``
-    defines it (first stage rec_first, interior rec, last stage rec_last; a one-stage segment
-    rec_last_first; the last segment drop_input).
+
+def quadratic_suffix_peaks(tables: PytorchTables) -> tuple[list[int], list[int]]:
+    """Reference: w[0..n-1] and each i's best next boundary, by the plain O(n²) recurrence.
+
+    w[i] is the least peak of stages i+1..n counted above the checkpoints kept before boundary i. A segment
+    (i, j] either keeps x_i (d[i] is added to its own local and to everything after it) or, when it is
+    frameless, keeps nothing: local(i, j) is built for j = i+1, i+2, ... with running maxima exactly as
+    ``PytorchTables.local`` defines it (first stage rec_first, interior rec, last stage rec_last; a one-stage
+    segment rec_last_first; the last segment drop_input), and a frameless segment's by ``local_frameless``.
     """
     t, n = tables, tables.n
-    h, nxt = [0] * n, [n] * n
+    w, nxt = [0] * n, [n] * n
     for i in range(n - 1, -1, -1):
-        u, bmax, rmax = t.U[i], 0, 0
+        u, bmax, cmax, rmax = t.U[i], 0, 0, 0  # cmax: back_ck, for segments that are checkpointed
+        fmax = t.fwd_first[i + 1]  # forward candidates of a segment that keeps x_i
+        lmax = 0  # forward candidates of a frameless segment: fwd_mid from its first stage on
+        tmax = 0  # fwd_tail over the last segment's later stages
         best, best_j = None, n
         for j in range(i + 1, n + 1):
             bmax = max(bmax, t.back[j])
+            cmax = max(cmax, t.back_ck[j])
+            lmax = max(lmax, t.fwd_mid[j])
+            if j >= i + 2:
+                fmax = max(fmax, t.fwd_mid[j])
+                tmax = max(tmax, t.fwd_tail[j])
             if j == n:
-                cost = bmax - u - t.drop_input[i]
+                last = max(bmax - u - t.drop_input[i], t.fwd_last_first[i + 1])
+                if j >= i + 2:
+                    last = max(last, tmax - u - t.drop_input[i] + t.cast_saved[i])
+                cost = t.d[i] + last
+            elif t.is_frameless(i, j):
+                cost = max(cmax - u, lmax, w[j])
+                rmax = t.rec_first[j] if j == i + 1 else max(rmax, t.rec[j])
             else:
                 rec = t.rec_last_first[j] if j == i + 1 else max(rmax, t.rec_last[j])
-                cost = max(max(bmax, rec + t.delta[j]) - u, t.d[j] + h[j])
+                cost = t.d[i] + max(max(cmax, rec + t.delta[j]) - u, fmax, w[j])
                 rmax = t.rec_first[j] if j == i + 1 else max(rmax, t.rec[j])
             if best is None or cost < best:
                 best, best_j = cost, j
-        h[i], nxt[i] = best, best_j
-    return h, nxt
+        w[i], nxt[i] = best, best_j
+    return w, nxt
 
 
 def _plan_quadratic(trace: Trace) -> tuple[int, ...]:

@@ -36,7 +36,8 @@ def backend_for(device: torch.device | str) -> Backend:
 
 def profile(model: nn.Module, example_input: torch.Tensor, *, device: torch.device | str = "cpu",
             grads: str = "none", train: bool = True, chain: StageChainLike | None = None,
-            model_name: str | None = None, model_hash: str | None = None, timing_repeats: int = 1) -> Trace:
+            model_name: str | None = None, model_hash: str | None = None, timing_repeats: int = 1,
+            precision: str | None = None) -> Trace:
     """Profile a model's stage chain on one device and return its trace.
 
     Args:
@@ -50,6 +51,8 @@ def profile(model: nn.Module, example_input: torch.Tensor, *, device: torch.devi
             ``remat.client.stage_graph.build_stage_chain(model, example_input, train=train)``.
         model_name, model_hash: recorded in the trace metadata.
         timing_repeats: unmetered timing runs per stage (0: no times).
+        precision: ``float32``, ``bfloat16``… or ``autocast_bfloat16`` (remat.client.precision); default
+            from the input's dtype and the caller's autocast state.
 
     Returns:
         A validated ``remat-trace/1`` trace whose fields are those the ``pytorch`` cost model reads.
@@ -62,5 +65,5 @@ def profile(model: nn.Module, example_input: torch.Tensor, *, device: torch.devi
     if chain is None:
         chain = build_chain(model, example_input.to(backend.device), train=train)
     kwargs: dict[str, Any] = {"grads": grads, "train": train, "model_name": model_name, "model_hash": model_hash,
-                              "timing_repeats": timing_repeats}
+                              "timing_repeats": timing_repeats, "precision": precision}
     return profile_chain(chain, model, example_input, backend=backend, **kwargs)

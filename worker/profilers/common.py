@@ -38,12 +38,19 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import checkpoint
 
+from remat.client.precision import autocast_context, autocast_dtype, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
 from remat.client.write_probe import preserved_state as client_preserved_state
 from remat.worker.memory_meter import storage_key
 
 __all__ = ["Backend", "StageChainLike", "build_chain", "preserved_state", "profile_chain"]
+
+
+AmpContext = Callable[[], contextlib.AbstractContextManager[Any]]
+"""Makes the context a forward runs in: ``torch.autocast`` for an autocast precision, else a no-op."""
 
 
 class StageChainLike(Protocol):
@@ -150,25 +157,72 @@ class _ChainRecord:
     output_keys: list[int | None]
     saved: list[dict[int, int]]
     """Per stage 1..n (index 0 unused): saved storage key -> booked bytes."""
+    packed: list[int]
+    """Per stage 1..n: how many tensors autograd saved, parameters and buffers included."""
+    casts: list[dict[int, int]]
+    """Per stage 1..n: autocast's parameter copies made in it, storage key -> booked bytes."""
+
+    def cast_bytes(self, i: int) -> tuple[int, int]:
+        """(W_i, the part of it that no stage saves) for stage i."""
+        saved_anywhere = set().union(*self.saved)
+        made = self.casts[i]
+        return sum(made.values()), sum(b for k, b in made.items() if k not in saved_anywhere)
 
 
-def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, excluded: set[int]) -> _ChainRecord:
+class _CastRecorder(TorchDispatchMode):
+    """Records the parameter copies autocast makes: ``_to_copy`` of a leaf parameter that requires grad.
+
+    NOTE [ autocast cast cache ] Under ``torch.autocast`` a float32 parameter is cast to the lower precision
+    at its first use, and the copy is cached until the autocast region exits (the end of forward + loss),
+    checkpointed segment or not: a checkpointed stage drops what it saves, but the cache still holds the
+    copies. Only cache misses reach the dispatcher, so what this sees in one chained forward under one
+    autocast region is exactly what the cache holds.
+    """
+
+    def __init__(self, params: set[int], backend: Backend, current: list[int], casts: list[dict[int, int]]) -> None:
+        super().__init__()
+        self.params, self.backend, self.current, self.casts = params, backend, current, casts
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and isinstance(out, torch.Tensor):
+            src = args[0]
+            if (isinstance(src, torch.Tensor) and src.requires_grad and src.is_leaf
+                    and storage_key(src) in self.params and out.dtype != src.dtype):
+                key = storage_key(out)
+                if key is not None:
+                    self.casts[self.current[0]][key] = self.backend.storage_bytes(out)
+        return out
+
+
+def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, excluded: set[int],
+                     amp: AmpContext, autocast: bool) -> _ChainRecord:
     n = chain.num_stages
     saved: list[dict[int, int]] = [{} for _ in range(n + 1)]
+    casts: list[dict[int, int]] = [{} for _ in range(n + 1)]
+    packed = [0] * (n + 1)
     current = [0]
     x0_key = storage_key(x0)
     meter = backend.make_meter()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
+        packed[current[0]] += 1
         key = storage_key(t)
         if key is not None and key not in excluded and (key == x0_key or backend.born_in_pass(meter, t)):
             saved[current[0]][key] = backend.storage_bytes(t)
-        return t
+        # Detached: the pass never runs backward, and a saved *output* returned as itself would hold its own
+        # grad_fn, a reference cycle through C++ that gc cannot break (ResNet's in-place ReLUs: the whole
+        # pass's activations leaked per profile). Kept alive all the same, so no storage key is reused.
+        return t.detach()
 
     outputs = [x0.detach()]
     requires_grad = [x0.requires_grad]
     keys = [x0_key]
-    with meter, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    # One autocast region over the whole pass, as over a real step's forward: its cast cache is shared.
+    recorder = _CastRecorder(excluded, backend, current, casts) if autocast else contextlib.nullcontext()
+    with (meter, torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+          recorder):
         x = x0
         for i in range(1, n + 1):
             current[0] = i
@@ -180,13 +234,70 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             requires_grad.append(x.requires_grad)
             keys.append(storage_key(x))
         del x  # frees the autograd graph of the whole pass
-    return _ChainRecord(outputs, requires_grad, keys, saved)
+    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts)
+
+
+class _GradientSink(torch.autograd.Function):
+    """Identity in forward; in backward, notes the input gradient's layout and lets the gradient die.
+
+    NOTE [ input gradient in the isolated pass ] In a real step the gradient of x_{i-1} is an input buffer
+    of stage i-1's backward: it lives until stage i-1's first node has consumed it. Were the isolated
+    stage's input a plain leaf, ``AccumulateGrad`` would store it in ``x_in.grad`` (and clone it where the
+    buffer is shared, as behind a residual add). The sink ends the graph the way the previous stage would
+    and returns no gradient, so nothing is accumulated or cloned. It also records the gradient's strides:
+    that is the layout stage i-1's output gradient has in a real step (NOTE [ output gradient layout ]).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, layouts: list[tuple[int, ...]]) -> torch.Tensor:
+        ctx.layouts = layouts
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None]:
+        if not ctx.layouts and _is_dense(grad):
+            ctx.layouts.append(tuple(grad.stride()))
+        return None, None
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    """True when the tensor's elements fill its storage span exactly once (any dimension order)."""
+    expected = 1
+    for size, stride in sorted(((sz, st) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1),
+                               key=lambda pair: pair[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _stage_input(x_in: torch.Tensor, layouts: list[tuple[int, ...]]) -> torch.Tensor:
+    """The tensor a stage runs on in an isolated pass (NOTE [ input gradient in the isolated pass ])."""
+    return _GradientSink.apply(x_in, layouts) if x_in.requires_grad else x_in
+
+
+def _gradient_seed(output: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
+    """Ones shaped like a stage's output, laid out as its gradient is in a real step.
+
+    NOTE [ output gradient layout ] The isolated backward starts from ``(y * seed).sum()``, whose gradient
+    for y is a fresh buffer with the seed's strides. In a real step that gradient is made by the next
+    stage's backward, whose layout need not be y's: ViT's encoder blocks output a transposed
+    (non-contiguous) tensor but receive a contiguous gradient. A gradient laid out like y instead makes
+    the stage's first ``reshape`` backward copy it (one more d_i in B_i). So stages are profiled from the
+    last to the first and each stage's seed takes the strides that the next stage's input gradient had
+    (contiguous for the last stage: the loss's gradient is).
+    """
+    if strides is None:
+        return torch.ones(output.shape, dtype=output.dtype, device=output.device)
+    return torch.empty_strided(output.shape, strides, dtype=output.dtype, device=output.device).fill_(1)
 
 
 @dataclass(slots=True)
 class _StageMeasure:
     forward_peak: int = 0
+    forward_peak_dropped: int = 0
     recompute_peak: int = 0
+    recomputed_backward_peak: int = 0
     backward_peak: int = 0
     grads_born: dict[int, int] | None = None
     forward_ms: float | None = None
@@ -194,7 +305,8 @@ class _StageMeasure:
 
 
 def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
-                   model: nn.Module, backend: Backend, grads: str) -> _StageMeasure:
+                   model: nn.Module, backend: Backend, grads: str,
+                   input_grad_layout: list[tuple[int, ...]], amp: AmpContext) -> _StageMeasure:
     """F, F', B and the parameter gradients born, for one stage run on its own (NOTE [ profiling protocol ])."""
     out = _StageMeasure()
     set_grad_convention(model, grads)
@@ -208,8 +320,8 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
 
     with meter:
         base = meter.mark_baseline()
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = stage(x_in)
+        with torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = stage(_stage_input(x_in, input_grad_layout))
         out.forward_peak = meter.peak_bytes - base
         out.recompute_peak = 0 if last_pack_peak[0] is None else last_pack_peak[0] - base
         if y.requires_grad:
@@ -223,6 +335,9 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
             del loss
         else:
             del y
+    out.forward_peak_dropped = _dropped_forward_peak(stage, x_in, backend, amp)
+    if x_in.requires_grad or any(p.requires_grad for p in model.parameters()):
+        out.recomputed_backward_peak = _recomputed_backward_peak(stage, x_in, ones, model, backend, grads, amp)
     out.grads_born = {}
     for p in model.parameters():
         if p.grad is not None and id(p) not in had_grad:
@@ -232,16 +347,80 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
     return out
 
 
+def _dropped_forward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, backend: Backend,
+                          amp: AmpContext) -> int:
+    """F°: the stage's forward peak when autograd keeps none of its saved tensors, as in the first forward of
+    a checkpointed segment (whose pack hook stores a handle, not the tensor). Its output, temporaries and,
+    under autocast, the parameter copies the cast cache holds are in; its saved tensors are not."""
+    meter = backend.make_meter()
+    with meter:
+        base = meter.mark_baseline()
+        with torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: h):
+            y = stage(x_in)
+        peak = meter.peak_bytes - base
+        del y
+    return peak
+
+
+class _ResetPeakOnExit:
+    """Recompute context for :func:`torch.utils.checkpoint`: when the recompute ends, a new peak window starts."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+
+    def __enter__(self) -> _ResetPeakOnExit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.meter.reset_peak()
+
+
+def _recomputed_backward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor,
+                              ones: torch.Tensor, model: nn.Module, backend: Backend, grads: str,
+                              amp: AmpContext) -> int:
+    """B°: the stage's backward peak when it runs under a non-reentrant checkpoint, counted from the end of
+    its recompute (the recompute itself is the cost model's recompute candidate).
+
+    NOTE [ backward of a recomputed stage ] The engine checks a node's outputs (``validate_outputs``:
+    ``sum_to`` of broadcast gradients, dtype casts) before it releases the node's saved tensors; a node
+    whose saved tensors come from a checkpoint's recompute holds them only as locals of its ``apply``, so
+    they are gone by then. Measured on an H100 (ViT-B/16 MLP stage, batch 32): the bias gradient's
+    ``sum_to`` allocates 37 MiB of reduction scratch after ``apply``, beside the 74 MiB GELU output in a
+    plain backward, after it was freed in a recomputed one; B was 305 MiB, the recomputed backward peaks
+    37 MiB lower. So stages of checkpointed segments are charged B° and the last segment B.
+    """
+    set_grad_convention(model, grads)
+    meter = backend.make_meter()
+    with meter:
+        base = meter.mark_baseline()
+        with torch.enable_grad(), amp():
+            y = checkpoint(stage, _stage_input(x_in, []), use_reentrant=False,
+                           context_fn=lambda: (contextlib.nullcontext(), _ResetPeakOnExit(meter)))
+        if not y.requires_grad:
+            return 0
+        with torch.enable_grad():
+            loss = (y * ones).sum()
+        del y
+        loss_bytes = backend.storage_bytes(loss)
+        meter.reset_peak()  # a stage that saves nothing is never recomputed: its whole backward counts
+        loss.backward()
+        peak = meter.peak_bytes - base - loss_bytes
+        del loss
+    x_in.grad = None
+    return max(peak, 0)
+
+
 def _time_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
-               model: nn.Module, backend: Backend, grads: str, repeats: int) -> tuple[float, float | None]:
+               model: nn.Module, backend: Backend, grads: str, repeats: int,
+               amp: AmpContext) -> tuple[float, float | None]:
     """Fastest forward and backward time of the isolated pass over ``repeats`` runs, without the meter."""
     fwd: list[float] = []
     bwd: list[float] = []
     holder: dict[str, torch.Tensor] = {}
 
     def forward() -> None:
-        with torch.enable_grad():
-            holder["y"] = stage(x_in)
+        with torch.enable_grad(), amp():
+            holder["y"] = stage(_stage_input(x_in, []))
 
     for _ in range(repeats):
         set_grad_convention(model, grads)
@@ -257,13 +436,29 @@ def _time_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor
     return min(fwd), (min(bwd) if bwd else 0.0)
 
 
-def _metadata(model: nn.Module, x0: torch.Tensor, backend: Backend, *, grads: str, train: bool,
+def _warm_up(chain: StageChainLike, model: nn.Module, x0: torch.Tensor, backend: Backend, amp: AmpContext) -> None:
+    """One full training step before anything is metered, so that what libraries allocate once and keep
+    (cuBLAS workspaces of the forward and of the autograd device thread, cuDNN handles) exists before the
+    first baseline, as it does before a measured step (which also follows a warm-up step). Without it, the
+    first stage to use such a library books the library's memory in its own peaks."""
+    with torch.enable_grad():
+        with amp():
+            loss = chain.run(x0).float().sum()
+        if loss.requires_grad:
+            loss.backward()
+    del loss
+    for p in model.parameters():
+        p.grad = None
+    backend.synchronize()
+
+
+def _metadata(model: nn.Module, x0: torch.Tensor, backend: Backend, *, precision: str, grads: str, train: bool,
               model_name: str | None, model_hash: str | None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "model": model_name or type(model).__name__,
         "input_shape": list(x0.shape),  # full shape, batch included: the plan key's convention
         "batch_size": int(x0.shape[0]) if x0.dim() else 1,
-        "dtype": str(x0.dtype).removeprefix("torch."),
+        "dtype": precision,  # the plan key's spelling (remat.client.precision)
         "device": backend.device.type,
         "device_name": backend.device_name,
         "torch_version": torch.__version__,
@@ -278,7 +473,7 @@ def _metadata(model: nn.Module, x0: torch.Tensor, backend: Backend, *, grads: st
 
 def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.Tensor, *, backend: Backend,
                   grads: str = "none", train: bool = True, model_name: str | None = None,
-                  model_hash: str | None = None, timing_repeats: int = 1) -> Trace:
+                  model_hash: str | None = None, timing_repeats: int = 1, precision: str | None = None) -> Trace:
     """Profile a stage chain into a ``remat-trace/1`` trace (NOTE [ profiling protocol ]).
 
     Args:
@@ -291,6 +486,9 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         model_name, model_hash: copied into the trace metadata.
         timing_repeats: unmetered runs per stage for ``forward_ms``/``backward_ms`` (the fastest is kept);
             0 leaves times out.
+        precision: the step's precision (``remat.client.precision``); an autocast one runs every forward
+            under ``torch.autocast`` and every backward outside it. Default: read from the input's dtype
+            and the autocast state of the caller.
 
     Returns:
         The validated trace.
@@ -301,23 +499,34 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
     if n < 1:
         raise ValueError("remat profiler: the stage chain has no stages")
     x0 = example_input.to(backend.device)
+    precision = normalize_precision(precision) if precision is not None else precision_of_call(model, x0)
+
+    def amp() -> contextlib.AbstractContextManager[Any]:
+        return autocast_context(precision, backend.device.type)
+
     with preserved_state(model, devices=[backend.device]):
         model.train(train)
         excluded = param_keys(model)
         chain_model = getattr(chain, "model", chain)
         if isinstance(chain_model, nn.Module) and chain_model is not model:
             excluded |= param_keys(chain_model)
+        if backend.device.type == "cuda":
+            _warm_up(chain, model, x0, backend, amp)
         set_grad_convention(model, grads)
-        rec = _chained_forward(chain, x0, backend, excluded)
-        measures: list[_StageMeasure] = []
-        for i in range(1, n + 1):
+        rec = _chained_forward(chain, x0, backend, excluded, amp, autocast_dtype(precision) is not None)
+        measures: list[_StageMeasure] = [_StageMeasure() for _ in range(n)]
+        grad_strides: tuple[int, ...] | None = None  # of x_i's gradient in a real step; the loss's is dense
+        for i in range(n, 0, -1):  # last to first: NOTE [ output gradient layout ]
             stage = chain.stage(i)
             x_in = rec.outputs[i - 1].detach().requires_grad_(rec.requires_grad[i - 1])
-            ones = torch.ones_like(rec.outputs[i])
-            m = _isolated_pass(stage, x_in, ones, model, backend, grads)
+            ones = _gradient_seed(rec.outputs[i], grad_strides)
+            layouts: list[tuple[int, ...]] = []
+            m = _isolated_pass(stage, x_in, ones, model, backend, grads, layouts, amp)
+            grad_strides = layouts[0] if layouts else None
             if timing_repeats > 0:
-                m.forward_ms, m.backward_ms = _time_pass(stage, x_in, ones, model, backend, grads, timing_repeats)
-            measures.append(m)
+                m.forward_ms, m.backward_ms = _time_pass(stage, x_in, ones, model, backend, grads, timing_repeats,
+                                                         amp)
+            measures[i - 1] = m
             del x_in, ones
         # G_i: in backward order, a parameter's gradient is born in the last stage that uses it.
         param_grad = [0] * (n + 1)
@@ -339,18 +548,25 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
                 "saves_input": in_key in saved,
                 "saves_output": out_key in saved,
                 "forward_peak_bytes": max(m.forward_peak, 0),
+                "forward_peak_dropped_bytes": max(m.forward_peak_dropped, 0),
                 "recompute_peak_bytes": max(m.recompute_peak, 0),
                 "backward_peak_bytes": max(m.backward_peak, 0),
+                "recomputed_backward_peak_bytes": m.recomputed_backward_peak,
                 "param_grad_bytes": param_grad[i],
             }
             if m.forward_ms is not None:
                 stage_obj["forward_ms"] = m.forward_ms
                 stage_obj["backward_ms"] = m.backward_ms
+            if not rec.packed[i]:
+                stage_obj["saves_nothing"] = True
+            cast, cast_unsaved = rec.cast_bytes(i)
+            if cast:
+                stage_obj["cast_bytes"], stage_obj["cast_unsaved_bytes"] = cast, cast_unsaved
             if in_key is not None and in_key == out_key:
                 stage_obj["output_aliases_input"] = True
             stages.append(stage_obj)
         obj = {"format": TRACE_FORMAT,
-               **_metadata(model, x0, backend, grads=grads, train=train, model_name=model_name,
+               **_metadata(model, x0, backend, precision=precision, grads=grads, train=train, model_name=model_name,
                            model_hash=model_hash or getattr(chain, "architecture_hash", None)),
                "input_bytes": backend.storage_bytes(x0), "stages": stages}
     return parse_trace(obj)

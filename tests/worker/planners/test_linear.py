@@ -103,8 +103,9 @@ def test_local_never_grows_when_a_segment_shrinks_from_the_left(trace: Trace, da
 
 
 def test_the_last_segment_is_not_monotone_in_its_start() -> None:
-    tables = PytorchTables(make_trace([100, 1, 1], [0, 0, 0]))
-    assert (tables.local(1, 3), tables.local(2, 3)) == (-99, 0)
+    # Stage 2 outputs nothing and saves 1 byte; stage 3 keeps 100. Starting at 1, x_1 is dropped after stage 2.
+    tables = PytorchTables(make_trace([100, 0, 100], [5, 1, 0]))
+    assert (tables.local(1, 3), tables.local(2, 3)) == (1, 100)
 
 
 @pytest.mark.parametrize(("sizes", "saved"), [
