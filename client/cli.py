@@ -16,9 +16,10 @@ from typing import Any, NoReturn
 
 import click
 
-from remat.client.embedded import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
 from remat.client.errors import RematError
 from remat.client.plan import COST_MODELS, Plan
+from remat.client.precision import PRECISIONS
+from remat.client.request import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
 from remat.client.trace import Trace, load_trace
 
 PROG = "remat-client"
@@ -107,6 +108,9 @@ def _model_options(fn: Any) -> Any:
         click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
         click.option("--grads", type=click.Choice(["none", "kept"]), default="none", show_default=True,
                      help="Gradients set to None between steps (zero_grad's default) or kept allocated."),
+        click.option("--dtype", type=click.Choice(PRECISIONS), default="float32", show_default=True,
+                     help="Precision: the model in this dtype, or autocast_* (float32 weights, forward under "
+                          "torch.autocast)."),
     )):
         fn = option(fn)
     return fn
@@ -124,12 +128,14 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-def _request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str) -> Any:
-    from remat.client.embedded import default_request
+def _request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
+             dtype: str = "float32") -> Any:
+    from remat.client.request import default_request
 
     sample_shape = _parse_shape(input_shape)
     try:
-        return default_request(model, batch_size=batch_size, sample_shape=sample_shape, device=device, grads=grads)
+        return default_request(model, batch_size=batch_size, sample_shape=sample_shape, device=device, grads=grads,
+                               dtype=dtype)
     except RematError as exc:
         _fail_input(str(exc))
 
@@ -146,8 +152,8 @@ def _request(model: str, batch_size: int | None, input_shape: str | None, device
               help="Fetch MODEL's plans from this remat service (env REMAT_SERVER) instead of the local store.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost_model: str | None,
-                 batch_size: int | None, input_shape: str | None, device: str, grads: str, refresh: bool,
-                 server: str | None, as_json: bool) -> None:
+                 batch_size: int | None, input_shape: str | None, device: str, grads: str, dtype: str,
+                 refresh: bool, server: str | None, as_json: bool) -> None:
     """Plan checkpoints for MODEL (a zoo name such as resnet152) or for a trace file.
 
     For MODEL: profile on this machine, plan with every algorithm, measure each plan with a real training
@@ -163,7 +169,7 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
         if algorithm != "all" or cost_model is not None:
             _fail_input("--algorithm and --cost-model apply to --trace; MODEL is planned with every algorithm "
                         "under the pytorch model")
-        request = _request(model, batch_size, input_shape, device, grads)
+        request = _request(model, batch_size, input_shape, device, grads, dtype)
         if server:
             _plan_model_from_server(request, server, refresh=refresh, as_json=as_json)
         else:
@@ -277,11 +283,11 @@ def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True,
               help="Where to write the remat-trace/1 JSON ('-' for stdout).")
 def trace_command(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
-                  out: str) -> None:
+                  dtype: str, out: str) -> None:
     """Profile MODEL on this machine and write its layer memory trace."""
     from remat.client import embedded
 
-    request = _request(model, batch_size, input_shape, device, grads)
+    request = _request(model, batch_size, input_shape, device, grads, dtype)
     trace = _run_with_progress(lambda progress: embedded.profile_trace(request, progress), out == "-")
     text = json.dumps(trace.to_dict(), indent=1)
     if out == "-":
@@ -297,15 +303,16 @@ def trace_command(model: str, batch_size: int | None, input_shape: str | None, d
 @_model_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def measure_command(model: str, algorithm: str, batch_size: int | None, input_shape: str | None, device: str,
-                    grads: str, as_json: bool) -> None:
+                    grads: str, dtype: str, as_json: bool) -> None:
     """Measure one algorithm's plan for MODEL with a real training step, beside no checkpointing."""
     from remat.client import embedded
 
     names = _algorithms(algorithm)
     if len(names) != 1:
         _fail_input("--algorithm: measure takes one planner name, not all")
-    request = _request(model, batch_size, input_shape, device, grads)
-    result = _run_with_progress(lambda progress: embedded.measure_algorithm(request, names[0], progress), as_json)
+    request = _request(model, batch_size, input_shape, device, grads, dtype)
+    result = _run_with_progress(lambda progress: embedded.measure_algorithm(request, names[0], progress),
+                                as_json).to_dict()
     if as_json:
         _emit_json(result)
         return

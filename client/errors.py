@@ -5,6 +5,7 @@ Hierarchy::
     RematError                      base of everything remat raises on purpose
     ├── TraceFormatError            a trace file or object breaks the remat-trace/1 contract (also ValueError)
     ├── PlanError                   a plan cannot be computed or used (also ValueError)
+    │   ├── InvalidKeyError         a plan key field (hash, input shape, dtype, device, ...) is malformed
     │   ├── PlanMismatchError       a plan's key does not match the model it is applied to
     │   └── PlanNotFoundError       the plan service has no plan for the key
     ├── ServiceError                the plan service could not be reached or answered an error
@@ -27,6 +28,10 @@ class TraceFormatError(RematError, ValueError):
 
 class PlanError(RematError, ValueError):
     """A plan cannot be computed, parsed or used as asked."""
+
+
+class InvalidKeyError(PlanError):
+    """A plan key component is malformed or out of range; the message starts with the field name."""
 
 
 class PlanMismatchError(PlanError):

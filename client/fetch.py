@@ -23,16 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from remat.client import embedded
-from remat.client.embedded import ModelReport, ModelRequest, PlanRow, ProgressFn
+from remat.client.embedded import ModelReport, ModelRequest, PlanRow
 from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
 from remat.client.plan import Plan
-from remat.client.plan_key import PlanKey, normalize_torch_version
+from remat.client.plan_key import UNKNOWN, PlanKey, normalize_torch_version
+from remat.client.request import ProgressFn
 from remat.client.service_client import PlanServiceClient
 
 __all__ = ["PlanNotFoundError", "fetch_and_apply", "fetch_plan", "report_from_service"]
@@ -44,7 +45,7 @@ HOW_TO_CREATE = ("create one with `remat-client trace MODEL --out trace.json` an
 def describe_key(key: PlanKey) -> str:
     """One line naming a key, short enough for an error message (the hash is cut to 12 hex digits)."""
     return (f"model_hash {key.model_hash[:12]}…, input_shape {list(key.input_shape)}, dtype {key.dtype}, "
-            f"device {key.device}, mode {key.mode}, grads {key.grads}")
+            f"device {key.device}, mode {key.mode}, grads {key.grads}, torch {key.torch_version}")
 
 
 @contextmanager
@@ -60,11 +61,12 @@ def _service(server: str | PlanServiceClient, token: str | None) -> Iterator[Pla
 def plan_from_record(record: Mapping[str, Any], key: PlanKey) -> Plan:
     """The served plan, carrying the key it is valid for in ``extra["key"]``.
 
-    The key is ``key`` (computed from the model here) with the torch version of the trace the service planned
-    from, when the trace recorded one: the stage graph, hence the plan, can change between torch releases,
-    and ``apply`` checks this field against the installed torch.
+    The key is ``key`` (computed from the model here) with the torch version the service keyed the plan
+    under (that of the trace it planned from): the stage graph, hence the plan, can change between torch
+    releases, and ``apply`` checks this field against the installed torch.
     """
-    traced_with = (record.get("trace") or {}).get("torch_version")
+    served = (record.get("key") or {}).get("torch_version")
+    traced_with = served or (record.get("trace") or {}).get("torch_version")
     key_dict = key.to_dict()
     if traced_with:
         try:
@@ -108,8 +110,13 @@ def fetch_plan(model: nn.Module, input_shape: Sequence[int], *, server: str | Pl
     with _service(server, token) as client:
         record = client.get_plan(key, algorithm=algorithm)
         if record is None:
+            other = client.get_plan(replace(key, torch_version=UNKNOWN), algorithm=algorithm)
+            elsewhere = ""
+            if other is not None:
+                elsewhere = (f" (it has one made with torch {(other.get('key') or {}).get('torch_version')}, "
+                             f"which apply would refuse under torch {key.torch_version})")
             raise PlanNotFoundError(f"the remat service at {client.base_url} has no {algorithm} plan for "
-                                    f"{describe_key(key)}; {HOW_TO_CREATE}")
+                                    f"{describe_key(key)}{elsewhere}; {HOW_TO_CREATE}")
     return plan_from_record(record, key)
 
 
@@ -163,13 +170,13 @@ def report_from_service(request: ModelRequest, client: PlanServiceClient, *, upl
         PlanNotFoundError: nothing stored and ``upload`` is False.
         ServiceError: unreachable service, refused token, or an error answer.
     """
+    from remat.worker import pipeline
     from remat.worker.planners import PLANNERS
 
     say = progress or (lambda message, fraction: None)
     say(f"building {request.name}", 0.0)
-    model, x, chain = embedded._build(request)
-    key = PlanKey.for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
-                            grads=request.grads, device=request.device, graph=chain.graph_module)
+    built = pipeline.build(request)
+    key = built.key
     say("fetching plans", 0.3)
     records = [] if refresh else _fetch_all(client, key, list(PLANNERS))
     if records:
@@ -178,8 +185,8 @@ def report_from_service(request: ModelRequest, client: PlanServiceClient, *, upl
         raise PlanNotFoundError(f"the remat service at {client.base_url} has no plans for {request.name} "
                                 f"({describe_key(key)}); set REMAT_API_TOKEN to profile it here and upload "
                                 f"the trace, or POST a profiling job to /v1/jobs")
-    say(f"profiling {chain.num_stages} stages", 0.4)
-    trace = embedded._profile(request, model, x, chain)
+    say(f"profiling {built.chain.num_stages} stages", 0.4)
+    trace = pipeline.profile(built)
     say("uploading the trace", 0.9)
     client.upload_trace(trace)
     records = _fetch_all(client, key, list(PLANNERS))

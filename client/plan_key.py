@@ -1,76 +1,142 @@
 """The plan key: everything a measured plan depends on besides the algorithm and the budget.
 
-A plan measured for one (architecture, input shape, dtype, mode, gradient convention, device class, torch
-version) says nothing reliable about another: activation sizes scale with the input, the gradient convention
-decides what checkpointing buys (feasibility P8), and fx graphs may change between torch releases. The field
-names are those of the trace metadata (``model_hash``, ``input_shape``, ``dtype``, ``mode``, ``grads``,
-``device``, ``torch_version``), so a trace's metadata dict can be read with ``PlanKey.from_dict``.
+One definition for the whole product: the client computes it from a model, the service stores and looks plans
+up by it (its database columns, API schemas and cache keys derive from it), the worker keys what it profiles
+with it. A plan measured for one (architecture, input shape, precision, mode, gradient convention, device
+class, torch version) says nothing reliable about another: activation sizes scale with the input, the gradient
+convention decides what checkpointing buys (feasibility P8), autocast changes the peak by up to 80%
+(docs/cost-model.md), and fx graphs may change between torch releases. The field names are those of the trace
+metadata, so a trace's metadata dict can be read with ``PlanKey.from_dict``.
+
+Importing this module imports no torch: the torch version comes from the package metadata, and
+``for_model`` imports the hashing code only when called.
 
 Public API::
 
     PlanKey(model_hash, input_shape, dtype="float32", mode="train", grads="none", device="cpu",
-            torch_version=<this torch's major.minor>)
+            torch_version=<the installed torch's major.minor>)
     PlanKey.for_model(model, input_shape, *, dtype=..., mode=..., grads=..., device=..., graph=None)
-    key.to_dict() / PlanKey.from_dict(obj)
+    PlanKey.from_trace(trace) / key.to_dict() / PlanKey.from_dict(obj)
     key.describe_mismatch(other, fields=None) -> str | None
-    current_torch_version() -> "2.15"
+    current_torch_version() -> "2.15";  normalize_torch_version("2.15.0+cu132") -> "2.15"
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from remat.client.errors import PlanError
-from remat.client.trace import GRAD_CONVENTIONS, MODES
+from remat.client.errors import InvalidKeyError, PlanError
+from remat.client.precision import normalize_precision
+from remat.client.trace import GRAD_CONVENTIONS, MODES, Trace
 
-if TYPE_CHECKING:  # torch loads only when a key is built from a model: the CLI's store lookups stay torch-free
+if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["KEY_FIELDS", "PlanKey", "current_torch_version", "normalize_dtype", "normalize_torch_version"]
+__all__ = ["KEY_FIELDS", "MAX_DIM", "MAX_DIMS", "MAX_NUMEL", "MODEL_HASH_PATTERN", "UNKNOWN", "PlanKey",
+           "content_sha256", "current_torch_version", "normalize_device", "normalize_dtype", "normalize_torch_version",
+           "parse_input_shape"]
+
+UNKNOWN = "unknown"
+"""dtype, device class or torch version of a trace that does not say: still a key, never one a profiler
+writes. As a torch version in a lookup it matches any version."""
+MAX_DIMS = 8
+MAX_DIM = 2**31 - 1
+MAX_NUMEL = 2**40
+MODEL_HASH_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}"
+DEVICE_PATTERN = r"[A-Za-z][A-Za-z0-9_]{0,31}(:[0-9]{1,4})?"
+_HASH_RE = re.compile(MODEL_HASH_PATTERN)
+_DEVICE_RE = re.compile(DEVICE_PATTERN)
 
 
-def normalize_torch_version(version: str) -> str:
-    """``"2.15.0+cu132"`` → ``"2.15"`` (plans are keyed on major.minor)."""
-    parts = str(version).split("+")[0].split(".")
-    if len(parts) < 2 or not parts[0].isdigit():
-        raise PlanError(f"torch_version: expected MAJOR.MINOR[.PATCH], got {version!r}")
-    minor = "".join(ch for ch in parts[1] if ch.isdigit())
-    return f"{int(parts[0])}.{int(minor or 0)}"
+def normalize_torch_version(version: object, field: str = "torch_version") -> str:
+    """``"2.15.0+cu132"`` → ``"2.15"`` (plans are keyed on major.minor); ``unknown`` stays."""
+    text = str(version).strip()
+    if text == UNKNOWN:
+        return UNKNOWN
+    parts = text.split("+")[0].split(".")
+    minor = "".join(ch for ch in parts[1] if ch.isdigit()) if len(parts) >= 2 else ""
+    if len(parts) < 2 or not parts[0].isdigit() or not minor:
+        raise InvalidKeyError(f"{field}: expected MAJOR.MINOR[.PATCH], got {version!r}")
+    return f"{int(parts[0])}.{int(minor)}"
 
 
 def current_torch_version() -> str:
-    import torch
-
-    return normalize_torch_version(torch.__version__)
-
-
-def normalize_dtype(dtype: torch.dtype | str) -> str:
-    """``torch.float32`` / ``"torch.float32"`` → ``"float32"``; other strings (autocast labels) kept."""
-    text = str(dtype).strip()
-    text = text.removeprefix("torch.")
-    if not text:
-        raise PlanError("dtype: must not be empty")
-    return text
+    """The installed torch's major.minor, from the package metadata (reading it does not import torch)."""
+    return normalize_torch_version(importlib.metadata.version("torch"))
 
 
-def _normalize_device(device: torch.device | str) -> str:
-    """``torch.device("cuda:1")`` / ``"cuda:1"`` → ``"cuda"``."""
-    return str(device).split(":")[0].strip().lower()
+def normalize_device(value: object, field: str = "device") -> str:
+    """Reduce a device to its class: ``torch.device("cuda:1")``, ``"cuda:1"`` and ``"CUDA"`` become ``cuda``."""
+    text = str(value).strip()
+    if text == UNKNOWN:
+        return UNKNOWN
+    if not _DEVICE_RE.fullmatch(text):
+        raise InvalidKeyError(f"{field}: must be a device class such as cpu or cuda, got {value!r}")
+    return text.split(":", 1)[0].lower()
+
+
+def normalize_dtype(value: object) -> str:
+    """A precision (remat.client.precision) or ``unknown``; InvalidKeyError naming the field otherwise."""
+    if value == UNKNOWN:
+        return UNKNOWN
+    try:
+        return normalize_precision(value)
+    except PlanError as exc:
+        raise InvalidKeyError(str(exc)) from None
+
+
+def parse_input_shape(value: object, field: str = "input_shape") -> tuple[int, ...]:
+    """``"32,3,224,224"``, ``[32, 3, 224, 224]`` or a ``torch.Size``; an empty string or list is a scalar."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            dims: list[Any] = [int(part) for part in text.split(",")] if text else []
+        except ValueError:
+            raise InvalidKeyError(f"{field}: must be comma-separated positive integers, got {value!r}") from None
+    elif isinstance(value, Sequence):
+        dims = list(value)
+    else:
+        raise InvalidKeyError(f"{field}: must be a list of positive integers, got {value!r}")
+    if len(dims) > MAX_DIMS:
+        raise InvalidKeyError(f"{field}: at most {MAX_DIMS} dimensions, got {len(dims)}")
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_DIM:
+            raise InvalidKeyError(f"{field}: every dimension must be an integer in 1..{MAX_DIM}, got {d!r}")
+    if math.prod(dims) > MAX_NUMEL:
+        raise InvalidKeyError(f"{field}: {math.prod(dims)} elements is more than the {MAX_NUMEL} allowed")
+    return tuple(dims)
+
+
+def _check_choice(value: object, choices: Sequence[str], field: str) -> str:
+    if value not in choices:
+        raise InvalidKeyError(f"{field}: must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def content_sha256(trace: Trace) -> str:
+    """Digest of a trace's canonical JSON: equal traces, however formatted, have one."""
+    text = json.dumps(trace.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
 class PlanKey:
-    """What a plan is valid for. Two keys match when every field is equal."""
+    """What a plan is valid for. Two keys match when every field is equal (see ``matches`` for lookups)."""
 
     model_hash: str
-    """``hashing.architecture_hash`` of the model (hex sha256)."""
+    """``hashing.architecture_hash`` of the model (hex sha256), or ``trace:<digest>`` for a hand-written trace."""
     input_shape: tuple[int, ...]
     """Full input shape, batch dimension included."""
     dtype: str = "float32"
-    """Input/compute dtype (``float32``, ``bfloat16``…), without the ``torch.`` prefix."""
+    """The step's precision (``remat.client.precision``): ``float32``, ``bfloat16``… or ``autocast_bfloat16``."""
     mode: str = "train"
     """``train`` or ``eval``: graphs (aux heads) and memory differ between the two."""
     grads: str = "none"
@@ -79,25 +145,23 @@ class PlanKey:
     device: str = "cpu"
     """Device class: ``cpu`` or ``cuda``."""
     torch_version: str = field(default_factory=current_torch_version)
-    """torch major.minor the plan was measured with."""
+    """torch major.minor the trace was made with (``unknown`` when a trace does not say)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_hash, str) or not self.model_hash:
-            raise PlanError(f"model_hash: must be a non-empty string, got {self.model_hash!r}")
-        try:
-            shape = tuple(int(d) for d in self.input_shape)
-        except (TypeError, ValueError):
-            raise PlanError(f"input_shape: must be a list of integers, got {self.input_shape!r}") from None
-        if not shape or any(d <= 0 for d in shape):
-            raise PlanError(f"input_shape: must be positive integers, got {list(shape)}")
-        if self.mode not in MODES:
-            raise PlanError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.grads not in GRAD_CONVENTIONS:
-            raise PlanError(f"grads: must be one of {', '.join(GRAD_CONVENTIONS)}, got {self.grads!r}")
-        object.__setattr__(self, "input_shape", shape)
+        if not isinstance(self.model_hash, str) or not _HASH_RE.fullmatch(self.model_hash):
+            raise InvalidKeyError(f"model_hash: must be 1-128 characters of letters, digits and ._:+- starting "
+                                  f"with a letter or digit, got {self.model_hash!r}")
+        object.__setattr__(self, "input_shape", parse_input_shape(self.input_shape))
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
-        object.__setattr__(self, "device", _normalize_device(self.device))
+        _check_choice(self.mode, MODES, "mode")
+        _check_choice(self.grads, GRAD_CONVENTIONS, "grads")
+        object.__setattr__(self, "device", normalize_device(self.device))
         object.__setattr__(self, "torch_version", normalize_torch_version(self.torch_version))
+
+    @property
+    def input_shape_text(self) -> str:
+        """The shape as stored and as passed in URLs: ``32,3,224,224``."""
+        return ",".join(map(str, self.input_shape))
 
     @classmethod
     def for_model(
@@ -121,38 +185,43 @@ class PlanKey:
         if device is None:
             tensor = next(model.parameters(), None)
             device = tensor.device if tensor is not None else "cpu"
+        return cls(model_hash=architecture_hash(model, graph=graph), input_shape=tuple(input_shape), dtype=dtype,
+                   mode=mode, grads=grads, device=str(device))
 
-        return cls(
-            model_hash=architecture_hash(model, graph=graph),
-            input_shape=tuple(input_shape),
-            dtype=normalize_dtype(dtype),
-            mode=mode,
-            grads=grads,
-            device=_normalize_device(device),
-        )
+    @classmethod
+    def from_trace(cls, trace: Trace, *, content_hash: str | None = None) -> PlanKey:
+        """The key a trace's plans are stored under.
+
+        A trace without ``model_hash`` (written by hand) is keyed by its content digest, ``trace:<hex>``;
+        missing dtype, device and torch version read as ``unknown``, missing mode and grads as the defaults.
+        """
+        meta = trace.metadata
+
+        def given(name: str, default: Any) -> Any:  # absent and null both mean "not recorded"
+            value = meta.get(name)
+            return default if value is None else value
+
+        model_hash = given("model_hash", None) or f"trace:{(content_hash or content_sha256(trace))[:40]}"
+        return cls(model_hash=model_hash, input_shape=tuple(given("input_shape", ())),
+                   dtype=given("dtype", UNKNOWN), device=given("device", UNKNOWN), mode=given("mode", "train"),
+                   grads=given("grads", "none"), torch_version=given("torch_version", UNKNOWN))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form; the names are the trace metadata's."""
-        return {
-            "model_hash": self.model_hash,
-            "input_shape": list(self.input_shape),
-            "dtype": self.dtype,
-            "mode": self.mode,
-            "grads": self.grads,
-            "device": self.device,
-            "torch_version": self.torch_version,
-        }
+        return {"model_hash": self.model_hash, "input_shape": list(self.input_shape), "dtype": self.dtype,
+                "mode": self.mode, "grads": self.grads, "device": self.device, "torch_version": self.torch_version}
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> PlanKey:
-        """Parse ``to_dict``'s form (extra keys, e.g. the rest of a trace's metadata, are ignored)."""
+        """Parse ``to_dict``'s form (extra keys, e.g. the rest of a trace's metadata, are ignored; a missing
+        torch_version means the installed one)."""
         if not isinstance(obj, Mapping):
-            raise PlanError(f"plan key: must be an object, got {type(obj).__name__}")
+            raise InvalidKeyError(f"plan key: must be an object, got {type(obj).__name__}")
         missing = [name for name in ("model_hash", "input_shape") if name not in obj]
         if missing:
-            raise PlanError(f"plan key: field {missing[0]!r} is missing")
+            raise InvalidKeyError(f"plan key: field {missing[0]!r} is missing")
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in obj.items() if k in known})
+        return cls(**{k: v for k, v in obj.items() if k in known and v is not None})
 
     def describe_mismatch(self, other: PlanKey, fields: Iterable[str] | None = None) -> str | None:
         """None when ``other`` matches on ``fields`` (all by default), else one line naming each difference

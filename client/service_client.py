@@ -30,7 +30,7 @@ from remat.client.errors import ServiceError
 
 __all__ = ["PlanServiceClient", "ServiceResponseError", "key_query"]
 
-_KEY_DEFAULTS = {"dtype": "float32", "device": "cpu", "mode": "train", "grads": "none"}
+_KEY_DEFAULTS = {"dtype": "float32", "device": "cpu", "mode": "train", "grads": "none", "torch_version": "unknown"}
 """What a key mapping means when it leaves a field out: the defaults of the client's ``PlanKey``."""
 
 
@@ -59,7 +59,8 @@ def key_query(key: Any, *, algorithm: str = "linear", budget: int | None = None)
 
     Args:
         key: a mapping with ``model_hash`` and ``input_shape`` (missing ``dtype``, ``device``, ``mode`` and
-            ``grads`` take ``PlanKey``'s defaults), or an object with ``to_dict()`` returning one.
+            ``grads`` take ``PlanKey``'s defaults; a missing ``torch_version`` asks for the newest plan of any
+            torch), or an object with ``to_dict()`` returning one.
         algorithm: planner name.
         budget: memory budget in bytes; None asks for the minimum-peak plan.
 

@@ -24,14 +24,20 @@ TRACE_FORMAT = "remat-trace/1"
 #: Per-stage integer byte fields a profiler may add; a missing one reads as 0 (docs/cost-model.md).
 OPTIONAL_STAGE_BYTES = (
     "forward_peak_bytes",
+    "forward_peak_dropped_bytes",
     "recompute_peak_bytes",
     "backward_peak_bytes",
+    "recomputed_backward_peak_bytes",
     "param_grad_bytes",
+    "cast_bytes",
+    "cast_unsaved_bytes",
 )
-OPTIONAL_STAGE_BOOLS = ("saves_input", "saves_output")
+OPTIONAL_STAGE_BOOLS = ("saves_input", "saves_output", "saves_nothing")
 OPTIONAL_STAGE_MS = ("forward_ms", "backward_ms")
-_STAGE_KNOWN = {"name", "output_bytes", "saved_bytes", *OPTIONAL_STAGE_BYTES, *OPTIONAL_STAGE_BOOLS,
-                *OPTIONAL_STAGE_MS}
+#: Every field of a stage, in the order a table of stages lists them (the plan database's columns).
+STAGE_FIELDS = ("name", "output_bytes", "saved_bytes", *OPTIONAL_STAGE_BYTES, *OPTIONAL_STAGE_BOOLS,
+                *OPTIONAL_STAGE_MS)
+_STAGE_KNOWN = set(STAGE_FIELDS)
 
 #: Optional top-level metadata and the JSON type each must have.
 METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -66,9 +72,18 @@ class Stage:
     """Autograd keeps the stage's input x_{i-1} for its backward."""
     saves_output: bool = False
     """Autograd keeps the stage's output x_i for its backward."""
+    saves_nothing: bool = False
+    """Autograd keeps no tensor at all for this stage's backward, parameters and buffers included (views,
+    permutes, ``cat``, adding a constant). A checkpointed segment made only of such stages has nothing to
+    recompute and no checkpoint frame survives its forward, so its input is not kept (docs/cost-model.md).
+    Implies ``saved_bytes`` 0 and neither ``saves_input`` nor ``saves_output``."""
     forward_peak_bytes: int = 0
     """F_i: peak bytes above what was alive before the stage (its input included) while it runs forward
     with grad enabled: its saved tensors, output and temporaries. 0 when not profiled."""
+    forward_peak_dropped_bytes: int = 0
+    """F°_i: like F_i, but with autograd keeping none of the stage's saved tensors, as in the first forward
+    of a checkpointed segment: its output, temporaries and (autocast) parameter copies. 0 when not
+    profiled (F_i is used instead)."""
     recompute_peak_bytes: int = 0
     """F'_i: like F_i but only up to the stage's last saved tensor, where a non-reentrant checkpoint's
     recomputation stops early. 0 when not profiled."""
@@ -76,9 +91,20 @@ class Stage:
     """B_i: peak, during the stage's backward, of the bytes that belong to the stage: its saved tensors
     other than its input, its output gradient, the input gradient it makes, parameter gradients born in it
     and temporaries. 0 when not profiled."""
+    recomputed_backward_peak_bytes: int = 0
+    """B°_i: like B_i, for the stage run under a non-reentrant checkpoint, from the end of its recompute on.
+    A recomputed node drops its unpacked saved tensors when it returns, before the engine checks (sums
+    broadcast gradients, casts dtypes) its outputs; a plain node keeps them until after. 0 when not
+    profiled (B_i is used instead)."""
     param_grad_bytes: int = 0
     """G_i: bytes of parameter gradients born during this stage's backward (gradients set to None between
     steps); 0 when gradients are kept allocated."""
+    cast_bytes: int = 0
+    """W_i (autocast precisions): bytes of the lower-precision parameter copies autocast makes at their first
+    use in this stage. Autocast's cast cache keeps them until the forward ends, also in checkpointed
+    stages whose saved tensors are dropped. 0 without autocast."""
+    cast_unsaved_bytes: int = 0
+    """The part of ``cast_bytes`` that no stage saves for backward (alive only in the forward's cache)."""
     forward_ms: float | None = None
     backward_ms: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -175,6 +201,13 @@ def _parse_stage(obj: Any, index: int) -> Stage:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             raise TraceFormatError(f"{where}{key}: must be a number of milliseconds ≥ 0, got {value!r}")
         kwargs[key] = float(value)
+    if kwargs["cast_unsaved_bytes"] > kwargs["cast_bytes"]:
+        raise TraceFormatError(f"{where}cast_unsaved_bytes: must be ≤ cast_bytes ({kwargs['cast_bytes']}), "
+                               f"got {kwargs['cast_unsaved_bytes']}")
+    if kwargs["saves_nothing"]:
+        for key in ("saved_bytes", "saves_input", "saves_output"):
+            if kwargs[key]:
+                raise TraceFormatError(f"{where}saves_nothing: true contradicts {key} = {kwargs[key]!r}")
     extra = {k: v for k, v in obj.items() if k not in _STAGE_KNOWN}
     return Stage(**kwargs, extra=extra)
 

@@ -2,8 +2,9 @@
 
 Every byte column is drawn from one of several *size shapes*: all zeros, tiny values (many ties), all equal,
 one huge stage among small ones, powers of two (sums collide with single values) and uniform up to 2^40.
-With ``full=True`` the optional fields of ``remat-trace/1`` are drawn too: the saves_input/saves_output
-flags (random, all set or none set) and the profiled peaks and parameter gradients (absent or any shape).
+With ``full=True`` the optional fields of ``remat-trace/1`` are drawn too: the saves_input/saves_output/
+saves_nothing flags (random, all set or none set; a stage that saves nothing gets no saved bytes or flags)
+and the profiled peaks and parameter gradients (absent or any shape).
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def traces(draw: st.DrawFn, min_n: int = 1, max_n: int = 14, full: bool = True) 
         for key in OPTIONAL_STAGE_BYTES:
             if draw(st.booleans()):
                 columns[key] = draw(byte_columns(n))
+        if "cast_bytes" in columns or "cast_unsaved_bytes" in columns:
+            cast = columns.setdefault("cast_bytes", [0] * n)
+            unsaved = columns.setdefault("cast_unsaved_bytes", [0] * n)
+            columns["cast_unsaved_bytes"] = [min(c, x) for c, x in zip(cast, unsaved, strict=True)]
+        for i, nothing in enumerate(columns["saves_nothing"]):
+            if nothing:  # a stage that saves nothing has no saved bytes and saves neither end
+                columns["saved_bytes"][i] = 0
+                columns["saves_input"][i] = columns["saves_output"][i] = False
     stages = [{"name": f"s{i + 1}", **{key: values[i] for key, values in columns.items()}} for i in range(n)]
     input_bytes = draw(st.sampled_from([0, 1, HUGE]) | st.integers(0, HUGE))
     return parse_trace({"format": TRACE_FORMAT, "input_bytes": input_bytes, "stages": stages})

@@ -31,11 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from remat.client.measurement import Measurement
+from remat.client.precision import autocast_context, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, Trace
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
 
-__all__ = ["make_loss", "measure_plan", "measure_step", "time_plans"]
+__all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "time_plans"]
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -54,9 +56,13 @@ def make_loss(output: torch.Tensor, *, seed: int = 0) -> LossFn:
     return lambda out: F.mse_loss(out, target)
 
 
-def _step(chain: StageChainLike, x: torch.Tensor, loss_fn: LossFn, checkpoints: Sequence[int]) -> None:
-    # One expression: no Python name keeps the network output alive during backward.
-    loss_fn(chain.run(x, checkpoints)).backward()
+def _step(chain: StageChainLike, x: torch.Tensor, loss_fn: LossFn, checkpoints: Sequence[int],
+          precision: str) -> None:
+    # Forward and loss under autocast for an autocast precision, backward outside it (the AMP recipe); one
+    # expression, so that no Python name keeps the network output alive during backward.
+    with autocast_context(precision, x.device.type):
+        loss = loss_fn(chain.run(x, checkpoints))
+    loss.backward()
 
 
 def _baseline_bytes(model: nn.Module, tensors: Sequence[torch.Tensor]) -> int:
@@ -70,33 +76,62 @@ def _baseline_bytes(model: nn.Module, tensors: Sequence[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+def _requested_bytes(backend: Backend, which: str) -> int:
+    """The CUDA allocator's ``requested_bytes`` statistic (0 on CPU, where the meter is exact)."""
+    if backend.device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_stats(backend.device).get(f"requested_bytes.all.{which}", 0))
+
+
+def _precision(model: nn.Module, x: torch.Tensor, precision: str | None) -> str:
+    return normalize_precision(precision) if precision is not None else precision_of_call(model, x)
+
+
+def _default_loss(chain: StageChainLike, x: torch.Tensor, precision: str) -> LossFn:
+    """:func:`make_loss` for the network output as the step will produce it (its dtype under autocast)."""
+    with torch.no_grad(), autocast_context(precision, x.device.type):
+        return make_loss(chain.run(x))
+
+
 def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_fn: LossFn,
-                 checkpoints: Sequence[int], *, backend: Backend, grads: str, timing_repeats: int) -> dict[str, Any]:
+                 checkpoints: Sequence[int], *, backend: Backend, grads: str, timing_repeats: int,
+                 precision: str) -> dict[str, Any]:
     set_grad_convention(model, grads)
-    _step(chain, x, loss_fn, checkpoints)  # warm-up
+    _step(chain, x, loss_fn, checkpoints, precision)  # warm-up
     set_grad_convention(model, grads)
     gc.collect()
     backend.synchronize()
+    reserved_before = 0
+    if backend.device.type == "cuda":
+        # Cached blocks of earlier work would otherwise count in the reserved peak of this step.
+        torch.cuda.empty_cache()
+        reserved_before = torch.cuda.memory_reserved(backend.device)
     meter = backend.make_meter()
     gc.disable()
     try:
         with meter:
             base = meter.mark_baseline()
-            _step(chain, x, loss_fn, checkpoints)
+            requested_base = _requested_bytes(backend, "current")
+            _step(chain, x, loss_fn, checkpoints, precision)
             backend.synchronize()
             peak = meter.peak_bytes
+            requested_peak = _requested_bytes(backend, "peak")
     finally:
         gc.enable()
     out: dict[str, Any] = {"activation_bytes": peak - base}
     if backend.device.type == "cuda":
         out["absolute_peak_bytes"] = peak
         out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(backend.device)
+        out["reserved_before_bytes"] = reserved_before
+        # What the step asked the allocator for, before block rounding and unsplit blocks: the gap to the
+        # allocated peak is the allocator's own overhead, not the cost model's.
+        out["requested_activation_bytes"] = requested_peak - requested_base
     else:
         out["absolute_peak_bytes"] = peak - base + _baseline_bytes(model, [x])
     times = []
     for _ in range(max(timing_repeats, 1)):
         set_grad_convention(model, grads)
-        times.append(backend.time_ms(lambda: _step(chain, x, loss_fn, checkpoints)))
+        times.append(backend.time_ms(lambda: _step(chain, x, loss_fn, checkpoints, precision)))
     out["step_ms"] = min(times)
     return out
 
@@ -104,7 +139,8 @@ def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_
 def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Sequence[int], *,
                  grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
                  train: bool = True, trace: Trace | None = None, algorithm: str | None = None,
-                 baseline: bool = True, timing_repeats: int = 1, loss_fn: LossFn | None = None) -> dict[str, Any]:
+                 baseline: bool = True, timing_repeats: int = 1, loss_fn: LossFn | None = None,
+                 precision: str | None = None) -> Measurement:
     """One measured training step with the plan applied, and (by default) the same without checkpoints.
 
     Args:
@@ -122,63 +158,107 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
         baseline: also measure the no-checkpoint step (``baseline_*`` fields).
         timing_repeats: unmetered timed steps per configuration (the fastest is reported).
         loss_fn: the loss applied to the network output; default :func:`make_loss`.
+        precision: the step's precision (``remat.client.precision``); default from the input's dtype and the
+            caller's autocast state.
 
     Returns:
-        The ``measure`` command's JSON fields (design.md): ``algorithm``, ``predicted_peak_bytes``,
-        ``measured_peak_bytes``, ``baseline_measured_peak_bytes``, ``activation_measured_bytes``,
-        ``baseline_activation_measured_bytes``, ``step_ms``, ``baseline_step_ms``, ``grads``, plus
-        ``checkpoints``, ``device``, ``absolute_peak_bytes``, ``baseline_predicted_peak_bytes`` and
-        ``prediction_error`` (predicted / measured - 1) where they apply.
+        The :class:`~remat.client.measurement.Measurement` (its ``to_dict()`` is the ``measure`` command's
+        JSON); predictions are filled in when ``trace`` is given.
     """
     if grads not in GRAD_CONVENTIONS:
         raise ValueError(f"grads must be one of {', '.join(GRAD_CONVENTIONS)}, got {grads!r}")
     backend = backend_for(device)
     x = example_input.to(backend.device)
+    precision = _precision(model, x, precision)
     if chain is None:
         chain = build_chain(model, x, train=train)
     checkpoints = tuple(sorted(checkpoints))
     with preserved_state(model, devices=[backend.device]):
         model.train(train)
         if loss_fn is None:
-            with torch.no_grad():
-                loss_fn = make_loss(chain.run(x))
+            loss_fn = _default_loss(chain, x, precision)
         plan = _measure_one(chain, model, x, loss_fn, checkpoints, backend=backend, grads=grads,
-                            timing_repeats=timing_repeats)
+                            timing_repeats=timing_repeats, precision=precision)
         base = (_measure_one(chain, model, x, loss_fn, (), backend=backend, grads=grads,
-                             timing_repeats=timing_repeats) if baseline else None)
-    result: dict[str, Any] = {
-        "algorithm": algorithm,
-        "checkpoints": list(checkpoints),
-        "predicted_peak_bytes": None,
-        "measured_peak_bytes": plan["activation_bytes"],
-        "baseline_measured_peak_bytes": base["activation_bytes"] if base else None,
-        "activation_measured_bytes": plan["activation_bytes"],
-        "baseline_activation_measured_bytes": base["activation_bytes"] if base else None,
-        "step_ms": plan["step_ms"],
-        "baseline_step_ms": base["step_ms"] if base else None,
-        "grads": grads,
-        "device": backend.device.type,
-        "device_name": backend.device_name,
-        "absolute_peak_bytes": plan["absolute_peak_bytes"],
-    }
-    if "reserved_peak_bytes" in plan:
-        result["reserved_peak_bytes"] = plan["reserved_peak_bytes"]
+                             timing_repeats=timing_repeats, precision=precision) if baseline else None)
+    extra: dict[str, Any] = {}
+    if "reserved_before_bytes" in plan:
+        extra["reserved_before_bytes"] = plan["reserved_before_bytes"]
         if base:
-            result["baseline_reserved_peak_bytes"] = base["reserved_peak_bytes"]
+            extra["baseline_reserved_peak_bytes"] = base["reserved_peak_bytes"]
+    predicted = baseline_predicted = None
     if trace is not None:
         from remat.worker.cost_models import pytorch_peak
 
         predicted = pytorch_peak(trace, checkpoints)
-        result["predicted_peak_bytes"] = predicted
-        result["baseline_predicted_peak_bytes"] = pytorch_peak(trace, ())
-        if plan["activation_bytes"]:
-            result["prediction_error"] = predicted / plan["activation_bytes"] - 1.0
-    return result
+        baseline_predicted = pytorch_peak(trace, ())
+    return Measurement(
+        algorithm=algorithm, checkpoints=checkpoints, predicted_peak_bytes=predicted,
+        measured_peak_bytes=plan["activation_bytes"], baseline_predicted_peak_bytes=baseline_predicted,
+        baseline_measured_peak_bytes=base["activation_bytes"] if base else None,
+        absolute_peak_bytes=plan["absolute_peak_bytes"], measured_reserved_bytes=plan.get("reserved_peak_bytes"),
+        requested_peak_bytes=plan.get("requested_activation_bytes"), step_ms=plan["step_ms"],
+        baseline_step_ms=base["step_ms"] if base else None, device_name=backend.device_name,
+        torch_version=torch.__version__, grads=grads, dtype=precision, device=backend.device.type, extra=extra)
+
+
+GRADIENT_RTOL = 1e-4
+"""Relative tolerance of the gradient check: CPU steps are bit-identical; CUDA's default cuDNN kernels
+accumulate with atomics, so two identical steps differ in the last bits (docs/apply.md)."""
+
+
+def gradient_check(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Sequence[int]], *,
+                   grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
+                   train: bool = True, loss_fn: LossFn | None = None,
+                   precision: str | None = None) -> list[tuple[bool, float]]:
+    """For each plan, (passed, largest absolute gradient difference) against the unmodified step.
+
+    Every step starts from the same RNG state (dropout draws the same masks) and the same gradient
+    convention; the reference is the model's own chain without checkpoints. A plan passes when every
+    parameter gradient is within ``GRADIENT_RTOL`` of the reference's largest magnitude (exact on CPU).
+    """
+    backend = backend_for(device)
+    x = example_input.to(backend.device)
+    precision = _precision(model, x, precision)
+    if chain is None:
+        chain = build_chain(model, x, train=train)
+    params = [p for p in model.parameters() if p.requires_grad]
+    results: list[tuple[bool, float]] = []
+    with preserved_state(model, devices=[backend.device]):
+        model.train(train)
+        if loss_fn is None:
+            loss_fn = _default_loss(chain, x, precision)
+        rng = torch.random.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if backend.device.type == "cuda" else None
+
+        def gradients(checkpoints: Sequence[int]) -> list[torch.Tensor | None]:
+            torch.random.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            for p in params:
+                p.grad = None
+            _step(chain, x, loss_fn, tuple(checkpoints), precision)
+            return [None if p.grad is None else p.grad.detach().clone() for p in params]
+
+        reference = gradients(())
+        scale = max((float(g.abs().max()) for g in reference if g is not None and g.numel()), default=0.0)
+        for checkpoints in plans:
+            diff = 0.0
+            passed = True
+            for g, ref in zip(gradients(checkpoints), reference, strict=True):
+                if (g is None) != (ref is None):
+                    passed = False
+                    continue
+                if g is not None and ref is not None and g.numel():
+                    diff = max(diff, float((g.float() - ref.float()).abs().max()))
+            results.append((passed and diff <= GRADIENT_RTOL * scale, diff))
+    return results
 
 
 def time_plans(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Sequence[int]], *,
                grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
-               train: bool = True, rounds: int = 3, loss_fn: LossFn | None = None) -> list[float]:
+               train: bool = True, rounds: int = 3, loss_fn: LossFn | None = None,
+               precision: str | None = None) -> list[float]:
     """Step time of several plans, interleaved: ``rounds`` rounds each run every plan once; fastest kept.
 
     Why interleaved: on a shared or throttling machine a slow minute would otherwise land on whichever plan
@@ -190,21 +270,21 @@ def time_plans(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Se
     """
     backend = backend_for(device)
     x = example_input.to(backend.device)
+    precision = _precision(model, x, precision)
     if chain is None:
         chain = build_chain(model, x, train=train)
     best = [float("inf")] * len(plans)
     with preserved_state(model, devices=[backend.device]):
         model.train(train)
         if loss_fn is None:
-            with torch.no_grad():
-                loss_fn = make_loss(chain.run(x))
+            loss_fn = _default_loss(chain, x, precision)
         for checkpoints in plans:
             set_grad_convention(model, grads)
-            _step(chain, x, loss_fn, tuple(checkpoints))
+            _step(chain, x, loss_fn, tuple(checkpoints), precision)
         for _ in range(max(rounds, 1)):
             for i, checkpoints in enumerate(plans):
                 set_grad_convention(model, grads)
-                ms = backend.time_ms(lambda cps=tuple(checkpoints): _step(chain, x, loss_fn, cps))
+                ms = backend.time_ms(lambda cps=tuple(checkpoints): _step(chain, x, loss_fn, cps, precision))
                 best[i] = min(best[i], ms)
     return best
 
@@ -212,7 +292,7 @@ def time_plans(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Se
 def measure_plan(model: nn.Module, example_input: torch.Tensor, algorithm: str, *, grads: str = "none",
                  device: torch.device | str = "cpu", chain: StageChainLike | None = None, train: bool = True,
                  trace: Trace | None = None, model_name: str | None = None,
-                 timing_repeats: int = 1) -> dict[str, Any]:
+                 timing_repeats: int = 1, precision: str | None = None) -> dict[str, Any]:
     """Profile (unless a trace is given), plan with ``algorithm``, and measure: the ``measure`` command.
 
     The plan is chosen and predicted under the ``pytorch`` cost model, whatever the planner optimises, so
@@ -227,7 +307,7 @@ def measure_plan(model: nn.Module, example_input: torch.Tensor, algorithm: str, 
         chain = build_chain(model, x, train=train)
     if trace is None:
         trace = profile(model, x, device=device, grads=grads, train=train, chain=chain, model_name=model_name,
-                        timing_repeats=timing_repeats)
+                        timing_repeats=timing_repeats, precision=precision)
     plan = make_plan(trace, algorithm, cost_model="pytorch")
     return measure_step(model, x, plan.checkpoints, grads=grads, device=device, chain=chain, train=train,
-                        trace=trace, algorithm=algorithm, timing_repeats=timing_repeats)
+                        trace=trace, algorithm=algorithm, timing_repeats=timing_repeats, precision=precision)

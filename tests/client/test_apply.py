@@ -4,6 +4,7 @@ the user relies on (parameters, state_dict keys, optimizers, eval/no_grad behavi
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -165,6 +166,27 @@ def test_mismatched_plans_are_refused(resnet: nn.Module) -> None:
     model(torch.randn(4, 3, 64, 64)).sum().backward()
 
 
+def test_precision_is_checked_at_the_first_training_call(resnet: nn.Module) -> None:
+    model, ref = copy.deepcopy(resnet), copy.deepcopy(resnet)
+    key = PlanKey.for_model(model, SHAPE, dtype="autocast_bfloat16")
+    apply(model, _plan(14, (3, 7, 10), key))
+    x = torch.randn(SHAPE)
+    with pytest.raises(PlanMismatchError, match="dtype: plan autocast_bfloat16 vs this call's float32"):
+        model(x)
+    apply(model, _plan(14, (3, 7, 10), key))
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(PlanMismatchError, match="autocast_float16"):
+        model(x)
+    # Under the plan's own autocast the step equals the unmodified model's: the recompute re-enters autocast.
+    apply(model, _plan(14, (3, 7, 10), key))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _assert_same_step(model, ref, x)
+
+    plain = copy.deepcopy(resnet)
+    apply(plain, _plan(14, (5,), PlanKey.for_model(plain, SHAPE)))
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(PlanMismatchError, match="float32 vs"):
+        plain(x)
+
+
 def test_plan_without_key_builds_at_first_training_call(resnet: nn.Module) -> None:
     model, ref = copy.deepcopy(resnet), copy.deepcopy(resnet)
     apply(model, _plan(14, (4, 8)))
@@ -185,18 +207,33 @@ def test_unsupported_call_signature_warns_instead_of_silently_skipping_the_plan(
     assert applied_chain(model) is not None  # the plan is still applied for ordinary calls
 
 
+@pytest.fixture
+def deterministic_cuda() -> Iterator[None]:
+    """cuDNN's default weight-gradient kernels accumulate with atomics, so two identical steps differ in the
+    last bits (seen on an H100: 19 of conv1's 9408 weight gradients off by up to 5e-5). With deterministic
+    kernels and without TF32 the recompute must reproduce the reference exactly."""
+    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) = saved
+
+
 @pytest.mark.cuda
-def test_cuda_step_matches(resnet: nn.Module) -> None:
-    """On GPU some backward kernels are not deterministic, so gradients are compared with a tolerance."""
+def test_cuda_step_matches(resnet: nn.Module, deterministic_cuda: None) -> None:
     model, ref = copy.deepcopy(resnet).cuda(), copy.deepcopy(resnet).cuda()
     key = PlanKey.for_model(model, SHAPE)
     assert key.device == "cuda"
     apply(model, _plan(14, (3, 7, 10), key))
     x = torch.randn(SHAPE, device="cuda")
-    torch.testing.assert_close(_step(model, x), _step(ref, x))
+    torch.testing.assert_close(_step(model, x), _step(ref, x), rtol=0, atol=0)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
     for b, c in zip(model.buffers(), ref.buffers(), strict=True):
-        torch.testing.assert_close(b, c)
+        torch.testing.assert_close(b, c, rtol=0, atol=0)
     with pytest.raises(PlanMismatchError, match="device: plan cuda vs input cpu"):
         apply(model.cpu(), _plan(14, (3,), key))(torch.randn(SHAPE))

@@ -75,6 +75,13 @@ def test_a_reported_plan_applies_to_the_model_and_refuses_another_input(capsys, 
     other = apply(torchvision.models.resnet18(weights=None), plan)
     with pytest.raises(PlanMismatchError):
         other(torch.randn(4, 3, 32, 32))
+    # Every printed plan names the torch release its trace was made with, and apply holds it to it.
+    from remat.client.plan_key import current_torch_version
+
+    assert entry["key"]["torch_version"] == current_torch_version()
+    older = Plan.from_dict({**entry, "key": {**entry["key"], "torch_version": "1.13"}})
+    with pytest.raises(PlanMismatchError, match=f"torch_version: plan 1.13 vs installed {current_torch_version()}"):
+        apply(torchvision.models.resnet18(weights=None), older)
 
 
 def test_other_gradient_convention_is_another_key(capsys, store_url: str) -> None:
@@ -102,6 +109,16 @@ def test_trace_command_writes_a_valid_trace(capsys, tmp_path: Path) -> None:
     assert trace.num_stages == 14
 
 
+def test_autocast_precision_reaches_the_trace_and_the_measured_step(capsys) -> None:
+    code, out, err = run_cli(capsys, "measure", *SMALL, "--dtype", "autocast_bfloat16", "--grads", "kept",
+                             "--algorithm", "linear", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["dtype"] == "autocast_bfloat16"
+    # The cast cache is in the prediction: without it bf16 autocast is far off (docs/cost-model.md).
+    assert result["predicted_peak_bytes"] == pytest.approx(result["measured_peak_bytes"], rel=0.01)
+
+
 def test_measure_command_json(capsys) -> None:
     code, out, err = run_cli(capsys, "measure", *SMALL, "--algorithm", "linear", "--json")
     assert code == 0, err
@@ -123,6 +140,7 @@ def test_measure_command_json(capsys) -> None:
     (["plan", "resnet18", "--trace", "t.json"], "not both"),
     (["measure", "resnet18", "--algorithm", "all"], "measure takes one planner name"),
     (["trace", "resnet18", "--grads", "sometimes"], "'sometimes' is not one of"),
+    (["trace", "resnet18", "--dtype", "int8"], "'int8' is not one of"),
 ])
 def test_bad_model_input_exits_2_with_one_line(capsys, store_url: str, args: list[str], message: str) -> None:
     code, out, err = run_cli(capsys, *args)

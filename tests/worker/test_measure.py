@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remat.worker.measure import make_loss, measure_step, time_plans
+from remat.worker.measure import gradient_check, make_loss, measure_step, time_plans
 from remat.worker.profilers import profile
 from tests.worker.torch_models import SequentialChain, mlp, small_resnet
 
@@ -23,7 +23,7 @@ def resnet() -> tuple[torch.nn.Module, torch.Tensor, SequentialChain]:
 def test_fields_and_types(resnet) -> None:
     model, x, chain = resnet
     trace = profile(model, x, grads="none", chain=chain, timing_repeats=0)
-    result = measure_step(model, x, (2, 4), grads="none", chain=chain, trace=trace, algorithm="hand")
+    result = measure_step(model, x, (2, 4), grads="none", chain=chain, trace=trace, algorithm="hand").to_dict()
     assert MEASURE_FIELDS <= result.keys()
     assert result["algorithm"] == "hand" and result["grads"] == "none" and result["checkpoints"] == [2, 4]
     for key in ("predicted_peak_bytes", "measured_peak_bytes", "baseline_measured_peak_bytes",
@@ -39,7 +39,7 @@ def test_fields_and_types(resnet) -> None:
 
 def test_without_trace_or_baseline(resnet) -> None:
     model, x, chain = resnet
-    result = measure_step(model, x, (), grads="kept", chain=chain, baseline=False)
+    result = measure_step(model, x, (), grads="kept", chain=chain, baseline=False).to_dict()
     assert result["predicted_peak_bytes"] is None
     assert result["baseline_measured_peak_bytes"] is None and result["baseline_step_ms"] is None
     assert result["grads"] == "kept"
@@ -47,8 +47,8 @@ def test_without_trace_or_baseline(resnet) -> None:
 
 def test_gradient_convention_changes_what_counts(resnet) -> None:
     model, x, chain = resnet
-    none = measure_step(model, x, (), grads="none", chain=chain, baseline=False)["measured_peak_bytes"]
-    kept = measure_step(model, x, (), grads="kept", chain=chain, baseline=False)["measured_peak_bytes"]
+    none = measure_step(model, x, (), grads="none", chain=chain, baseline=False).measured_peak_bytes
+    kept = measure_step(model, x, (), grads="kept", chain=chain, baseline=False).measured_peak_bytes
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     # Gradients born in backward are activation memory under "none" only (at most all of them at once).
     assert kept < none <= kept + params
@@ -64,7 +64,7 @@ def test_measuring_leaves_the_model_unchanged(resnet) -> None:
 
 def test_repeatable(resnet) -> None:
     model, x, chain = resnet
-    runs = [measure_step(model, x, (3,), grads="none", chain=chain, baseline=False)["measured_peak_bytes"]
+    runs = [measure_step(model, x, (3,), grads="none", chain=chain, baseline=False).measured_peak_bytes
             for _ in range(2)]
     assert runs[0] == runs[1]
 
@@ -103,8 +103,24 @@ def test_measure_plan_on_a_torchvision_model_with_the_real_stage_chain() -> None
     model = torchvision.models.resnet18(weights=None)
     x = torch.randn(2, 3, 32, 32)
     for algorithm, grads in [("linear", "kept"), ("uniform", "none")]:
-        result = measure_plan(model, x, algorithm, grads=grads, model_name="resnet18", timing_repeats=0)
+        result = measure_plan(model, x, algorithm, grads=grads, model_name="resnet18", timing_repeats=0).to_dict()
         assert MEASURE_FIELDS <= result.keys()
         assert result["algorithm"] == algorithm and result["grads"] == grads
         assert abs(result["prediction_error"]) < 0.02, result
         assert result["checkpoints"] and result["baseline_measured_peak_bytes"] > 0
+
+
+def test_gradient_check_passes_plans_and_catches_a_wrong_recompute(resnet) -> None:
+    model, x, chain = resnet
+    assert gradient_check(model, x, [(), (2, 4), (1, 2, 3, 4)], grads="none", chain=chain) == [(True, 0.0)] * 3
+
+    class Drifting(SequentialChain):
+        """Recomputes a different function: the second run of every checkpointed segment adds 1e-3."""
+
+        def run(self, x: torch.Tensor, checkpoints=()) -> torch.Tensor:
+            out = super().run(x, checkpoints)
+            return out + 1e-3 * out.pow(2) if checkpoints else out
+
+    results = gradient_check(model, x, [(), (2,)], grads="kept", chain=Drifting(model))
+    assert results[0] == (True, 0.0)
+    assert results[1][0] is False and results[1][1] > 0

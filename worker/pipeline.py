@@ -1,0 +1,222 @@
+"""The profiling pipeline, in one place: request → model → stage chain and plan key → trace → every planner's
+plan → a measured, gradient-checked training step per plan.
+
+Three callers and no other copy of any step: the CLI's embedded mode (``remat-client plan MODEL``, which
+stores the result in the local plan store), the service client's upload path (``plan MODEL --server``,
+which profiles here and uploads the trace) and the Celery task (``remat.worker.tasks.profile_model``, which
+stores the result and finishes the job in one transaction). Storing is the caller's: this module knows
+nothing of databases.
+
+Public API::
+
+    build(request) -> BuiltModel                           # model, example batch, stage chain, plan key
+    profile(built) -> Trace
+    validate(built, trace, plans, progress=None) -> dict[str, Measurement]
+    run(request, progress=None) -> ProfileResult           # all of the above, with every planner
+    measure_algorithm(request, algorithm, progress=None) -> Measurement
+    ProgressFn = Callable[[str, float], None]               # (what starts now, fraction done before it)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from remat.client.errors import ModelError, RematError
+from remat.client.measurement import Measurement
+from remat.client.plan import Plan
+from remat.client.plan_key import PlanKey
+from remat.client.precision import autocast_dtype
+from remat.client.request import ModelRequest, ProgressFn
+from remat.client.trace import Trace
+
+__all__ = ["BuiltModel", "OutOfMemoryProfiling", "ProfileResult", "ProgressFn", "build", "measure_algorithm",
+           "profile", "run", "validate"]
+
+TIMING_ROUNDS = 2
+
+
+class OutOfMemoryProfiling(RematError):
+    """The device ran out of memory: the message names the model, batch and device, and what to try."""
+
+
+def _silent(message: str, fraction: float) -> None:
+    return None
+
+
+@dataclass(eq=False)
+class BuiltModel:
+    """A request made concrete: the model on its device, an example batch, its stage chain and plan key."""
+
+    request: ModelRequest
+    model: Any
+    example: Any
+    chain: Any
+    key: PlanKey
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """Everything one profiling run produced, ready to be stored in one transaction."""
+
+    request: ModelRequest
+    key: PlanKey
+    trace: Trace
+    plans: tuple[Plan, ...]
+    measurements: Mapping[str, Measurement] = field(default_factory=dict)
+    """One measurement per algorithm (empty when not validated)."""
+
+    @property
+    def device_name(self) -> str | None:
+        return self.trace.metadata.get("device_name")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def _guard_memory(request: ModelRequest, exc: BaseException) -> None:
+    """Turn an out-of-memory error into one a person can act on (re-raised by the caller otherwise)."""
+    if _out_of_memory(exc):
+        raise OutOfMemoryProfiling(
+            f"out of memory profiling {request.name} at batch {request.batch_size} on {request.device}: "
+            f"use a smaller batch or input, or a device with more memory") from None
+
+
+def build(request: ModelRequest) -> BuiltModel:
+    """The model (random weights), an example batch and its stage chain on the requested device, and its key.
+
+    Raises:
+        ModelError: unknown model, no CUDA device, or a model that cannot run on or be cut at this input.
+    """
+    import torch
+
+    from remat.client.stage_graph import build_stage_chain
+    from remat.client.zoo import resolve_model
+
+    if request.device == "cuda" and not torch.cuda.is_available():
+        raise ModelError("--device cuda: torch sees no CUDA device on this machine")
+    torch.manual_seed(0)
+    # An autocast precision trains float32 weights on float32 inputs; a plain one runs everything in it.
+    dtype = getattr(torch, "float32" if autocast_dtype(request.dtype) else request.dtype)
+    try:
+        model = resolve_model(request.spec).to(device=request.device, dtype=dtype)
+        x = torch.randn(request.input_shape, device=request.device, dtype=dtype)
+        chain = build_stage_chain(model, x, train=request.mode == "train")
+    except ModelError:
+        raise
+    except RuntimeError as exc:  # e.g. an input shape the model cannot take
+        _guard_memory(request, exc)
+        raise ModelError(f"{request.name} cannot run on input {list(request.input_shape)}: "
+                         f"{str(exc).splitlines()[0]}") from None
+    key = PlanKey.for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
+                            grads=request.grads, device=request.device, graph=chain.graph_module)
+    return BuiltModel(request=request, model=model, example=x, chain=chain, key=key)
+
+
+def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
+    """The built model's ``remat-trace/1`` trace, keyed by its architecture hash."""
+    from remat.worker.profilers import profile as profile_chain
+
+    request = built.request
+    try:
+        return profile_chain(built.model, built.example, device=request.device, grads=request.grads,
+                             train=request.mode == "train", chain=built.chain, model_name=request.name,
+                             model_hash=built.key.model_hash, precision=request.dtype,
+                             timing_repeats=timing_repeats)
+    except RuntimeError as exc:
+        _guard_memory(request, exc)
+        raise
+
+
+def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress: ProgressFn | None = None,
+             start: float = 0.0, end: float = 1.0, timing_rounds: int = TIMING_ROUNDS,
+             check_gradients: bool = True) -> dict[str, Measurement]:
+    """A real training step per plan: measured peak beside the prediction, step time, gradient check.
+
+    Step times come from interleaved rounds (every plan once per round, fastest kept): timing the plans one
+    after another put a busy minute of the machine on whichever plan ran then (overheads of +3000% seen).
+    Each measurement's baseline fields are those of the ``none`` plan when it is among ``plans``.
+    """
+    from remat.worker.measure import gradient_check, measure_step, time_plans
+
+    say = progress or _silent
+    request = built.request
+    common: dict[str, Any] = {"grads": request.grads, "device": request.device, "chain": built.chain,
+                              "train": request.mode == "train", "precision": request.dtype}
+    steps = len(plans) + 2
+    out: dict[str, Measurement] = {}
+    try:
+        for k, plan in enumerate(plans):
+            say(f"measuring {plan.algorithm}", start + (end - start) * k / steps)
+            out[plan.algorithm] = measure_step(built.model, built.example, plan.checkpoints, trace=trace,
+                                               algorithm=plan.algorithm, baseline=False, timing_repeats=0,
+                                               **common)
+        checks: list[tuple[bool, float]] | None = None
+        if check_gradients:
+            say("checking gradients", start + (end - start) * len(plans) / steps)
+            checks = gradient_check(built.model, built.example, [p.checkpoints for p in plans], **common)
+        say("timing every plan", start + (end - start) * (len(plans) + 1) / steps)
+        times = time_plans(built.model, built.example, [p.checkpoints for p in plans], rounds=timing_rounds,
+                           **common)
+    except RuntimeError as exc:
+        _guard_memory(request, exc)
+        raise
+    names = [p.algorithm for p in plans]
+    base_k = names.index("none") if "none" in names else None
+    for k, plan in enumerate(plans):
+        passed, diff = checks[k] if checks is not None else (None, None)
+        out[plan.algorithm] = replace(
+            out[plan.algorithm], step_ms=times[k], grad_check_passed=passed, grad_max_abs_diff=diff,
+            baseline_measured_peak_bytes=out["none"].measured_peak_bytes if base_k is not None else None,
+            baseline_step_ms=times[base_k] if base_k is not None else None)
+    return out
+
+
+def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rounds: int = TIMING_ROUNDS,
+        check_gradients: bool = True, algorithms: Sequence[str] | None = None) -> ProfileResult:
+    """Build, profile, plan with every algorithm (or ``algorithms``) and validate each plan."""
+    from remat.worker.planning import STORED_COST_MODEL, plan_all
+
+    say = progress or _silent
+    say(f"building {request.name}", 0.0)
+    built = build(request)
+    say(f"profiling {built.chain.num_stages} stages", 0.05)
+    trace = profile(built)
+    say("planning", 0.4)
+    plans = tuple(plan_all(trace, cost_model=STORED_COST_MODEL, algorithms=list(algorithms) if algorithms else None))
+    measurements = validate(built, trace, plans, progress=say, start=0.42, end=0.98, timing_rounds=timing_rounds,
+                            check_gradients=check_gradients)
+    say("done", 1.0)
+    return ProfileResult(request=request, key=built.key, trace=trace, plans=plans, measurements=measurements)
+
+
+def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: ProgressFn | None = None) -> Measurement:
+    """Profile, plan with one algorithm, and measure the plan beside no checkpointing (``remat-client measure``).
+
+    The plan is predicted under the ``pytorch`` cost model, the one whose prediction speaks of the measured
+    quantity.
+    """
+    from remat.worker.measure import measure_step
+    from remat.worker.planning import STORED_COST_MODEL, make_plan
+
+    say = progress or _silent
+    say(f"building {request.name}", 0.0)
+    built = build(request)
+    say(f"profiling {built.chain.num_stages} stages", 0.2)
+    trace = profile(built)
+    plan = make_plan(trace, algorithm, cost_model=STORED_COST_MODEL)
+    say(f"measuring {algorithm} and none", 0.5)
+    try:
+        result = measure_step(built.model, built.example, plan.checkpoints, grads=request.grads,
+                              device=request.device, chain=built.chain, train=request.mode == "train", trace=trace,
+                              algorithm=algorithm, timing_repeats=TIMING_ROUNDS, precision=request.dtype)
+    except RuntimeError as exc:
+        _guard_memory(request, exc)
+        raise
+    say("done", 1.0)
+    return result
