@@ -40,7 +40,7 @@ def run_migrations_online() -> None:
         return
     db = Database(context.config.attributes.get("url") or ServiceSettings().database_url)
     try:
-        with db.write_connection() as conn:
+        with db.migration_connection() as conn:
             _run(conn)
     finally:
         db.dispose()

@@ -18,17 +18,18 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from remat.client.plan_key import UNKNOWN, PlanKey
 from remat.service.config import ServiceSettings
-from remat.service.keys import PlanKey
 
 log = logging.getLogger(__name__)
 
-KEY_VERSION = "1"
+KEY_VERSION = "2"
 """Bumped when the cached JSON changes shape, so that a rolling upgrade never serves the old shape."""
 
 
@@ -55,13 +56,15 @@ class PlanCache:
 
     def key_name(self, key: PlanKey, algorithm: str, budget_bytes: int | None) -> str:
         """The Redis key of one plan read: every component of the plan key, in a fixed order."""
-        parts = [key.model_hash, key.input_shape_text, key.dtype, key.device, key.mode, key.grads, algorithm,
-                 budget_bytes or 0]
+        parts = [key.model_hash, key.input_shape_text, key.dtype, key.device, key.mode, key.grads,
+                 key.torch_version, algorithm, budget_bytes or 0]
         return self.prefix + json.dumps(parts, separators=(",", ":"))
 
     def delete_plans(self, key: PlanKey, algorithms_budgets: Iterable[tuple[str, int | None]]) -> None:
-        """Invalidate the reads of the given (algorithm, budget) plans of ``key``, after a commit."""
-        self.delete(self.key_name(key, algorithm, budget) for algorithm, budget in algorithms_budgets)
+        """Invalidate the reads of the given (algorithm, budget) plans of ``key``, after a commit: those asked
+        for its torch version and those asked for any (``unknown``), which may now be answered by this plan."""
+        keys = {key, replace(key, torch_version=UNKNOWN)}
+        self.delete(self.key_name(k, algorithm, budget) for k in keys for algorithm, budget in algorithms_budgets)
 
     def _available(self) -> redis.Redis | None:
         if self._client is None or time.monotonic() < self._skip_until:

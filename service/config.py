@@ -64,6 +64,35 @@ class ServiceSettings(BaseSettings):
     """After a Redis failure, skip the cache for this long instead of paying the timeout per request."""
     broker_timeout_s: float = Field(default=2.0, gt=0)
     """Connect timeout when enqueueing a job; past it the job is recorded as not enqueued."""
+    # --- limits on what one request or job may cost (docs/service.md, "Limits") ---------------------------
+    max_stages: int = Field(default=20_000, ge=2, le=1_000_000)
+    """Traces with more stages are refused (422 naming the limit): a real network has at most a few thousand."""
+    inline_cubic_stages: int = Field(default=256, ge=1)
+    """``cubic`` (O(n³)) runs inside an upload up to this many stages (under a second), beyond it as a job."""
+    max_cubic_stages: int = Field(default=2000, ge=1)
+    """Beyond this many stages ``cubic`` is not run at all (about a minute at 2000; ``linear`` is exact for
+    the model that is measured, and answers in well under a second)."""
+    # --- workers ---------------------------------------------------------------------------------------------
+    worker_queues: str = "cpu"
+    """Comma-separated queues ``remat-worker`` consumes: ``cpu``, ``cuda`` (or ``cuda-<model>``), ``plan``."""
+    worker_concurrency: int = Field(default=1, ge=1, le=64)
+    """Jobs a worker runs at once; keep 1 per GPU."""
+    job_lease_s: float = Field(default=30.0, ge=1.0)
+    """A running job's lease (NOTE [job lease] in models.py): renewed every third of it by a heartbeat; when it
+    lapses the job is queued again. A killed worker's job restarts within about this plus ``reap_interval_s``."""
+    job_max_attempts: int = Field(default=3, ge=1, le=100)
+    """Leases a job may take: one that kills its worker this many times fails with that reason."""
+    reap_interval_s: float = Field(default=10.0, ge=0.1)
+    """How often each worker looks for jobs whose lease lapsed, or that the broker lost."""
+    requeue_after_s: float = Field(default=900.0, ge=1.0)
+    """A job queued this long without a worker taking it is sent again (a broker restart loses messages)."""
+    task_time_limit_s: int = Field(default=3600, ge=10)
+    """Hard limit of one profiling job; the soft limit (a clean failure) is 30 s earlier."""
+    plan_time_limit_s: int = Field(default=600, ge=10)
+    """Hard limit of one planning job (``cubic`` on a large trace)."""
+    visibility_timeout_s: int = Field(default=7200, ge=60)
+    """Redis re-delivers an unacknowledged task after this long: well above every time limit, so a running
+    task is never delivered twice; jobs of killed workers come back through the lease, not through this."""
     auto_migrate: bool = True
     """Run ``alembic upgrade head`` when the service starts (the embedded store always does on SQLite)."""
 
@@ -87,6 +116,10 @@ class ServiceSettings(BaseSettings):
     def broker_url_redacted(self) -> str:
         """The broker URL with any password masked, for messages that end up in the jobs table."""
         return redact_url(self.broker_url)
+
+    @property
+    def queues(self) -> list[str]:
+        return [q.strip() for q in self.worker_queues.split(",") if q.strip()]
 
     @property
     def writes_enabled(self) -> bool:

@@ -96,5 +96,29 @@ class Database:
         with self._write_bind.connect() as conn, conn.begin():
             yield conn
 
+    @contextmanager
+    def migration_connection(self) -> Iterator[Any]:
+        """``write_connection`` for Alembic: on SQLite with foreign-key actions off for the migration.
+
+        SQLite alters a table by copying it and dropping the original; with foreign keys on, that DROP deletes
+        every row referencing the table through ``ON DELETE CASCADE`` (a plans rebuild emptied measurements).
+        The pragma only takes effect outside a transaction, so it is set on the raw connection first, and the
+        schema is checked with ``foreign_key_check`` before the migration commits.
+        """
+        with self._write_bind.connect() as conn:
+            raw = conn.connection.dbapi_connection if self.is_sqlite else None
+            if raw is not None:
+                raw.execute("PRAGMA foreign_keys=OFF")
+            try:
+                with conn.begin():
+                    yield conn
+                    if raw is not None:
+                        broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                        if broken:
+                            raise RuntimeError(f"migration left rows with dangling foreign keys: {broken[:5]}")
+            finally:
+                if raw is not None:
+                    raw.execute("PRAGMA foreign_keys=ON")
+
     def dispose(self) -> None:
         self.engine.dispose()

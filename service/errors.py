@@ -6,8 +6,7 @@ Hierarchy::
     ├── TraceFormatError (client)
     │   └── TraceRejectedError      a valid remat-trace/1 the database will not store (absurd sizes, NUL
     │                               characters); the message names the field like TraceFormatError's
-    ├── InvalidKeyError             a plan key field (hash, input shape, dtype, device, ...) is malformed
-    │                               (also ValueError)
+    ├── PlanError (client) ─ InvalidKeyError (client)   a plan key field is malformed (also ValueError)
     └── SchemaOutdatedError         the database is not at the migration head and was not to be migrated
 
 Only the API layer turns these into HTTP status codes; the repository and the store raise them as is.
@@ -15,15 +14,13 @@ Only the API layer turns these into HTTP status codes; the repository and the st
 
 from __future__ import annotations
 
-from remat.client.errors import RematError, TraceFormatError
+from remat.client.errors import InvalidKeyError, RematError, TraceFormatError
+
+__all__ = ["InvalidKeyError", "SchemaOutdatedError", "TraceRejectedError"]
 
 
 class TraceRejectedError(TraceFormatError):
     """A well-formed trace that exceeds what the plan database stores; the message names the field."""
-
-
-class InvalidKeyError(RematError, ValueError):
-    """A plan key component is malformed or out of range; the message starts with the field name."""
 
 
 class SchemaOutdatedError(RematError):

@@ -25,7 +25,7 @@ from remat.service.db import Database
 if TYPE_CHECKING:
     from alembic.config import Config
 
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0003"
 """The newest revision in migrations/versions; a test keeps it equal to Alembic's own head."""
 
 
@@ -62,14 +62,14 @@ def current_revision(db: Database) -> str | None:
 def upgrade(db: Database, revision: str = "head") -> None:
     from alembic import command
 
-    with db.write_connection() as conn:
+    with db.migration_connection() as conn:
         command.upgrade(alembic_config(connection=conn), revision)
 
 
 def downgrade(db: Database, revision: str = "base") -> None:
     from alembic import command
 
-    with db.write_connection() as conn:
+    with db.migration_connection() as conn:
         command.downgrade(alembic_config(connection=conn), revision)
 
 
@@ -82,7 +82,7 @@ def ensure_current(db: Database) -> bool:
         return False
     from alembic import command
 
-    with db.write_connection() as conn:
+    with db.migration_connection() as conn:
         if _revision(conn) == HEAD_REVISION:
             return False
         command.upgrade(alembic_config(connection=conn), "head")

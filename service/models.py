@@ -29,6 +29,8 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -104,7 +106,7 @@ class TraceRow(Base):
     device_class: Mapped[str] = mapped_column(String(32))
     device_name: Mapped[str | None] = mapped_column(String(200))
     torch_version: Mapped[str | None] = mapped_column(String(64))
-    batch_size: Mapped[int | None] = mapped_column(Integer)
+    """The full version string the trace recorded; plans key on its major.minor (``plans.torch_version``)."""
     input_bytes: Mapped[int] = mapped_column(BigInteger)
     num_stages: Mapped[int] = mapped_column(Integer)
     trace_metadata: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
@@ -116,7 +118,11 @@ class TraceRow(Base):
 
 
 class TraceStageRow(Base):
-    """One stage of a trace: the per-layer memory (and time) figures the planners read."""
+    """One stage of a trace: the per-layer memory (and time) figures the planners read.
+
+    One column per field of ``remat.client.trace.Stage`` (tests/service/test_migrations.py holds the two
+    lists equal); fields a profiler adds beyond those go to ``extra``.
+    """
 
     __tablename__ = "trace_stages"
 
@@ -129,8 +135,13 @@ class TraceStageRow(Base):
     recompute_peak_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     backward_peak_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     param_grad_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    forward_peak_dropped_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    recomputed_backward_peak_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cast_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cast_unsaved_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     saves_input: Mapped[bool] = mapped_column(Boolean, default=False)
     saves_output: Mapped[bool] = mapped_column(Boolean, default=False)
+    saves_nothing: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     forward_ms: Mapped[float | None] = mapped_column(Float)
     backward_ms: Mapped[float | None] = mapped_column(Float)
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -142,7 +153,7 @@ class PlanRow(Base):
     __tablename__ = "plans"
     __table_args__ = (
         UniqueConstraint("architecture_id", "input_shape", "dtype", "mode", "grads", "device_class",
-                         "algorithm", "budget_bytes", name="uq_plans_key"),
+                         "torch_version", "algorithm", "budget_bytes", name="uq_plans_key"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -153,6 +164,8 @@ class PlanRow(Base):
     mode: Mapped[str] = mapped_column(String(8))
     grads: Mapped[str] = mapped_column(String(8))
     device_class: Mapped[str] = mapped_column(String(32))
+    torch_version: Mapped[str] = mapped_column(String(16), default="unknown", server_default="unknown")
+    """torch major.minor of the trace the plan was computed from (``unknown`` when it did not say)."""
     algorithm: Mapped[str] = mapped_column(String(64))
     budget_bytes: Mapped[int] = mapped_column(BigInteger, default=NO_BUDGET)
     """See NOTE [plan key]: 0 means no budget."""
@@ -169,7 +182,11 @@ class PlanRow(Base):
 
 
 class MeasurementRow(Base):
-    """One validation run of a plan: a real training step with the plan applied."""
+    """One validation run of a plan: a real training step with the plan applied.
+
+    One column per field of ``remat.client.measurement.STORED_FIELDS`` (tests/service/test_migrations.py
+    holds the two lists equal); algorithm, precision, gradient convention and device are the plan's.
+    """
 
     __tablename__ = "measurements"
 
@@ -177,16 +194,18 @@ class MeasurementRow(Base):
     plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)
     checkpoints: Mapped[list[int]]
     """The checkpoints that were measured: a later profile may change the plan's own."""
-    device_name: Mapped[str | None] = mapped_column(String(200))
-    torch_version: Mapped[str | None] = mapped_column(String(64))
+    predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     measured_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    """Peak allocated bytes (``torch.cuda.max_memory_allocated`` or live-tensor accounting on CPU)."""
-    measured_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    """Activation peak: highest allocation during the step minus the allocation just before it."""
+    baseline_predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     baseline_measured_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    activation_measured_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    baseline_activation_measured_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    absolute_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    measured_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    requested_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     step_ms: Mapped[float | None] = mapped_column(Float)
     baseline_step_ms: Mapped[float | None] = mapped_column(Float)
+    device_name: Mapped[str | None] = mapped_column(String(200))
+    torch_version: Mapped[str | None] = mapped_column(String(64))
     grad_check_passed: Mapped[bool | None] = mapped_column(Boolean)
     grad_max_abs_diff: Mapped[float | None] = mapped_column(Float)
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -194,12 +213,40 @@ class MeasurementRow(Base):
 
 
 class JobRow(Base):
-    """A profiling request and its progress, written by the API and advanced by the worker."""
+    """A profiling (or planning) request and its progress, written by the API and advanced by the worker.
+
+    NOTE [job lease] A worker runs a job only while it holds the lease (``lease_owner`` until
+    ``lease_expires_at``), which a heartbeat extends; every write of the job's progress and of its result
+    is conditional on holding it, so a second delivery of the same task never runs it twice and never writes
+    a second set of rows. A lease that expires (the worker was killed) lets the reaper queue the job again;
+    ``attempts`` counts the leases taken, so a job that kills its worker every time fails after
+    ``job_max_attempts`` instead of coming back forever. Equal requests share one run: the first active job
+    of a ``request_key`` leads (the partial unique index allows one), later ones follow it
+    (``leader_id``) and finish with it.
+    """
 
     __tablename__ = "jobs"
+    __table_args__ = (
+        Index("uq_jobs_active_request", "request_key", unique=True,
+              sqlite_where=text("leader_id IS NULL AND state IN ('pending', 'queued', 'running')"),
+              postgresql_where=text("leader_id IS NULL AND state IN ('pending', 'queued', 'running')")),
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), default="profile", server_default="profile")
+    """``profile`` (a model request) or ``plan`` (planners too slow to run inside an upload)."""
     state: Mapped[str] = mapped_column(String(16), index=True)
+    request_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    """sha256 of the canonical request: equal requests share one run."""
+    leader_id: Mapped[str | None] = mapped_column(String(36))
+    """The job whose run this one waits for (a follower), or None."""
+    queue: Mapped[str | None] = mapped_column(String(64))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    plan_key: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """The plan key, once a worker has built the model and computed it."""
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     message: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)

@@ -7,12 +7,16 @@ embedded store) can keep them after the transaction ends and turn them into JSON
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from remat.client.measurement import Measurement
 from remat.client.plan import Plan
-from remat.service.keys import PlanKey
+from remat.client.plan_key import PlanKey
+
+__all__ = ["FINISHED_JOB_STATES", "JOB_STATES", "JobRecord", "Measurement", "PlanRecord", "StoredTrace",
+           "TraceInfo"]
 
 JOB_STATES = ("pending", "queued", "running", "succeeded", "failed")
 """pending: recorded, not yet handed to the broker; queued: on the broker; running/succeeded/failed: the
@@ -22,50 +26,6 @@ FINISHED_JOB_STATES = ("succeeded", "failed")
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Measurement:
-    """What a validation run measured for one plan (fields as in ``remat-client measure --json``)."""
-
-    checkpoints: tuple[int, ...] | None = None
-    """The checkpoints that ran; None when storing means "the plan's current checkpoints"."""
-    measured_peak_bytes: int | None = None
-    """Peak allocated bytes during the step with the plan applied."""
-    measured_reserved_bytes: int | None = None
-    """Peak reserved bytes of the CUDA caching allocator (None on CPU)."""
-    baseline_measured_peak_bytes: int | None = None
-    activation_measured_bytes: int | None = None
-    baseline_activation_measured_bytes: int | None = None
-    step_ms: float | None = None
-    baseline_step_ms: float | None = None
-    device_name: str | None = None
-    torch_version: str | None = None
-    grad_check_passed: bool | None = None
-    """Gradients with the plan matched those without it (None: not checked)."""
-    grad_max_abs_diff: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    id: int | None = None
-    created_at: datetime | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "checkpoints": list(self.checkpoints) if self.checkpoints is not None else None,
-            "measured_peak_bytes": self.measured_peak_bytes,
-            "measured_reserved_bytes": self.measured_reserved_bytes,
-            "baseline_measured_peak_bytes": self.baseline_measured_peak_bytes,
-            "activation_measured_bytes": self.activation_measured_bytes,
-            "baseline_activation_measured_bytes": self.baseline_activation_measured_bytes,
-            "step_ms": self.step_ms,
-            "baseline_step_ms": self.baseline_step_ms,
-            "device_name": self.device_name,
-            "torch_version": self.torch_version,
-            "grad_check_passed": self.grad_check_passed,
-            "grad_max_abs_diff": self.grad_max_abs_diff,
-            "extra": dict(self.extra),
-            "created_at": _iso(self.created_at),
-        }
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -117,7 +77,7 @@ class PlanRecord:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class JobRecord:
-    """A profiling job as stored."""
+    """A profiling (or planning) job as stored; see NOTE [job lease] in models.py."""
 
     id: str
     state: str
@@ -130,10 +90,26 @@ class JobRecord:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    kind: str = "profile"
+    queue: str | None = None
+    leader_id: str | None = None
+    """The job this one follows (same request, one run), or None."""
+    attempts: int = 0
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    plan_key: Mapping[str, Any] | None = None
+    """The plan key, once a worker has built the model."""
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_JOB_STATES
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "state": self.state, "progress": self.progress, "message": self.message,
-                "error": self.error, "request": dict(self.request),
+        return {"id": self.id, "kind": self.kind, "state": self.state, "progress": self.progress,
+                "message": self.message, "error": self.error, "request": dict(self.request),
                 "result": dict(self.result) if self.result is not None else None,
+                "plan_key": dict(self.plan_key) if self.plan_key is not None else None,
+                "queue": self.queue, "leader_id": self.leader_id, "attempts": self.attempts,
+                "lease_owner": self.lease_owner, "lease_expires_at": _iso(self.lease_expires_at),
                 "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
                 "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at)}

@@ -15,7 +15,6 @@ deadlock. Only bound parameters reach the SQL.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,13 +22,15 @@ from sqlalchemy import Select, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from remat.client.errors import InvalidKeyError
+from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan import Plan
-from remat.client.trace import Trace, parse_trace
-from remat.service.keys import PlanKey, check_storable, content_sha256
+from remat.client.plan_key import UNKNOWN, PlanKey, content_sha256, normalize_torch_version
+from remat.client.trace import STAGE_FIELDS, Trace, parse_trace
+from remat.service.keys import check_storable, trace_key
 from remat.service.models import (
     NO_BUDGET,
     Architecture,
-    JobRow,
     MeasurementRow,
     PlanRow,
     TraceRow,
@@ -37,10 +38,6 @@ from remat.service.models import (
     utcnow,
 )
 from remat.service.records import (
-    FINISHED_JOB_STATES,
-    JOB_STATES,
-    JobRecord,
-    Measurement,
     PlanRecord,
     StoredTrace,
     TraceInfo,
@@ -49,7 +46,7 @@ from remat.service.records import (
 _STAGE_CHUNK = 5000
 MAX_MEASUREMENTS_PER_PLAN = 20
 _PLAN_KEY_COLUMNS = ("architecture_id", "input_shape", "dtype", "mode", "grads", "device_class",
-                     "algorithm", "budget_bytes")
+                     "torch_version", "algorithm", "budget_bytes")
 
 
 def _insert(session: Session, table: Any) -> Any:
@@ -79,11 +76,7 @@ def _architecture_id(session: Session, *, model_hash: str, name: str | None, tra
 
 def _stage_rows(trace_id: int, trace: Trace) -> Iterable[dict[str, Any]]:
     for position, s in enumerate(trace.stages):
-        yield {"trace_id": trace_id, "position": position, "name": s.name, "output_bytes": s.output_bytes,
-               "saved_bytes": s.saved_bytes, "forward_peak_bytes": s.forward_peak_bytes,
-               "recompute_peak_bytes": s.recompute_peak_bytes, "backward_peak_bytes": s.backward_peak_bytes,
-               "param_grad_bytes": s.param_grad_bytes, "saves_input": s.saves_input,
-               "saves_output": s.saves_output, "forward_ms": s.forward_ms, "backward_ms": s.backward_ms,
+        yield {"trace_id": trace_id, "position": position, **{name: getattr(s, name) for name in STAGE_FIELDS},
                "extra": dict(s.extra) or None}
 
 
@@ -95,14 +88,14 @@ def store_trace(*, session: Session, trace: Trace) -> StoredTrace:
     """
     check_storable(trace)
     digest = content_sha256(trace)
-    key = PlanKey.from_trace(trace, content_hash=digest)
+    key = trace_key(trace, content_hash=digest)
     meta = trace.metadata
     arch_id = _architecture_id(session, model_hash=key.model_hash, name=meta.get("model"), trace=trace)
     stmt = _insert(session, TraceRow.__table__).values(
         architecture_id=arch_id, content_sha256=digest, input_shape=key.input_shape_text, dtype=key.dtype,
         mode=key.mode, grads=key.grads, device_class=key.device, device_name=meta.get("device_name"),
-        torch_version=meta.get("torch_version"), batch_size=meta.get("batch_size"),
-        input_bytes=trace.input_bytes, num_stages=trace.num_stages, metadata=dict(meta), created_at=utcnow())
+        torch_version=meta.get("torch_version"), input_bytes=trace.input_bytes, num_stages=trace.num_stages,
+        metadata=dict(meta), created_at=utcnow())
     stmt = stmt.on_conflict_do_nothing(index_elements=["content_sha256"]).returning(TraceRow.__table__.c.id)
     trace_id = session.execute(stmt).scalar_one_or_none()
     if trace_id is None:
@@ -122,14 +115,11 @@ def load_trace(*, session: Session, trace_id: int) -> Trace | None:
         return None
     stages = []
     for s in row.stages:
-        stage: dict[str, Any] = {**(s.extra or {}), "name": s.name, "output_bytes": s.output_bytes,
-                                 "saved_bytes": s.saved_bytes, "saves_input": s.saves_input,
-                                 "saves_output": s.saves_output, "forward_peak_bytes": s.forward_peak_bytes,
-                                 "recompute_peak_bytes": s.recompute_peak_bytes,
-                                 "backward_peak_bytes": s.backward_peak_bytes,
-                                 "param_grad_bytes": s.param_grad_bytes}
-        stage.update({k: v for k, v in (("forward_ms", s.forward_ms), ("backward_ms", s.backward_ms))
-                      if v is not None})
+        stage: dict[str, Any] = {**(s.extra or {})}
+        for name in STAGE_FIELDS:
+            value = getattr(s, name)
+            if value is not None:  # times are None when not profiled
+                stage[name] = value
         stages.append(stage)
     return parse_trace({**row.trace_metadata, "format": "remat-trace/1", "input_bytes": row.input_bytes,
                         "stages": stages})
@@ -147,14 +137,16 @@ def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> Pl
         return None
     model_hash = session.execute(select(Architecture.hash).where(Architecture.id == trace.architecture_id))
     key = PlanKey(model_hash=model_hash.scalar_one(), input_shape=trace.input_shape, dtype=trace.dtype,
-                  device=trace.device_class, mode=trace.mode, grads=trace.grads)
+                  device=trace.device_class, mode=trace.mode, grads=trace.grads,
+                  torch_version=_major_minor(trace.torch_version))
     by_key = {(p.algorithm, p.budget_bytes or NO_BUDGET): p for p in plans}  # one row per key per statement
     if not by_key:
         return key
     now = utcnow()
     values = [{"architecture_id": trace.architecture_id, "trace_id": trace_id, "input_shape": trace.input_shape,
                "dtype": trace.dtype, "mode": trace.mode, "grads": trace.grads,
-               "device_class": trace.device_class, "algorithm": algorithm, "budget_bytes": budget,
+               "device_class": trace.device_class, "torch_version": key.torch_version,
+               "algorithm": algorithm, "budget_bytes": budget,
                "cost_model": p.cost_model, "checkpoints": list(p.checkpoints), "num_stages": p.num_stages,
                "predicted_peak_bytes": p.predicted_peak_bytes, "baseline_peak_bytes": p.baseline_peak_bytes,
                "recompute_ms": p.recompute_ms, "step_ms": p.step_ms, "extra": dict(p.extra) or None,
@@ -169,13 +161,25 @@ def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> Pl
     return key
 
 
+def _major_minor(version: str | None) -> str:
+    """A trace's torch version as plans key it; ``unknown`` when the trace did not record a readable one."""
+    try:
+        return normalize_torch_version(version if version is not None else UNKNOWN)
+    except InvalidKeyError:
+        return UNKNOWN
+
+
 def _plan_query(key: PlanKey) -> Select[Any]:
-    return (select(PlanRow, TraceRow, Architecture)
+    """Plans of ``key``; a key whose torch_version is ``unknown`` matches every version, newest first."""
+    stmt = (select(PlanRow, TraceRow, Architecture)
             .join(Architecture, PlanRow.architecture_id == Architecture.id)
             .join(TraceRow, PlanRow.trace_id == TraceRow.id)
             .where(Architecture.hash == key.model_hash, PlanRow.input_shape == key.input_shape_text,
                    PlanRow.dtype == key.dtype, PlanRow.device_class == key.device, PlanRow.mode == key.mode,
                    PlanRow.grads == key.grads))
+    if key.torch_version != UNKNOWN:
+        stmt = stmt.where(PlanRow.torch_version == key.torch_version)
+    return stmt.order_by(PlanRow.updated_at.desc(), PlanRow.id.desc())
 
 
 def _measurements(session: Session, plans: Sequence[PlanRow]) -> dict[int, tuple[Measurement, ...]]:
@@ -185,23 +189,21 @@ def _measurements(session: Session, plans: Sequence[PlanRow]) -> dict[int, tuple
     current = {p.id: list(p.checkpoints) for p in plans}
     rows = session.execute(select(MeasurementRow).where(MeasurementRow.plan_id.in_(current))
                            .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc())).scalars()
+    by_id = {p.id: p for p in plans}
     out: dict[int, list[Measurement]] = {pid: [] for pid in current}
     for m in rows:
         kept = out[m.plan_id]
         if list(m.checkpoints) == current[m.plan_id] and len(kept) < MAX_MEASUREMENTS_PER_PLAN:
-            kept.append(_measurement(m))
+            kept.append(_measurement(m, by_id[m.plan_id]))
     return {pid: tuple(ms) for pid, ms in out.items()}
 
 
-def _measurement(m: MeasurementRow) -> Measurement:
-    return Measurement(
-        id=m.id, created_at=m.created_at, checkpoints=tuple(m.checkpoints),
-        measured_peak_bytes=m.measured_peak_bytes, measured_reserved_bytes=m.measured_reserved_bytes,
-        baseline_measured_peak_bytes=m.baseline_measured_peak_bytes,
-        activation_measured_bytes=m.activation_measured_bytes,
-        baseline_activation_measured_bytes=m.baseline_activation_measured_bytes, step_ms=m.step_ms,
-        baseline_step_ms=m.baseline_step_ms, device_name=m.device_name, torch_version=m.torch_version,
-        grad_check_passed=m.grad_check_passed, grad_max_abs_diff=m.grad_max_abs_diff, extra=m.extra or {})
+def _measurement(m: MeasurementRow, plan: PlanRow) -> Measurement:
+    values = {name: getattr(m, name) for name in STORED_FIELDS}
+    values["checkpoints"] = tuple(m.checkpoints)
+    values["extra"] = m.extra or {}
+    return Measurement(**values, id=m.id, created_at=m.created_at, algorithm=plan.algorithm, grads=plan.grads,
+                       dtype=plan.dtype, device=plan.device_class)
 
 
 def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
@@ -209,7 +211,7 @@ def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
     out = []
     for plan, trace, arch in rows:
         key = PlanKey(model_hash=arch.hash, input_shape=plan.input_shape, dtype=plan.dtype,
-                      device=plan.device_class, mode=plan.mode, grads=plan.grads)
+                      device=plan.device_class, mode=plan.mode, grads=plan.grads, torch_version=plan.torch_version)
         out.append(PlanRecord(
             plan_id=plan.id, key=key, measurements=measured[plan.id], created_at=plan.created_at,
             updated_at=plan.updated_at,
@@ -219,22 +221,30 @@ def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
                       budget_bytes=plan.budget_bytes or None, extra=plan.extra or {}),
             trace=TraceInfo(trace_id=trace.id, content_sha256=trace.content_sha256, model=arch.name,
                             device_name=trace.device_name, torch_version=trace.torch_version,
-                            batch_size=trace.batch_size, created_at=trace.created_at)))
+                            batch_size=(trace.trace_metadata or {}).get("batch_size"),
+                            created_at=trace.created_at)))
     return out
 
 
 def get_plan(*, session: Session, key: PlanKey, algorithm: str, budget_bytes: int | None = None) -> PlanRecord | None:
     """The plan stored for ``key``, ``algorithm`` and ``budget_bytes`` (None: no budget), or None."""
     stmt = _plan_query(key).where(PlanRow.algorithm == algorithm,
-                                  PlanRow.budget_bytes == (budget_bytes or NO_BUDGET))
+                                  PlanRow.budget_bytes == (budget_bytes or NO_BUDGET)).limit(1)
     rows = session.execute(stmt).all()
     return _records(session, rows)[0] if rows else None
 
 
 def find_plans(*, session: Session, key: PlanKey) -> list[PlanRecord]:
     """Every plan stored for ``key`` (all algorithms and budgets), by algorithm then budget."""
-    rows = session.execute(_plan_query(key).order_by(PlanRow.algorithm, PlanRow.budget_bytes)).all()
-    return _records(session, rows)
+    rows = session.execute(_plan_query(key).order_by(None).order_by(
+        PlanRow.algorithm, PlanRow.budget_bytes, PlanRow.updated_at.desc(), PlanRow.id.desc())).all()
+    seen: set[tuple[str, int]] = set()
+    newest = []  # with an unknown torch version, the newest plan of each algorithm and budget
+    for row in rows:
+        if (row[0].algorithm, row[0].budget_bytes) not in seen:
+            seen.add((row[0].algorithm, row[0].budget_bytes))
+            newest.append(row)
+    return _records(session, newest)
 
 
 def list_plans(*, session: Session, model_hash: str | None = None, model: str | None = None,
@@ -259,87 +269,32 @@ def store_measurement(*, session: Session, key: PlanKey, algorithm: str, measure
                       budget_bytes: int | None = None) -> Measurement | None:
     """Attach a validation run to a stored plan; None when no such plan is stored."""
     plan = session.execute(_plan_query(key).where(PlanRow.algorithm == algorithm,
-                                                  PlanRow.budget_bytes == (budget_bytes or NO_BUDGET))
+                                                  PlanRow.budget_bytes == (budget_bytes or NO_BUDGET)).limit(1)
                            ).first()
     if plan is None:
         return None
-    m = measurement
-    checkpoints = list(m.checkpoints) if m.checkpoints is not None else list(plan[0].checkpoints)
-    row = MeasurementRow(
-        plan_id=plan[0].id, checkpoints=checkpoints, device_name=m.device_name, torch_version=m.torch_version,
-        measured_peak_bytes=m.measured_peak_bytes, measured_reserved_bytes=m.measured_reserved_bytes,
-        baseline_measured_peak_bytes=m.baseline_measured_peak_bytes,
-        activation_measured_bytes=m.activation_measured_bytes,
-        baseline_activation_measured_bytes=m.baseline_activation_measured_bytes, step_ms=m.step_ms,
-        baseline_step_ms=m.baseline_step_ms, grad_check_passed=m.grad_check_passed,
-        grad_max_abs_diff=m.grad_max_abs_diff, extra=dict(m.extra) or None, created_at=utcnow())
+    values = {name: getattr(measurement, name) for name in STORED_FIELDS}
+    values["checkpoints"] = list(measurement.checkpoints if measurement.checkpoints is not None
+                                 else plan[0].checkpoints)
+    values["extra"] = dict(measurement.extra) or None
+    row = MeasurementRow(plan_id=plan[0].id, created_at=utcnow(), **values)
     session.add(row)
     session.flush()
-    return _measurement(row)
+    return _measurement(row, plan[0])
 
 
-# --- jobs -------------------------------------------------------------------------------------------------
+def store_profile(*, session: Session, trace: Trace, plans: Sequence[Plan],
+                  measurements: Mapping[str, Measurement]) -> StoredTrace:
+    """A profiling run's trace, its plans and their measurements, in the caller's transaction.
 
-def _job(row: JobRow) -> JobRecord:
-    return JobRecord(id=row.id, state=row.state, progress=row.progress, message=row.message, error=row.error,
-                     request=row.request, result=row.result, created_at=row.created_at,
-                     updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at)
-
-
-def create_job(*, session: Session, request: Mapping[str, Any]) -> JobRecord:
-    """Record a profiling request in state ``pending`` (the caller enqueues it after commit)."""
-    now = utcnow()
-    row = JobRow(id=str(uuid.uuid4()), state="pending", progress=0.0, request=dict(request), created_at=now,
-                 updated_at=now)
-    session.add(row)
-    session.flush()
-    return _job(row)
-
-
-def get_job(*, session: Session, job_id: str) -> JobRecord | None:
-    row = session.get(JobRow, job_id)
-    return _job(row) if row is not None else None
-
-
-def update_job(*, session: Session, job_id: str, state: str | None = None, progress: float | None = None,
-               message: str | None = None, error: str | None = None, result: Mapping[str, Any] | None = None,
-               only_from: Sequence[str] | None = None) -> JobRecord | None:
-    """Advance a job; None when it does not exist.
-
-    ``only_from`` makes the update conditional on the current state, so that a late "queued" from the API
-    cannot overwrite the worker's "running" (the worker may start before the API has recorded the enqueue);
-    when the condition fails the job is returned unchanged.
+    The one write of a finished profile (the CLI's embedded store and the workers both use it): either all of
+    it is stored or, if the transaction rolls back, none of it.
     """
-    if state is not None and state not in JOB_STATES:
-        raise ValueError(f"state: must be one of {', '.join(JOB_STATES)}, got {state!r}")
-    row = session.get(JobRow, job_id, with_for_update=True)
-    if row is None:
-        return None
-    if only_from is not None and row.state not in only_from:
-        return _job(row)
-    now = utcnow()
-    if state is not None:
-        if state == "running" and row.started_at is None:
-            row.started_at = now
-        if state in FINISHED_JOB_STATES:
-            row.finished_at = now
-        row.state = state
-    for name, value in (("progress", progress), ("message", message), ("error", error)):
-        if value is not None:
-            setattr(row, name, value)
-    if result is not None:
-        row.result = dict(result)
-    row.updated_at = now
-    session.flush()
-    return _job(row)
-
-
-def list_jobs(*, session: Session, state: str | None = None, limit: int = 50,
-              offset: int = 0) -> tuple[list[JobRecord], int]:
-    """A page of jobs, newest first, and how many match in all."""
-    stmt = select(JobRow)
-    if state is not None:
-        stmt = stmt.where(JobRow.state == state)
-    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
-    rows = session.execute(stmt.order_by(JobRow.created_at.desc(), JobRow.id).limit(limit).offset(offset))
-    return [_job(r) for r in rows.scalars()], total
+    stored = store_trace(session=session, trace=trace)
+    store_plans(session=session, trace_id=stored.trace_id, plans=plans)
+    for plan in plans:
+        measurement = measurements.get(plan.algorithm)
+        if measurement is not None:
+            store_measurement(session=session, key=stored.key, algorithm=plan.algorithm, measurement=measurement,
+                              budget_bytes=plan.budget_bytes)
+    return stored

@@ -11,12 +11,17 @@ must accept exactly what ``loads_trace`` plus ``check_storable`` accept (tests/s
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 
-from remat.client.trace import TRACE_FORMAT
+from remat.client.measurement import STORED_FIELDS, Measurement
+from remat.client.plan_key import PlanKey
+from remat.client.trace import OPTIONAL_STAGE_BOOLS, OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, TRACE_FORMAT
 from remat.service.keys import (
     ALGORITHM_PATTERN,
     DEVICE_PATTERN,
@@ -28,6 +33,7 @@ from remat.service.keys import (
     MAX_NUMEL,
     METADATA_MAX_CHARS,
     MODEL_HASH_PATTERN,
+    TORCH_VERSION_PATTERN,
     find_bad_text,
 )
 
@@ -55,7 +61,7 @@ class ErrorOut(BaseModel):
 # --- plans ------------------------------------------------------------------------------------------------
 
 class PlanKeyIn(BaseModel):
-    """The plan key: what a plan is valid for, less algorithm and budget."""
+    """The plan key (``remat.client.plan_key.PlanKey``): what a plan is valid for, less algorithm and budget."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -66,6 +72,12 @@ class PlanKeyIn(BaseModel):
     device: Annotated[str, StringConstraints(pattern=f"^{DEVICE_PATTERN}$")]
     mode: Literal["train", "eval"] = "train"
     grads: Literal["none", "kept"] = "none"
+    torch_version: Annotated[str, StringConstraints(pattern=f"^({TORCH_VERSION_PATTERN}|unknown)$")] = "unknown"
+    """torch major.minor; ``unknown`` (the default) matches a plan of any torch version."""
+
+    def to_key(self) -> PlanKey:
+        """The one PlanKey: every normalisation and bound is its own."""
+        return PlanKey(**self.model_dump())
 
 
 class PlanKeyOut(BaseModel):
@@ -75,6 +87,7 @@ class PlanKeyOut(BaseModel):
     device: str
     mode: str
     grads: str
+    torch_version: str
 
 
 class PlanOut(BaseModel):
@@ -94,22 +107,20 @@ class PlanOut(BaseModel):
     schema_version: int
 
 
-class MeasurementOut(BaseModel):
-    id: int | None
-    checkpoints: list[int] | None
-    measured_peak_bytes: int | None
-    measured_reserved_bytes: int | None
-    baseline_measured_peak_bytes: int | None
-    activation_measured_bytes: int | None
-    baseline_activation_measured_bytes: int | None
-    step_ms: float | None
-    baseline_step_ms: float | None
-    device_name: str | None
-    torch_version: str | None
-    grad_check_passed: bool | None
-    grad_max_abs_diff: float | None
-    extra: dict[str, Any]
-    created_at: datetime | None
+def _measurement_out() -> type[BaseModel]:
+    """The measurement as the API returns it: ``Measurement.to_dict()``'s fields, derived from the dataclass."""
+    hints = typing.get_type_hints(Measurement)
+    wire = {tuple[int, ...] | None: list[int] | None, Mapping[str, Any]: dict[str, Any]}
+    model_fields: dict[str, Any] = {f.name: (wire.get(hints[f.name], hints[f.name]), ...)
+                                    for f in dataclasses.fields(Measurement)}
+    model_fields["prediction_error"] = (float | None, ...)
+    model_fields["activation_measured_bytes"] = (int | None, ...)
+    model_fields["baseline_activation_measured_bytes"] = (int | None, ...)
+    return create_model("MeasurementOut", __doc__="A validation run of a plan (remat.client.measurement).",
+                        **model_fields)
+
+
+MeasurementOut = _measurement_out()
 
 
 class TraceInfoOut(BaseModel):
@@ -151,28 +162,41 @@ class TraceStoredOut(BaseModel):
 
 # --- measurements -----------------------------------------------------------------------------------------
 
-class MeasurementCreate(BaseModel):
-    """A validation run of a stored plan, as ``remat-client measure --json`` reports it."""
 
-    model_config = ConfigDict(extra="forbid")
 
-    key: PlanKeyIn
-    algorithm: Annotated[str, StringConstraints(pattern=f"^{ALGORITHM_PATTERN}$")]
-    budget_bytes: Annotated[int, Field(ge=1, le=MAX_FIELD_BYTES)] | None = None
-    checkpoints: Annotated[list[Annotated[int, Field(ge=1, le=10**7)]], Field(max_length=10**6)] | None = None
-    """The checkpoints that ran; omitted: the plan's current ones."""
-    measured_peak_bytes: Bytes | None = None
-    measured_reserved_bytes: Bytes | None = None
-    baseline_measured_peak_bytes: Bytes | None = None
-    activation_measured_bytes: Bytes | None = None
-    baseline_activation_measured_bytes: Bytes | None = None
-    step_ms: Millis | None = None
-    baseline_step_ms: Millis | None = None
-    device_name: SafeText | None = None
-    torch_version: SafeText | None = None
-    grad_check_passed: bool | None = None
-    grad_max_abs_diff: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    extra: Annotated[dict[str, Any], AfterValidator(_storable)] = Field(default_factory=dict)
+def _measurement_in_type(name: str, hint: Any) -> Any:
+    """Bounds for an incoming measurement field: bytes and times as stored, text the database can hold."""
+    if name == "checkpoints":
+        return Annotated[list[Annotated[int, Field(ge=1, le=10**7)]], Field(max_length=10**6)] | None
+    if name == "extra":
+        return Annotated[dict[str, Any], AfterValidator(_storable)]
+    if name == "grad_max_abs_diff":
+        return Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
+    if hint == int | None:
+        return Bytes | None
+    if hint == float | None:
+        return Millis | None
+    if hint == str | None:
+        return SafeText | None
+    return hint
+
+
+def _measurement_create() -> type[BaseModel]:
+    """``POST /v1/measurements``'s body: the plan it belongs to, then every stored measurement field."""
+    hints = typing.get_type_hints(Measurement)
+    model_fields: dict[str, Any] = {
+        "key": (PlanKeyIn, ...),
+        "algorithm": (Annotated[str, StringConstraints(pattern=f"^{ALGORITHM_PATTERN}$")], ...),
+        "budget_bytes": (Annotated[int, Field(ge=1, le=MAX_FIELD_BYTES)] | None, None),
+    }
+    for name in STORED_FIELDS:
+        default: Any = Field(default_factory=dict) if name == "extra" else None
+        model_fields[name] = (_measurement_in_type(name, hints[name]), default)
+    return create_model("MeasurementCreate", __config__=ConfigDict(extra="forbid"),
+                        __doc__="A validation run of a stored plan (remat.client.measurement).", **model_fields)
+
+
+MeasurementCreate = _measurement_create()
 
 
 # --- jobs -------------------------------------------------------------------------------------------------
@@ -246,21 +270,16 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
 _TEXT = {"type": "string", "pattern": "^[^\\x00]*$"}
 _BYTES = {"type": "integer", "minimum": 0, "maximum": MAX_FIELD_BYTES}
 _MS = {"type": "number", "minimum": 0, "maximum": MAX_FIELD_MS}
-_STAGE = {
+_STAGE = {  # derived from the trace format's own field lists: one definition
     "type": "object",
     "required": ["name", "output_bytes", "saved_bytes"],
     "properties": {
         "name": _TEXT,
         "output_bytes": _BYTES,
         "saved_bytes": _BYTES,
-        "forward_peak_bytes": _BYTES,
-        "recompute_peak_bytes": _BYTES,
-        "backward_peak_bytes": _BYTES,
-        "param_grad_bytes": _BYTES,
-        "saves_input": {"type": "boolean"},
-        "saves_output": {"type": "boolean"},
-        "forward_ms": _nullable(_MS),
-        "backward_ms": _nullable(_MS),
+        **dict.fromkeys(OPTIONAL_STAGE_BYTES, _BYTES),
+        **{name: {"type": "boolean"} for name in OPTIONAL_STAGE_BOOLS},
+        **{name: _nullable(_MS) for name in OPTIONAL_STAGE_MS},
     },
 }
 TRACE_SCHEMA: dict[str, Any] = {

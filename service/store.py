@@ -25,12 +25,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from remat.client.plan import Plan
+from remat.client.plan_key import PlanKey
 from remat.client.trace import Trace
-from remat.service import migrate, repository
+from remat.service import jobs, migrate, repository
 from remat.service.config import ServiceSettings
 from remat.service.db import Database
 from remat.service.errors import SchemaOutdatedError
-from remat.service.keys import PlanKey
 from remat.service.records import JobRecord, Measurement, PlanRecord, StoredTrace
 
 if TYPE_CHECKING:
@@ -137,6 +137,13 @@ class PlanStore:
         self._invalidate(stored.key, plans)
         return stored.key
 
+    def save_profile(self, trace: Trace, plans: Sequence[Plan], measurements: Mapping[str, Measurement]) -> PlanKey:
+        """A profiling run's trace, plans and measurements in one transaction; returns their key."""
+        with self.db.write_session() as session:
+            stored = repository.store_profile(session=session, trace=trace, plans=plans, measurements=measurements)
+        self._invalidate(stored.key, plans)
+        return stored.key
+
     def find_plans(self, key: PlanKey) -> list[Plan] | None:
         """Every stored plan for ``key`` (one per algorithm and budget), or None when there is none."""
         records = self.find_plan_records(key)
@@ -173,13 +180,13 @@ class PlanStore:
 
     def create_job(self, request: Mapping[str, Any]) -> JobRecord:
         with self.db.write_session() as session:
-            return repository.create_job(session=session, request=request)
+            return jobs.create_job(session=session, request=request)[0]
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self.db.read_session() as session:
-            return repository.get_job(session=session, job_id=job_id)
+            return jobs.get_job(session=session, job_id=job_id)
 
     def update_job(self, job_id: str, **changes: Any) -> JobRecord | None:
         """Advance a job (``state``, ``progress``, ``message``, ``error``, ``result``, ``only_from``)."""
         with self.db.write_session() as session:
-            return repository.update_job(session=session, job_id=job_id, **changes)
+            return jobs.update_job(session=session, job_id=job_id, **changes)

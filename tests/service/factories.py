@@ -8,12 +8,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat.client.plan import Plan
+from remat.client.plan_key import current_torch_version
 from remat.client.trace import TRACE_FORMAT, Trace, parse_trace
 
 # Where the test services are; the databases and keys the tests create are their own (see conftest.py).
 PG_ADMIN_URL = os.environ.get("REMAT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REMAT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TOKEN = "test-write-token"
+TORCH = current_torch_version()
+"""The torch version test traces record: the installed one, as a profiler here would write it."""
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -29,7 +32,7 @@ def trace_dict(*, num_stages: int = 6, model_hash: str | None = "arch-1", input_
                dtype: str = "float32", device: str = "cpu", scale: int = 1, **metadata: Any) -> dict[str, Any]:
     """A valid remat-trace/1 object; ``scale`` changes the figures (so the content) but not the key."""
     meta: dict[str, Any] = {"model": "tiny-net", "input_shape": list(input_shape), "dtype": dtype,
-                            "device": device, **metadata}
+                            "device": device, "torch_version": TORCH, **metadata}
     if model_hash is not None:
         meta["model_hash"] = model_hash
     return {

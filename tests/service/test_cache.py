@@ -7,9 +7,9 @@ import time
 
 import redis
 
+from remat.client.plan_key import PlanKey
 from remat.service.cache import PlanCache
 from remat.service.config import ServiceSettings
-from remat.service.keys import PlanKey
 from tests.service.factories import REDIS_URL, closed_port_url
 
 KEY = PlanKey(model_hash="arch-1", input_shape=(8, 3, 32, 32), dtype="float32", device="cpu")
@@ -28,8 +28,11 @@ def test_miss_set_hit_invalidate(redis_prefix: str, redis_client: redis.Redis) -
     assert cache.get(name) == b'{"plan": 1}'
     assert json.loads(redis_client.get(name)) == {"plan": 1}  # JSON on the wire, never pickle
     assert 0 < redis_client.ttl(name) <= 60
+    any_torch = cache.key_name(PlanKey(**{**KEY.to_dict(), "torch_version": "unknown"}), "linear", None)
+    cache.set(any_torch, b'{"plan": 1}')
     cache.delete_plans(KEY, [("linear", None), ("cubic", 1024)])
     assert cache.get(name) is None
+    assert cache.get(any_torch) is None  # a read for any torch version may now be answered by another plan
     assert cache.ping() is None
     cache.close()
 
@@ -40,8 +43,9 @@ def test_key_names_separate_every_component() -> None:
              cache.key_name(KEY, "linear", 1024),
              cache.key_name(PlanKey(**{**KEY.to_dict(), "mode": "eval"}), "linear", None),
              cache.key_name(PlanKey(**{**KEY.to_dict(), "grads": "kept"}), "linear", None),
-             cache.key_name(PlanKey(**{**KEY.to_dict(), "input_shape": [8, 3, 32]}), "linear", None)}
-    assert len(names) == 6
+             cache.key_name(PlanKey(**{**KEY.to_dict(), "input_shape": [8, 3, 32]}), "linear", None),
+             cache.key_name(PlanKey(**{**KEY.to_dict(), "torch_version": "unknown"}), "linear", None)}
+    assert len(names) == 7
     assert cache.key_name(KEY, "linear", None) == cache.key_name(KEY, "linear", 0)
 
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from sqlalchemy import func, select
 
+from remat.client.plan_key import PlanKey
 from remat.service import repository
 from remat.service.db import Database
-from remat.service.keys import PlanKey
 from remat.service.models import Architecture, PlanRow, TraceRow
 from remat.service.records import Measurement
 from tests.service.factories import fixed_plans, make_trace

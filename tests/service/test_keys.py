@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from remat.client.plan_key import PlanKey, parse_input_shape
 from remat.service.errors import InvalidKeyError, TraceRejectedError
-from remat.service.keys import PlanKey, parse_input_shape
+from remat.service.keys import trace_key
 from tests.service.factories import make_trace
 
 
@@ -29,6 +30,8 @@ def test_parse_input_shape(text: str, shape: tuple[int, ...]) -> None:
     ({"input_shape": [True, 2]}, "input_shape: every dimension"),
     ({"input_shape": [2**40, 2]}, "input_shape: every dimension"),
     ({"dtype": "Float32"}, "dtype: "),
+    ({"dtype": "autocast_float64"}, "dtype: "),
+    ({"torch_version": "two"}, "torch_version: "),
     ({"device": "cuda:x"}, "device: "),
     ({"mode": "infer"}, "mode: must be one of train, eval"),
     ({"grads": "zero"}, "grads: must be one of none, kept"),
@@ -40,8 +43,9 @@ def test_bad_components_name_the_field(kwargs: dict, message: str) -> None:
 
 
 def test_from_trace_defaults_and_errors() -> None:
-    key = PlanKey.from_trace(make_trace(dtype=None, device=None, model_hash=None, input_shape=()))
+    key = PlanKey.from_trace(make_trace(dtype=None, device=None, model_hash=None, input_shape=(), torch_version=None))
     assert (key.dtype, key.device, key.input_shape) == ("unknown", "unknown", ())
     assert key.model_hash.startswith("trace:")
+    assert key.torch_version == "unknown"
     with pytest.raises(TraceRejectedError, match="^dtype: "):
-        PlanKey.from_trace(make_trace(dtype=""))
+        trace_key(make_trace(dtype=""))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from remat.service.main import main
+from remat.service.migrate import HEAD_REVISION
 
 
 def test_migrate_current_downgrade(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -13,7 +14,7 @@ def test_migrate_current_downgrade(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     assert main(["current"]) == 0
     assert capsys.readouterr().out.strip().endswith(": base")
     assert main(["migrate"]) == 0
-    assert capsys.readouterr().out.strip().endswith(": 0001")
+    assert capsys.readouterr().out.strip().endswith(f": {HEAD_REVISION}")
     assert main(["downgrade", "--revision", "base"]) == 0
     assert capsys.readouterr().out.strip().endswith(": base")
 

@@ -104,3 +104,103 @@ def test_store_does_not_migrate_postgres_by_itself(pg_database_factory: Callable
         PlanStore(url).open()
     with PlanStore(url, auto_migrate=True) as store:
         assert store.get_job("00000000-0000-0000-0000-000000000000") is None
+
+
+def test_trace_stage_columns_are_the_trace_formats_fields() -> None:
+    """One definition of a stage: every field of remat-trace/1 has its column, and nothing else does."""
+    from remat.client.trace import STAGE_FIELDS
+    from remat.service.models import TraceStageRow
+
+    columns = {c.name for c in TraceStageRow.__table__.columns} - {"trace_id", "position", "extra"}
+    assert columns == set(STAGE_FIELDS)
+
+
+def test_stage_fields_survive_0002_down_and_up(fresh_url: str) -> None:
+    """0002 adds the GPU-calibration stage fields: rows stored before it read back with their defaults, and a
+    downgrade to 0001 keeps the rows while dropping only those columns."""
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+    from remat.service import repository
+
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 8, "model_hash": "arch", "input_shape": [2, 4],
+                         "dtype": "autocast_bfloat16", "device": "cuda", "stages": [
+                             {"name": "view", "output_bytes": 4, "saved_bytes": 0, "saves_nothing": True},
+                             {"name": "linear", "output_bytes": 4, "saved_bytes": 8, "cast_bytes": 6,
+                              "cast_unsaved_bytes": 2, "forward_peak_dropped_bytes": 5,
+                              "recomputed_backward_peak_bytes": 9, "backward_peak_bytes": 11}]})
+    db = Database(fresh_url)
+    try:
+        migrate.upgrade(db)
+        with db.write_session() as session:
+            trace_id = repository.store_trace(session=session, trace=trace).trace_id
+        with db.read_session() as session:
+            assert repository.load_trace(session=session, trace_id=trace_id) == trace
+        migrate.downgrade(db, "0001")
+        assert "cast_bytes" not in {c["name"] for c in inspect(db.engine).get_columns("trace_stages")}
+        migrate.upgrade(db)
+        with db.read_session() as session:
+            reloaded = repository.load_trace(session=session, trace_id=trace_id)
+        assert reloaded is not None
+        assert [s.name for s in reloaded.stages] == ["view", "linear"]
+        assert reloaded.stages[1].backward_peak_bytes == 11
+        assert (reloaded.stages[0].saves_nothing, reloaded.stages[1].cast_bytes,
+                reloaded.stages[1].recomputed_backward_peak_bytes) == (False, 0, 0)
+    finally:
+        db.dispose()
+
+
+def test_0003_keeps_plans_and_measurements_down_and_up(fresh_url: str) -> None:
+    """0003 rebuilds plans and measurements (SQLite copies tables to alter them): rows and their references
+    survive both ways, the dropped duplicate columns come back equal to the ones they duplicated, and plans
+    key on the trace's torch major.minor again after the round trip."""
+    from sqlalchemy import text
+
+    from remat.client.measurement import Measurement
+    from remat.client.plan_key import PlanKey
+    from remat.service import repository
+    from tests.service.factories import fixed_plans, make_trace
+
+    trace = make_trace(torch_version="2.11.0+cu130")
+    plans = fixed_plans(trace)
+    db = Database(fresh_url)
+    try:
+        migrate.upgrade(db)
+        with db.write_session() as session:
+            stored = repository.store_profile(session=session, trace=trace, plans=plans, measurements={
+                "linear": Measurement(measured_peak_bytes=4000, baseline_measured_peak_bytes=9000, step_ms=2.0)})
+        assert stored.key.torch_version == "2.11"
+        migrate.downgrade(db, "0002")
+        with db.engine.connect() as conn:
+            rows = conn.execute(text("SELECT activation_measured_bytes, baseline_activation_measured_bytes "
+                                     "FROM measurements")).all()
+            assert [tuple(r) for r in rows] == [(4000, 9000)]
+            assert conn.execute(text("SELECT COUNT(*) FROM plans")).scalar_one() == 2
+            assert conn.execute(text("SELECT batch_size FROM traces")).scalar_one() is None  # the trace had none
+        migrate.upgrade(db)
+        with db.read_session() as session:
+            record = repository.get_plan(session=session, key=PlanKey.from_trace(trace), algorithm="linear")
+        assert record is not None and record.key.torch_version == "2.11"
+        assert [m.measured_peak_bytes for m in record.measurements] == [4000]
+    finally:
+        db.dispose()
+
+
+def test_measurement_columns_are_the_measurement_records_fields() -> None:
+    """One definition of a measurement: the table stores exactly remat.client.measurement's stored fields."""
+    from remat.client.measurement import STORED_FIELDS
+    from remat.service.models import MeasurementRow
+
+    columns = {c.name for c in MeasurementRow.__table__.columns} - {"id", "plan_id", "created_at"}
+    assert columns == set(STORED_FIELDS)
+
+
+def test_api_key_and_measurement_schemas_derive_from_the_records() -> None:
+    from remat.client.measurement import STORED_FIELDS, Measurement
+    from remat.client.plan_key import KEY_FIELDS
+    from remat.service.models import PlanRow
+    from remat.service.schemas import MeasurementCreate, MeasurementOut, PlanKeyIn, PlanKeyOut
+
+    assert set(PlanKeyIn.model_fields) == set(PlanKeyOut.model_fields) == set(KEY_FIELDS)
+    key_columns = {"input_shape", "dtype", "mode", "grads", "device_class", "torch_version"}
+    assert key_columns <= {c.name for c in PlanRow.__table__.columns}  # + model_hash via the architecture
+    assert set(MeasurementOut.model_fields) == set(Measurement().to_dict())
+    assert set(MeasurementCreate.model_fields) == {"key", "algorithm", "budget_bytes", *STORED_FIELDS}

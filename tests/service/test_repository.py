@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
+from remat.client.plan_key import PlanKey
 from remat.client.trace import parse_trace
 from remat.service import repository
 from remat.service.db import Database
 from remat.service.errors import TraceRejectedError
-from remat.service.keys import PlanKey
 from remat.service.models import PlanRow, TraceRow, TraceStageRow
 from remat.service.records import Measurement
 from tests.service.factories import fixed_plans, make_trace, trace_dict
@@ -147,24 +147,3 @@ def test_list_plans_filters_and_pages(db: Database) -> None:
         assert repository.list_plans(session=session, device="cuda")[1] == 0
 
 
-def test_job_lifecycle(db: Database) -> None:
-    with db.write_session() as session:
-        job = repository.create_job(session=session, request={"model": "resnet18", "batch_size": 2})
-    assert job.state == "pending" and job.started_at is None
-    with db.write_session() as session:
-        running = repository.update_job(session=session, job_id=job.id, state="running", progress=0.25,
-                                        message="profiling")
-        late = repository.update_job(session=session, job_id=job.id, state="queued", only_from=("pending",))
-    assert running is not None and running.started_at is not None
-    assert late is not None and late.state == "running"  # the late "queued" did not win
-    with db.write_session() as session:
-        done = repository.update_job(session=session, job_id=job.id, state="succeeded", progress=1.0,
-                                     result={"model_hash": "arch-1"})
-        assert repository.update_job(session=session, job_id="no-such-job", state="failed") is None
-        with pytest.raises(ValueError, match="state: must be one of"):
-            repository.update_job(session=session, job_id=job.id, state="exploded")
-    assert done is not None and done.finished_at is not None and done.result == {"model_hash": "arch-1"}
-    with db.read_session() as session:
-        assert repository.get_job(session=session, job_id=job.id) == done
-        assert repository.list_jobs(session=session, state="succeeded")[1] == 1
-        assert repository.list_jobs(session=session, state="failed")[1] == 0

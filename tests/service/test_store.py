@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import redis
 
 from remat.client.plan import Plan
+from remat.client.plan_key import UNKNOWN, PlanKey
+from remat.service.cache import PlanCache
 from remat.service.config import ServiceSettings, default_database_url
-from remat.service.keys import PlanKey
 from remat.service.records import Measurement
 from remat.service.store import PlanStore
 from tests.service.factories import REDIS_URL, fixed_plans, make_trace
@@ -58,11 +60,16 @@ def test_writers_can_invalidate_the_service_cache(sqlite_url: str, redis_prefix:
     client = redis.Redis.from_url(REDIS_URL)
     with PlanStore(settings=settings, use_cache=True) as store:
         key = PlanKey.from_trace(trace)
-        name = f"{redis_prefix}plan:1:" + '["arch-1","8,3,32,32","float32","cpu","train","none","linear",0]'
-        client.set(name, b"{}")
+        # The names the API reads under: this torch version, and "any version" (unknown).
+        names = [PlanCache(settings).key_name(k, "linear", None)
+                 for k in (key, dataclasses.replace(key, torch_version=UNKNOWN))]
+        assert len(set(names)) == 2 and all(n.startswith(f"{redis_prefix}plan:") for n in names)
+        for name in names:
+            client.set(name, b"{}")
         store.save_trace_and_plans(trace, fixed_plans(trace))
-        assert client.get(name) is None
-        client.set(name, b"{}")
+        assert [client.get(name) for name in names] == [None, None]
+        for name in names:
+            client.set(name, b"{}")
         store.save_measurement(key, Measurement(measured_peak_bytes=1))
-        assert client.get(name) is None
+        assert [client.get(name) for name in names] == [None, None]
     client.close()

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
 
-from remat.service import repository
+from remat.service import jobs
 from remat.service.api.deps import (
     OPTIONAL_AUTH,
     READ_RESPONSES,
@@ -34,11 +34,11 @@ def create_job(body: JobCreate, state: StateDep) -> JSONResponse:
     and the answer is still 202: poll ``GET /v1/jobs/{id}`` either way.
     """
     with state.db.write_session() as session:
-        job = repository.create_job(session=session, request=body.model_dump())
+        job, _ = jobs.create_job(session=session, request=body.model_dump())
     error = state.queue.enqueue_profile(job.id)
     with state.db.write_session() as session:
         # Conditional: a fast worker may already have moved the job to "running".
-        updated = repository.update_job(session=session, job_id=job.id, only_from=("pending",),
+        updated = jobs.update_job(session=session, job_id=job.id, only_from=("pending",),
                                         state="failed" if error else "queued",
                                         error=f"enqueue: {error}" if error else None)
     return JSONResponse(status_code=status.HTTP_202_ACCEPTED, content=(updated or job).to_dict())
@@ -50,7 +50,7 @@ def create_job(body: JobCreate, state: StateDep) -> JSONResponse:
 def read_job(job_id: JobId, state: StateDep) -> JSONResponse:
     """A job's state, progress, error and (when finished) result."""
     with state.db.read_session() as session:
-        job = repository.get_job(session=session, job_id=job_id)
+        job = jobs.get_job(session=session, job_id=job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job_id: no job {job_id}")
     return JSONResponse(content=job.to_dict())
@@ -67,5 +67,5 @@ def list_jobs(
 ) -> JSONResponse:
     """Jobs, newest first, optionally in one state."""
     with state.db.read_session() as session:
-        jobs, total = repository.list_jobs(session=session, state=state_filter, limit=limit, offset=offset)
-    return JSONResponse(content={"data": [j.to_dict() for j in jobs], "count": total})
+        page, total = jobs.list_jobs(session=session, state=state_filter, limit=limit, offset=offset)
+    return JSONResponse(content={"data": [j.to_dict() for j in page], "count": total})

@@ -5,10 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, status
 from fastapi.responses import JSONResponse
 
+from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.service import repository
 from remat.service.api.deps import WRITE_RESPONSES, StateDep, require_writer
-from remat.service.keys import PlanKey
-from remat.service.records import Measurement
 from remat.service.schemas import ErrorOut, MeasurementCreate, MeasurementOut
 
 router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
@@ -19,10 +18,10 @@ router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
              dependencies=[Depends(require_writer)])
 def create_measurement(body: MeasurementCreate, state: StateDep) -> JSONResponse:
     """Record what a real training step with the plan measured; the plan's cached reads are invalidated."""
-    key = PlanKey(**body.key.model_dump())
-    fields = body.model_dump(exclude={"key", "algorithm", "budget_bytes", "checkpoints"})
-    measurement = Measurement(checkpoints=tuple(body.checkpoints) if body.checkpoints is not None else None,
-                              **fields)
+    key = body.key.to_key()
+    fields = body.model_dump(include=set(STORED_FIELDS))
+    fields["checkpoints"] = tuple(body.checkpoints) if body.checkpoints is not None else None
+    measurement = Measurement(algorithm=body.algorithm, **fields)
     with state.db.write_session() as session:
         stored = repository.store_measurement(session=session, key=key, algorithm=body.algorithm,
                                               budget_bytes=body.budget_bytes, measurement=measurement)

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import Response
 
+from remat.client.plan_key import UNKNOWN, PlanKey, normalize_device, normalize_dtype
 from remat.service import repository
 from remat.service.api.deps import OPTIONAL_AUTH, READ_RESPONSES, StateDep, require_reader
 from remat.service.keys import (
@@ -16,9 +17,7 @@ from remat.service.keys import (
     MAX_DIM,
     MAX_FIELD_BYTES,
     MODEL_HASH_PATTERN,
-    PlanKey,
-    normalize_device,
-    normalize_dtype,
+    TORCH_VERSION_PATTERN,
 )
 from remat.service.schemas import ErrorOut, PlanRecordOut, PlansPage
 from remat.worker.planners import DEFAULT_PLANNER, PLANNERS
@@ -33,6 +32,9 @@ InputShapeQuery = Annotated[str, Query(
 DtypeQuery = Annotated[str, Query(pattern=f"^{DTYPE_PATTERN}$", examples=["float32"])]
 DeviceQuery = Annotated[str, Query(pattern=f"^{DEVICE_PATTERN}$", examples=["cuda"],
                                    description="Device class; an index (cuda:1) is ignored.")]
+TorchVersionQuery = Annotated[str, Query(
+    pattern=f"^({TORCH_VERSION_PATTERN}|{UNKNOWN})$", examples=["2.15"],
+    description="torch version of the training job (major.minor counts); unknown: the newest plan of any.")]
 JSON_MEDIA = "application/json"
 
 
@@ -54,6 +56,7 @@ def read_plan(
     grads: Literal["none", "kept"] = "none",
     algorithm: Algorithm = DEFAULT_PLANNER,
     budget: Annotated[int | None, Query(ge=1, le=MAX_FIELD_BYTES, description="Bytes; omit for min peak.")] = None,
+    torch_version: TorchVersionQuery = UNKNOWN,
 ) -> Response:
     """The plan for one key, algorithm and budget, with its prediction, provenance and measurements.
 
@@ -61,7 +64,7 @@ def read_plan(
     cache.
     """
     key = PlanKey(model_hash=model_hash, input_shape=input_shape, dtype=dtype, device=device, mode=mode,
-                  grads=grads)
+                  grads=grads, torch_version=torch_version)
     name = state.cache.key_name(key, algorithm, budget)
     cached = state.cache.get(name)
     if cached is not None:
@@ -74,7 +77,8 @@ def read_plan(
             status.HTTP_404_NOT_FOUND,
             detail=f"model_hash: no {algorithm} plan ({budget_text}) for {model_hash} with input_shape "
                    f"{key.input_shape_text or '()'}, dtype {key.dtype}, device {key.device}, mode {mode}, "
-                   f"grads {grads}; POST its trace to /v1/traces or a profiling job to /v1/jobs")
+                   f"grads {grads}, torch {key.torch_version}; POST its trace to /v1/traces or a profiling job "
+                   f"to /v1/jobs")
     body = _json(record.to_dict())
     state.cache.set(name, body)
     return Response(content=body, media_type=JSON_MEDIA, headers={"X-Remat-Cache": "miss"})

@@ -10,7 +10,7 @@ from remat.client.errors import TraceFormatError
 from remat.client.trace import Trace, loads_trace
 from remat.service import repository
 from remat.service.api.deps import WRITE_RESPONSES, ServiceState, StateDep, require_writer
-from remat.service.keys import PlanKey, check_storable
+from remat.service.keys import check_storable, trace_key
 from remat.service.schemas import TRACE_REQUEST_BODY, TraceStoredOut
 
 router = APIRouter(prefix="/v1/traces", tags=["traces"])
@@ -23,7 +23,7 @@ def _parse(body: bytes) -> Trace:
     except RecursionError:
         raise TraceFormatError("trace: JSON nested too deeply") from None
     check_storable(trace)
-    PlanKey.from_trace(trace)  # key metadata errors before the planners run, not after
+    trace_key(trace)  # key metadata errors before the planners run, not after
     return trace
 
 

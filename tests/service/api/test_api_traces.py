@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from remat.worker.planners import PLANNERS
-from tests.service.factories import AUTH, trace_dict
+from tests.service.factories import AUTH, TORCH, trace_dict
 
 
 def test_store_and_plan_with_every_algorithm(client: TestClient) -> None:
@@ -17,7 +17,7 @@ def test_store_and_plan_with_every_algorithm(client: TestClient) -> None:
     body = response.json()
     assert body["created"] is True
     assert body["key"] == {"model_hash": "arch-1", "input_shape": [8, 3, 32, 32], "dtype": "float32",
-                           "device": "cpu", "mode": "train", "grads": "none"}
+                           "device": "cpu", "mode": "train", "grads": "none", "torch_version": TORCH}
     assert [p["algorithm"] for p in body["plans"]] == list(PLANNERS)
     again = client.post("/v1/traces", json=trace_dict(), headers=AUTH)
     assert again.status_code == 200 and again.json()["created"] is False

@@ -1,0 +1,259 @@
+"""The job table's state machine: creation with deduplication, leases, heartbeats, completion, reaping.
+
+Shared by the API (creates jobs and answers for them) and the workers (claim, renew, finish, reap); every
+function works inside the caller's transaction, like the rest of the repository. NOTE [job lease] in
+models.py explains why a lease and not the broker decides who runs a job.
+
+States: ``pending`` (recorded, not yet handed to the broker), ``queued`` (on the broker, or following
+another job), ``running`` (a worker holds the lease), ``succeeded``, ``failed``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from remat.service.models import JobRow, utcnow
+from remat.service.records import FINISHED_JOB_STATES, JOB_STATES, JobRecord
+
+__all__ = ["ACTIVE_STATES", "Claim", "claim_job", "create_job", "finish_job", "get_job", "heartbeat",
+           "list_jobs", "reap_jobs", "release_job", "update_job"]
+
+ACTIVE_STATES = ("pending", "queued", "running")
+
+
+def _job(row: JobRow) -> JobRecord:
+    return JobRecord(id=row.id, kind=row.kind, state=row.state, progress=row.progress, message=row.message,
+                     error=row.error, request=row.request, result=row.result, created_at=row.created_at,
+                     updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at,
+                     queue=row.queue, leader_id=row.leader_id, attempts=row.attempts, lease_owner=row.lease_owner,
+                     lease_expires_at=row.lease_expires_at, plan_key=row.plan_key)
+
+
+def _active_leader(session: Session, request_key: str) -> JobRow | None:
+    stmt = select(JobRow).where(JobRow.request_key == request_key, JobRow.leader_id.is_(None),
+                                JobRow.state.in_(ACTIVE_STATES))
+    return session.execute(stmt).scalars().first()
+
+
+def create_job(*, session: Session, request: Mapping[str, Any], kind: str = "profile",
+               request_key: str | None = None, queue: str | None = None) -> tuple[JobRecord, bool]:
+    """Record a job; returns it and whether the caller must enqueue it (after commit).
+
+    A job whose ``request_key`` equals that of an active job *follows* it: it is recorded ``queued`` with
+    ``leader_id`` set, is not enqueued, and finishes when its leader does, with the same result. The partial
+    unique index ``uq_jobs_active_request`` makes two concurrent first submissions safe: the second insert of a
+    leader fails, and that submission becomes a follower instead.
+    """
+    now = utcnow()
+    for _ in range(3):
+        leader = _active_leader(session, request_key) if request_key else None
+        row = JobRow(id=str(uuid.uuid4()), kind=kind, request=dict(request), request_key=request_key, queue=queue,
+                     created_at=now, updated_at=now, progress=0.0)
+        if leader is not None:
+            row.state, row.leader_id = "queued", leader.id
+            row.message = f"follows job {leader.id}, which runs the same request"
+        else:
+            row.state = "pending"
+        try:
+            with session.begin_nested():
+                session.add(row)
+                session.flush()
+        except IntegrityError:
+            continue  # another submission became the leader between our query and our insert
+        return _job(row), leader is None
+    raise RuntimeError("jobs: could not record the job after 3 tries (concurrent submissions)")
+
+
+def get_job(*, session: Session, job_id: str) -> JobRecord | None:
+    row = session.get(JobRow, job_id)
+    return _job(row) if row is not None else None
+
+
+def update_job(*, session: Session, job_id: str, state: str | None = None, progress: float | None = None,
+               message: str | None = None, error: str | None = None, result: Mapping[str, Any] | None = None,
+               only_from: Sequence[str] | None = None, enqueued: bool = False) -> JobRecord | None:
+    """Advance a job; None when it does not exist.
+
+    ``only_from`` makes the update conditional on the current state, so that a late "queued" from the API
+    cannot overwrite the worker's "running" (the worker may start before the API has recorded the enqueue);
+    when the condition fails the job is returned unchanged. ``enqueued`` records that it was just sent.
+    """
+    if state is not None and state not in JOB_STATES:
+        raise ValueError(f"state: must be one of {', '.join(JOB_STATES)}, got {state!r}")
+    row = session.get(JobRow, job_id, with_for_update=True)
+    if row is None:
+        return None
+    if only_from is not None and row.state not in only_from:
+        return _job(row)
+    now = utcnow()
+    if state is not None:
+        if state == "running" and row.started_at is None:
+            row.started_at = now
+        if state in FINISHED_JOB_STATES:
+            row.finished_at = now
+        row.state = state
+    for name, value in (("progress", progress), ("message", message), ("error", error)):
+        if value is not None:
+            setattr(row, name, value)
+    if result is not None:
+        row.result = dict(result)
+    if enqueued:
+        row.enqueued_at = now
+    row.updated_at = now
+    session.flush()
+    return _job(row)
+
+
+def list_jobs(*, session: Session, state: str | None = None, limit: int = 50,
+              offset: int = 0) -> tuple[list[JobRecord], int]:
+    """A page of jobs, newest first, and how many match in all."""
+    stmt = select(JobRow)
+    if state is not None:
+        stmt = stmt.where(JobRow.state == state)
+    total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
+    rows = session.execute(stmt.order_by(JobRow.created_at.desc(), JobRow.id).limit(limit).offset(offset))
+    return [_job(r) for r in rows.scalars()], total
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What ``claim_job`` decided: ``run`` (the lease is ours), ``finished``, ``follower`` (its leader runs it),
+    ``busy`` (another worker holds a live lease; try again after ``retry_after_s``), ``gave_up`` (too many lost
+    attempts: now failed) or ``missing``."""
+
+    outcome: str
+    job: JobRecord | None = None
+    retry_after_s: float = 0.0
+
+
+def _finish(session: Session, row: JobRow, *, state: str, now: datetime, result: Mapping[str, Any] | None,
+            error: str | None, message: str | None) -> None:
+    """Finish ``row`` and every job following it, identically."""
+    followers = session.execute(select(JobRow).where(JobRow.leader_id == row.id,
+                                                     JobRow.state.not_in(FINISHED_JOB_STATES))).scalars().all()
+    for job in (row, *followers):
+        job.state, job.finished_at, job.updated_at = state, now, now
+        job.lease_owner = job.lease_expires_at = None
+        job.error = error
+        job.message = message if job is row else f"{message} (with job {row.id}, same request)"
+        if result is not None:
+            job.result = dict(result)
+        if state == "succeeded":
+            job.progress = 1.0
+        if job.started_at is None:
+            job.started_at = row.started_at or now
+        if row.plan_key is not None:
+            job.plan_key = row.plan_key
+
+
+def claim_job(*, session: Session, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Claim:
+    """Take the job's lease if nobody holds a live one (NOTE [job lease]); counts the attempt."""
+    row = session.get(JobRow, job_id, with_for_update=True)
+    if row is None:
+        return Claim("missing")
+    if row.state in FINISHED_JOB_STATES:
+        return Claim("finished", _job(row))
+    if row.leader_id is not None:
+        return Claim("follower", _job(row))
+    now = utcnow()
+    if row.state == "running" and row.lease_owner not in (None, owner) and row.lease_expires_at is not None \
+            and row.lease_expires_at > now:
+        return Claim("busy", _job(row), (row.lease_expires_at - now).total_seconds())
+    if row.attempts >= max_attempts:
+        _finish(session, row, state="failed", now=now, result=None, message="gave up",
+                error=f"the worker running this job was lost {row.attempts} times in a row (killed, e.g. by the "
+                      f"kernel's out-of-memory killer, or its node went away); not trying again")
+        session.flush()
+        return Claim("gave_up", _job(row))
+    row.state, row.attempts, row.lease_owner = "running", row.attempts + 1, owner
+    row.lease_expires_at = now + timedelta(seconds=lease_s)
+    row.started_at = row.started_at or now
+    row.updated_at = now
+    row.message = f"attempt {row.attempts} on {owner}"
+    session.flush()
+    return Claim("run", _job(row))
+
+
+def heartbeat(*, session: Session, job_id: str, owner: str, lease_s: float, progress: float | None = None,
+              message: str | None = None, plan_key: Mapping[str, Any] | None = None) -> bool:
+    """Renew the lease (and record progress) if ``owner`` still holds it; False when it does not any more."""
+    now = utcnow()
+    values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease_s), "updated_at": now}
+    if progress is not None:
+        values["progress"] = progress
+    if message is not None:
+        values["message"] = message
+    if plan_key is not None:
+        values["plan_key"] = dict(plan_key)
+    result = session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == owner,
+                                                  JobRow.state == "running").values(**values))
+    return result.rowcount == 1
+
+
+def finish_job(*, session: Session, job_id: str, owner: str, state: str, result: Mapping[str, Any] | None = None,
+               error: str | None = None, message: str | None = None) -> bool:
+    """Finish a job (and its followers) if ``owner`` holds its lease; False otherwise, and nothing is written.
+
+    Called in the same transaction as the job's output, so a worker that lost its lease (another took the job
+    over) rolls its whole write back.
+    """
+    if state not in FINISHED_JOB_STATES:
+        raise ValueError(f"state: must be one of {', '.join(FINISHED_JOB_STATES)}, got {state!r}")
+    row = session.get(JobRow, job_id, with_for_update=True)
+    if row is None or row.state != "running" or row.lease_owner != owner:
+        return False
+    _finish(session, row, state=state, now=utcnow(), result=result, error=error,
+            message=message or ("done" if state == "succeeded" else "failed"))
+    session.flush()
+    return True
+
+
+def release_job(*, session: Session, job_id: str, owner: str, message: str) -> bool:
+    """Give the lease back without finishing (a transient error; the task will be retried)."""
+    now = utcnow()
+    result = session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == owner,
+                                                  JobRow.state == "running")
+                             .values(state="queued", lease_owner=None, lease_expires_at=None, message=message,
+                                     updated_at=now, enqueued_at=now))
+    return result.rowcount == 1
+
+
+def reap_jobs(*, session: Session, requeue_after_s: float, now: datetime | None = None) -> list[JobRecord]:
+    """Jobs to send to the broker again; marks them ``queued``.
+
+    - ``running`` with a lapsed lease: its worker died (or was cut off) without finishing it;
+    - ``pending`` or ``queued`` leaders that no worker took for ``requeue_after_s``: the enqueue never happened
+      (the API stopped in between) or the broker lost the message (a Redis restart without persistence).
+    Each row is changed by a conditional update, so concurrent reapers re-enqueue a job once.
+    """
+    now = now or utcnow()
+    stale = now - timedelta(seconds=requeue_after_s)
+    candidates = session.execute(select(JobRow.id, JobRow.state).where(JobRow.leader_id.is_(None), or_(
+        (JobRow.state == "running") & (JobRow.lease_expires_at < now),
+        (JobRow.state.in_(("pending", "queued")))
+        & (func.coalesce(JobRow.enqueued_at, JobRow.created_at) < stale)))).all()
+    out = []
+    for job_id, state in candidates:
+        if state == "running":
+            guard = (JobRow.state == "running") & (JobRow.lease_expires_at < now)
+            message = "queued again: the worker running it stopped renewing its lease"
+        else:
+            guard = (JobRow.state == state) & (func.coalesce(JobRow.enqueued_at, JobRow.created_at) < stale)
+            message = "sent to the broker again: no worker took it"
+        changed = session.execute(update(JobRow).where(JobRow.id == job_id, guard).values(
+            state="queued", lease_owner=None, lease_expires_at=None, enqueued_at=now, updated_at=now,
+            message=message)).rowcount
+        if changed:
+            row = session.get(JobRow, job_id)
+            if row is not None:
+                session.refresh(row)
+                out.append(_job(row))
+    return out
