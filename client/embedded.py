@@ -80,6 +80,18 @@ class ModelReport:
         return report
 
 
+    @classmethod
+    def from_job(cls, job: dict[str, Any]) -> ModelReport:
+        """The report of a finished profiling job of the service (``GET /v1/jobs/{id}``'s ``result``)."""
+        result = job["result"]
+        entries = result["plans"]
+        plans = [Plan.from_dict(e["plan"]) for e in entries]
+        measurements = {e["plan"]["algorithm"]: Measurement.from_dict(e["measurement"])
+                        for e in entries if e.get("measurement")}
+        return cls.from_measured(ModelRequest.from_dict(job["request"]), dict(result["key"]), plans, measurements,
+                                 from_store=bool(result.get("reused")), device_name=result.get("device_name"))
+
+
 def _open_store() -> Any:
     from remat.service.store import PlanStore
 

@@ -14,6 +14,8 @@ Public API::
         client.health() -> dict                                     # {status, database, cache}
         client.get_plan(key, algorithm="linear", budget=None) -> dict | None   # None: no such plan
         client.upload_trace(trace) -> dict                          # {key, trace_id, created, plans}
+        client.submit_job(request, queue=None) -> dict              # a profiling job (JobOut)
+        client.get_job(job_id) -> dict                              # its state, progress and result
 """
 
 from __future__ import annotations
@@ -184,6 +186,25 @@ class PlanServiceClient:
         response = self._send("POST", "/v1/traces", content=content,
                               headers={"Content-Type": "application/json"})
         return self._checked(response)
+
+    def submit_job(self, request: Any, *, queue: str | None = None) -> dict[str, Any]:
+        """``POST /v1/jobs``: have the service's workers profile, plan and validate a zoo model.
+
+        Args:
+            request: a ``ModelRequest`` (anything with ``to_dict()``) or its dict form.
+            queue: the workers' queue (default: the request's device, ``cpu`` or ``cuda``).
+
+        Returns:
+            The job (``id``, ``state``...); an identical request already running is followed, not rerun.
+        """
+        body = dict(request.to_dict() if hasattr(request, "to_dict") else request)
+        if queue is not None:
+            body["queue"] = queue
+        return self._checked(self._send("POST", "/v1/jobs", json=body))
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        """``GET /v1/jobs/{id}``: state, progress, plan key and, when finished, the plans or the reason."""
+        return self._checked(self._send("GET", f"/v1/jobs/{quote(job_id, safe='')}"))
 
     # --- plumbing -----------------------------------------------------------------------------------------
 

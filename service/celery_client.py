@@ -1,9 +1,11 @@
-"""Hand profiling jobs to the workers through the Celery broker, by task name only.
+"""Hand jobs to the workers through the Celery broker, by task name only.
 
-The service never imports the worker's tasks (they pull in torch); it sends ``worker.profile_model`` with
-the job id as the one argument, and the worker re-reads the job from the database (style.md, thin tasks).
-The broker connection uses short timeouts and no retries: a dead broker must turn into a recorded job
-error within ``broker_timeout_s``, never into a hung or failed HTTP request.
+The service never imports the worker's tasks (they pull in torch); it sends a task name with the job id as
+the one argument, and the worker re-reads the job from the database (style.md, thin tasks). The broker
+connection uses short timeouts and no retries: a dead broker must turn into a job that waits for it
+(``pending``, sent again by a worker's reaper), never into a hung or failed HTTP request.
+
+The task names are defined here, once: the worker registers its tasks under them (``remat.worker.tasks``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+import redis
 from kombu.exceptions import OperationalError
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from remat.service.config import ServiceSettings
 
@@ -19,10 +24,15 @@ if TYPE_CHECKING:
     from celery import Celery
 
 PROFILE_TASK = "worker.profile_model"
+"""Profile a zoo model, plan it with every algorithm, validate every plan (queues ``cpu``, ``cuda``...)."""
+PLAN_TASK = "worker.plan_trace"
+"""Run the planners too slow for an upload on a stored trace (queue ``plan``)."""
+TASK_FOR_KIND = {"profile": PROFILE_TASK, "plan": PLAN_TASK}
+PLAN_QUEUE = "plan"
 
 
 class JobQueue:
-    """A lazily created Celery client that can only send tasks."""
+    """A lazily created Celery client that can only send tasks (the API's and the reaper's)."""
 
     def __init__(self, settings: ServiceSettings) -> None:
         self._settings = settings
@@ -41,23 +51,37 @@ class JobQueue:
                     broker_connection_retry=False,
                     broker_connection_max_retries=0,
                     broker_transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout,
-                                              "max_retries": 0},
+                                              "max_retries": 0,
+                                              "visibility_timeout": self._settings.visibility_timeout_s},
                     task_serializer="json",
                     accept_content=["json"],
                 )
                 self._app = app
             return self._app
 
-    def enqueue_profile(self, job_id: str) -> str | None:
-        """Send the profiling task for ``job_id``; None on success, else why the broker refused it.
+    def enqueue(self, kind: str, job_id: str, queue: str) -> str | None:
+        """Send the task of a ``kind`` job to ``queue``; None on success, else why the broker refused it.
 
         The Celery task id is the job id, so broker-side tooling and the database name the same thing.
         """
         try:
-            self._celery().send_task(PROFILE_TASK, args=[job_id], task_id=job_id, retry=False,
-                                     queue=self._settings.job_queue)
-        except (OperationalError, OSError) as exc:
+            self._celery().send_task(TASK_FOR_KIND[kind], args=[job_id], task_id=job_id, retry=False,
+                                     queue=self._settings.queue_name(queue))
+        except (OperationalError, OSError, redis.RedisError) as exc:
             return f"broker {self._settings.broker_url_redacted} unreachable: {exc}"
+        return None
+
+    def ping(self) -> str | None:
+        """None when the broker answers, else the error (for ``/healthz``); the broker is Redis."""
+        timeout = self._settings.broker_timeout_s
+        client = redis.Redis.from_url(self._settings.broker_url, socket_timeout=timeout,
+                                      socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+        try:
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}".splitlines()[0]
+        finally:
+            client.close()
         return None
 
     def close(self) -> None:

@@ -42,8 +42,9 @@ class ServiceSettings(BaseSettings):
     """Redis for the plan read cache; empty to run without a cache."""
     broker_url: str = "redis://127.0.0.1:6379/0"
     """Celery broker that profiling jobs are sent to."""
-    job_queue: str | None = None
-    """Celery queue for profiling jobs; None sends them to the worker app's default queue."""
+    queue_prefix: str = ""
+    """Prefix of every broker queue name (``cpu`` becomes ``<prefix>cpu``), so that one Redis can serve several
+    deployments; the API and the workers of one deployment must agree on it."""
     api_token: SecretStr | None = None
     """Bearer token that writes require. Unset means every write is refused: never open by default."""
     read_token: SecretStr | None = None
@@ -84,6 +85,8 @@ class ServiceSettings(BaseSettings):
     """Leases a job may take: one that kills its worker this many times fails with that reason."""
     reap_interval_s: float = Field(default=10.0, ge=0.1)
     """How often each worker looks for jobs whose lease lapsed, or that the broker lost."""
+    pending_resend_after_s: float = Field(default=10.0, ge=0.1)
+    """A job the API could not hand to the broker (it was down) is sent again by a worker's reaper after this."""
     requeue_after_s: float = Field(default=900.0, ge=1.0)
     """A job queued this long without a worker taking it is sent again (a broker restart loses messages)."""
     task_time_limit_s: int = Field(default=3600, ge=10)
@@ -119,7 +122,12 @@ class ServiceSettings(BaseSettings):
 
     @property
     def queues(self) -> list[str]:
+        """``worker_queues`` as a list, without the prefix."""
         return [q.strip() for q in self.worker_queues.split(",") if q.strip()]
+
+    def queue_name(self, queue: str) -> str:
+        """The broker's name of one of our queues."""
+        return self.queue_prefix + queue
 
     @property
     def writes_enabled(self) -> bool:

@@ -122,3 +122,8 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the inherited pool without closing its connections, which the parent
+        still uses (closing them from the child would end the parent's sessions)."""
+        self.engine.dispose(close=False)

@@ -24,7 +24,7 @@ from remat.service.models import JobRow, utcnow
 from remat.service.records import FINISHED_JOB_STATES, JOB_STATES, JobRecord
 
 __all__ = ["ACTIVE_STATES", "Claim", "claim_job", "create_job", "finish_job", "get_job", "heartbeat",
-           "list_jobs", "reap_jobs", "release_job", "update_job"]
+           "list_jobs", "mark_unsent", "reap_jobs", "release_job", "update_job"]
 
 ACTIVE_STATES = ("pending", "queued", "running")
 
@@ -199,7 +199,8 @@ def heartbeat(*, session: Session, job_id: str, owner: str, lease_s: float, prog
 
 
 def finish_job(*, session: Session, job_id: str, owner: str, state: str, result: Mapping[str, Any] | None = None,
-               error: str | None = None, message: str | None = None) -> bool:
+               error: str | None = None, message: str | None = None,
+               plan_key: Mapping[str, Any] | None = None) -> bool:
     """Finish a job (and its followers) if ``owner`` holds its lease; False otherwise, and nothing is written.
 
     Called in the same transaction as the job's output, so a worker that lost its lease (another took the job
@@ -210,6 +211,8 @@ def finish_job(*, session: Session, job_id: str, owner: str, state: str, result:
     row = session.get(JobRow, job_id, with_for_update=True)
     if row is None or row.state != "running" or row.lease_owner != owner:
         return False
+    if plan_key is not None:
+        row.plan_key = dict(plan_key)
     _finish(session, row, state=state, now=utcnow(), result=result, error=error,
             message=message or ("done" if state == "succeeded" else "failed"))
     session.flush()
@@ -226,34 +229,43 @@ def release_job(*, session: Session, job_id: str, owner: str, message: str) -> b
     return result.rowcount == 1
 
 
-def reap_jobs(*, session: Session, requeue_after_s: float, now: datetime | None = None) -> list[JobRecord]:
-    """Jobs to send to the broker again; marks them ``queued``.
+def reap_jobs(*, session: Session, requeue_after_s: float, pending_after_s: float,
+              now: datetime | None = None) -> list[JobRecord]:
+    """Jobs to send to the broker again; marks them ``queued`` (the caller sends them after commit).
 
     - ``running`` with a lapsed lease: its worker died (or was cut off) without finishing it;
-    - ``pending`` or ``queued`` leaders that no worker took for ``requeue_after_s``: the enqueue never happened
-      (the API stopped in between) or the broker lost the message (a Redis restart without persistence).
+    - ``pending`` leaders older than ``pending_after_s``: the API could not reach the broker, or stopped
+      between recording and sending;
+    - ``queued`` leaders that no worker took for ``requeue_after_s``: the broker lost the message (a Redis
+      restart without persistence). A duplicate message is harmless: the lease lets one worker run the job.
     Each row is changed by a conditional update, so concurrent reapers re-enqueue a job once.
     """
     now = now or utcnow()
-    stale = now - timedelta(seconds=requeue_after_s)
-    candidates = session.execute(select(JobRow.id, JobRow.state).where(JobRow.leader_id.is_(None), or_(
-        (JobRow.state == "running") & (JobRow.lease_expires_at < now),
-        (JobRow.state.in_(("pending", "queued")))
-        & (func.coalesce(JobRow.enqueued_at, JobRow.created_at) < stale)))).all()
+    sent_at = func.coalesce(JobRow.enqueued_at, JobRow.created_at)
+    guards = {
+        "running": (JobRow.state == "running") & (JobRow.lease_expires_at < now),
+        "pending": (JobRow.state == "pending") & (sent_at < now - timedelta(seconds=pending_after_s)),
+        "queued": (JobRow.state == "queued") & (sent_at < now - timedelta(seconds=requeue_after_s)),
+    }
+    messages = {"running": "queued again: the worker running it stopped renewing its lease",
+                "pending": "sent to the broker",
+                "queued": "sent to the broker again: no worker took it"}
+    candidates = session.execute(select(JobRow.id, JobRow.state).where(JobRow.leader_id.is_(None),
+                                                                      or_(*guards.values()))).all()
     out = []
     for job_id, state in candidates:
-        if state == "running":
-            guard = (JobRow.state == "running") & (JobRow.lease_expires_at < now)
-            message = "queued again: the worker running it stopped renewing its lease"
-        else:
-            guard = (JobRow.state == state) & (func.coalesce(JobRow.enqueued_at, JobRow.created_at) < stale)
-            message = "sent to the broker again: no worker took it"
-        changed = session.execute(update(JobRow).where(JobRow.id == job_id, guard).values(
+        changed = session.execute(update(JobRow).where(JobRow.id == job_id, guards[state]).values(
             state="queued", lease_owner=None, lease_expires_at=None, enqueued_at=now, updated_at=now,
-            message=message)).rowcount
+            message=messages[state])).rowcount
         if changed:
             row = session.get(JobRow, job_id)
             if row is not None:
                 session.refresh(row)
                 out.append(_job(row))
     return out
+
+
+def mark_unsent(*, session: Session, job_id: str, error: str) -> None:
+    """The broker refused a job that was marked ``queued``: back to ``pending`` (the reaper sends it again)."""
+    session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.state == "queued").values(
+        state="pending", updated_at=utcnow(), message=f"waiting for the broker ({error})"))

@@ -8,7 +8,7 @@ planner names and budgets, and the OpenAPI patterns derived from the key's own s
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from remat.client.errors import InvalidKeyError
@@ -26,14 +26,23 @@ from remat.client.trace import OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, Trace
 from remat.service.errors import TraceRejectedError
 
 __all__ = ["ALGORITHM_PATTERN", "DEVICE_PATTERN", "DTYPE_PATTERN", "MAX_DIM", "MAX_DIMS", "MAX_FIELD_BYTES",
-           "MAX_FIELD_MS", "MAX_NUMEL", "METADATA_MAX_CHARS", "MODEL_HASH_PATTERN", "TORCH_VERSION_PATTERN",
+           "MAX_FIELD_MS", "MAX_NUMEL", "METADATA_MAX_CHARS", "MODEL_HASH_PATTERN", "PRECISION_PATTERN",
+           "QUEUE_PATTERN", "TORCH_VERSION_PATTERN",
            "check_algorithm", "check_budget", "check_storable", "find_bad_text", "trace_key"]
 
 MAX_FIELD_BYTES = 2**40
 """Largest byte count a trace field may hold (1 TiB): sums over 10^6 stages still fit in 64 bits."""
 MAX_FIELD_MS = 1e9
-DTYPE_PATTERN = "(" + "|".join(re.escape(s) for s in sorted((*SPELLINGS, UNKNOWN), key=lambda t: (-len(t), t))) + ")"
-"""Exactly the precision spellings ``PlanKey`` accepts (remat.client.precision.SPELLINGS) and ``unknown``."""
+def _alternatives(words: Iterable[str]) -> str:
+    return "(" + "|".join(re.escape(w) for w in sorted(words, key=lambda t: (-len(t), t))) + ")"
+
+
+PRECISION_PATTERN = _alternatives(SPELLINGS)
+"""Exactly the precision spellings a request may use (remat.client.precision.SPELLINGS)."""
+DTYPE_PATTERN = _alternatives((*SPELLINGS, UNKNOWN))
+"""Exactly the precision spellings ``PlanKey`` accepts, and ``unknown``."""
+QUEUE_PATTERN = r"(cpu|cuda)(-[a-z0-9][a-z0-9_.-]{0,39})?"
+"""A profiling queue: the device class, optionally narrowed to a GPU model (``cuda-h100``)."""
 TORCH_VERSION_PATTERN = r"[0-9]{1,4}\.[0-9]{1,4}([.+][A-Za-z0-9.+]{0,40})?"
 ALGORITHM_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
 METADATA_MAX_CHARS = {"model": 200, "device_name": 200, "torch_version": 64}

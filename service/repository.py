@@ -161,6 +161,13 @@ def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> Pl
     return key
 
 
+def has_plans(*, session: Session, trace_id: int, algorithms: Sequence[str]) -> bool:
+    """Whether every one of ``algorithms`` has a stored plan computed from this very trace."""
+    found = session.execute(select(func.count(func.distinct(PlanRow.algorithm))).where(
+        PlanRow.trace_id == trace_id, PlanRow.algorithm.in_(list(algorithms)))).scalar_one()
+    return found == len(set(algorithms))
+
+
 def _major_minor(version: str | None) -> str:
     """A trace's torch version as plans key it; ``unknown`` when the trace did not record a readable one."""
     try:

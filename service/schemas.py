@@ -33,6 +33,8 @@ from remat.service.keys import (
     MAX_NUMEL,
     METADATA_MAX_CHARS,
     MODEL_HASH_PATTERN,
+    PRECISION_PATTERN,
+    QUEUE_PATTERN,
     TORCH_VERSION_PATTERN,
     find_bad_text,
 )
@@ -151,6 +153,17 @@ class PlansPage(BaseModel):
     """How many plans match the filters in all (``data`` holds one page of them)."""
 
 
+class DeferredPlanOut(BaseModel):
+    algorithm: str
+    job_id: str | None
+    """The ``plan`` job computing it (``GET /v1/jobs/{id}``); None when its plan was already stored."""
+
+
+class SkippedPlanOut(BaseModel):
+    algorithm: str
+    reason: str
+
+
 class TraceStoredOut(BaseModel):
     key: PlanKeyOut
     trace_id: int
@@ -158,6 +171,11 @@ class TraceStoredOut(BaseModel):
     created: bool
     """False when the same trace content was stored before."""
     plans: list[PlanOut]
+    """The plans computed inside the request."""
+    deferred: list[DeferredPlanOut]
+    """Planners run as a job on the ``plan`` queue (too slow for a request at this stage count)."""
+    skipped: list[SkippedPlanOut]
+    """Planners not run at all at this stage count, with why."""
 
 
 # --- measurements -----------------------------------------------------------------------------------------
@@ -211,10 +229,15 @@ class JobCreate(BaseModel):
     batch_size: Annotated[int, Field(ge=1, le=65536)]
     input_shape: Annotated[list[Dim], Field(min_length=1, max_length=MAX_DIMS - 1)]
     """Per-sample input shape, batch excluded, e.g. ``[3, 224, 224]``."""
-    dtype: Literal["float32", "float16", "bfloat16", "float64"] = "float32"
+    dtype: Annotated[str, StringConstraints(pattern=f"^{PRECISION_PATTERN}$")] = "float32"
+    """The step's precision: ``float32``, ``bfloat16``, ``autocast_bfloat16``... (any spelling ``remat-client
+    plan --dtype`` accepts; stored in its canonical form)."""
     device: Literal["cpu", "cuda"] = "cuda"
     mode: Literal["train", "eval"] = "train"
     grads: Literal["none", "kept"] = "none"
+    queue: Annotated[str | None, StringConstraints(pattern=f"^{QUEUE_PATTERN}$")] = None
+    """Queue of the workers to run it (default: the device, ``cpu`` or ``cuda``); ``cuda-h100`` for workers
+    started with ``--queues cuda-h100``. Must be of the requested device."""
 
     @model_validator(mode="after")
     def _plausible_size(self) -> JobCreate:
@@ -228,13 +251,27 @@ class JobCreate(BaseModel):
 
 
 class JobOut(BaseModel):
+    """A job as stored (``remat.service.records.JobRecord``)."""
+
     id: str
+    kind: Literal["profile", "plan"]
     state: Literal["pending", "queued", "running", "succeeded", "failed"]
     progress: float
+    """Fraction of the work done, 0 to 1; ``message`` says which phase runs."""
     message: str | None
     error: str | None
+    """Why a failed job failed, in words a person can act on."""
     request: dict[str, Any]
     result: dict[str, Any] | None
+    """At the end of a profile job: the plan key, the trace id and every plan with its measurement."""
+    plan_key: dict[str, Any] | None
+    """The plan key, once a worker has built the model."""
+    queue: str | None
+    leader_id: str | None
+    """The job this one follows: an identical request that was already running when it was submitted."""
+    attempts: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
@@ -256,9 +293,12 @@ class ComponentHealth(BaseModel):
 
 class HealthOut(BaseModel):
     status: Literal["ok", "degraded", "unavailable"]
-    """ok: all reachable; degraded: the cache is down (reads go to the database); unavailable: no database."""
+    """ok: all reachable; degraded: the cache or the broker is down (reads go to the database, new jobs wait
+    for the broker); unavailable: no database."""
     database: ComponentHealth
     cache: ComponentHealth
+    broker: ComponentHealth
+    """The Celery broker that jobs are sent through."""
 
 
 # --- trace upload (OpenAPI only; parsed by remat.client.trace) --------------------------------------------

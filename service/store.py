@@ -107,6 +107,10 @@ class PlanStore:
         self.close()
 
     @property
+    def is_open(self) -> bool:
+        return self._db is not None
+
+    @property
     def db(self) -> Database:
         """The open database (opening it on first use)."""
         if self._db is None:
@@ -114,7 +118,8 @@ class PlanStore:
         assert self._db is not None
         return self._db
 
-    def _invalidate(self, key: PlanKey, plans: Sequence[Plan]) -> None:
+    def invalidate(self, key: PlanKey, plans: Sequence[Plan]) -> None:
+        """Drop the cached reads of these plans (after the commit that changed them)."""
         if self._cache is not None:
             self._cache.delete_plans(key, [(p.algorithm, p.budget_bytes) for p in plans])
 
@@ -134,14 +139,14 @@ class PlanStore:
         with self.db.write_session() as session:
             stored = repository.store_trace(session=session, trace=trace)
             repository.store_plans(session=session, trace_id=stored.trace_id, plans=plans)
-        self._invalidate(stored.key, plans)
+        self.invalidate(stored.key, plans)
         return stored.key
 
     def save_profile(self, trace: Trace, plans: Sequence[Plan], measurements: Mapping[str, Measurement]) -> PlanKey:
         """A profiling run's trace, plans and measurements in one transaction; returns their key."""
         with self.db.write_session() as session:
             stored = repository.store_profile(session=session, trace=trace, plans=plans, measurements=measurements)
-        self._invalidate(stored.key, plans)
+        self.invalidate(stored.key, plans)
         return stored.key
 
     def find_plans(self, key: PlanKey) -> list[Plan] | None:

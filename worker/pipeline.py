@@ -19,7 +19,7 @@ Public API::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -178,13 +178,20 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
 
 
 def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rounds: int = TIMING_ROUNDS,
-        check_gradients: bool = True, algorithms: Sequence[str] | None = None) -> ProfileResult:
-    """Build, profile, plan with every algorithm (or ``algorithms``) and validate each plan."""
+        check_gradients: bool = True, algorithms: Sequence[str] | None = None,
+        on_key: Callable[[PlanKey], None] | None = None) -> ProfileResult:
+    """Build, profile, plan with every algorithm (or ``algorithms``) and validate each plan.
+
+    ``on_key`` is called with the plan key as soon as the model is built (seconds, before the minutes of
+    profiling): the worker records it on the job and stops here, by raising, when the key already has plans.
+    """
     from remat.worker.planning import STORED_COST_MODEL, plan_all
 
     say = progress or _silent
     say(f"building {request.name}", 0.0)
     built = build(request)
+    if on_key is not None:
+        on_key(built.key)
     say(f"profiling {built.chain.num_stages} stages", 0.05)
     trace = profile(built)
     say("planning", 0.4)

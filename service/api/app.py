@@ -12,6 +12,7 @@ database that cannot be reached is a 503, not a 500.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -114,6 +115,15 @@ def build_state(settings: ServiceSettings) -> ServiceState:
     return ServiceState(settings=settings, db=db, cache=PlanCache(settings), queue=JobQueue(settings))
 
 
+def _load_zoo_names() -> None:
+    from remat.client.zoo import available_models
+
+    try:
+        available_models()
+    except Exception:  # noqa: BLE001 - a failure here shows up, with its reason, at the first submission
+        log.warning("could not load the model zoo's names", exc_info=True)
+
+
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     """The ASGI app; ``settings`` default to the environment (``REMAT_*``)."""
     settings = settings or ServiceSettings()
@@ -121,6 +131,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # POST /v1/jobs checks zoo names against torchvision, whose import takes seconds: start it now, off the
+        # event loop, so that the first submission does not pay for it.
+        threading.Thread(target=_load_zoo_names, name="zoo-names", daemon=True).start()
         yield
         state.close()
 

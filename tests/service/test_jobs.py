@@ -121,11 +121,11 @@ def test_reaper_requeues_lapsed_leases_and_forgotten_jobs_once(db: Database) -> 
     with db.write_session() as session:
         jobs.update_job(session=session, job_id=fresh.id, state="queued", enqueued=True)
     with db.write_session() as session:
-        reaped = jobs.reap_jobs(session=session, requeue_after_s=50, now=later)
+        reaped = jobs.reap_jobs(session=session, requeue_after_s=50, pending_after_s=50, now=later)
     assert {job.id for job in reaped} == {running.id, forgotten.id, fresh.id}
     assert all(job.state == "queued" and job.lease_owner is None for job in reaped)
     with db.write_session() as session:  # just re-enqueued: not again
-        assert jobs.reap_jobs(session=session, requeue_after_s=50, now=later) == []
+        assert jobs.reap_jobs(session=session, requeue_after_s=50, pending_after_s=50, now=later) == []
     assert _get(db, follower.id).leader_id == forgotten.id
 
 

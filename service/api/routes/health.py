@@ -1,4 +1,4 @@
-"""``GET /healthz``: can the service reach its database and its cache?"""
+"""``GET /healthz``: can the service reach its database, its cache and its broker?"""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", response_model=HealthOut, responses={503: {"model": HealthOut}})
 def read_health(state: StateDep) -> JSONResponse:
-    """Database and Redis reachability; 503 only when the database is down (a dead cache only slows reads)."""
+    """Database, cache and broker reachability; 503 only when the database is down (a dead cache only slows
+    reads, a dead broker only delays new jobs)."""
     try:
         with state.db.read_session() as session:
             repository.ping(session=session)
@@ -27,6 +28,8 @@ def read_health(state: StateDep) -> JSONResponse:
         cache = {"ok": error is None, "detail": error}
     else:
         cache = {"ok": True, "detail": "disabled"}
-    status = "unavailable" if not database["ok"] else "ok" if cache["ok"] else "degraded"
-    body = HealthOut.model_validate({"status": status, "database": database, "cache": cache})
+    broker_error = state.queue.ping()
+    broker = {"ok": broker_error is None, "detail": broker_error}
+    status = "unavailable" if not database["ok"] else "ok" if cache["ok"] and broker["ok"] else "degraded"
+    body = HealthOut.model_validate({"status": status, "database": database, "cache": cache, "broker": broker})
     return JSONResponse(status_code=503 if status == "unavailable" else 200, content=body.model_dump())

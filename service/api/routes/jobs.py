@@ -1,4 +1,4 @@
-"""``POST /v1/jobs`` (record and enqueue a profiling job), ``GET /v1/jobs/{id}`` and ``GET /v1/jobs``."""
+"""``POST /v1/jobs`` (record, deduplicate and enqueue a profiling job), ``GET /v1/jobs/{id}``, ``GET /v1/jobs``."""
 
 from __future__ import annotations
 
@@ -7,15 +7,19 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
 
+from remat.client.errors import UnknownModelError
+from remat.client.request import ModelRequest
 from remat.service import jobs
 from remat.service.api.deps import (
     OPTIONAL_AUTH,
     READ_RESPONSES,
     WRITE_RESPONSES,
+    ServiceState,
     StateDep,
     require_reader,
     require_writer,
 )
+from remat.service.records import JobRecord
 from remat.service.schemas import ErrorOut, JobCreate, JobOut, JobsPage
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -24,31 +28,60 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
                             description="Job id (a UUID) as returned by POST /v1/jobs.")]
 
 
+def _model_request(body: JobCreate) -> ModelRequest:
+    """The request in its canonical form; an unknown model name is refused here, not by a worker later."""
+    from remat.client.zoo import canonical_name  # imports torchvision, once per process
+
+    try:
+        canonical_name(body.model)
+    except UnknownModelError as exc:
+        raise HTTPException(422, detail=f"model: {exc}") from None
+    return ModelRequest.from_dict(body.model_dump(exclude={"queue"}))  # PlanError (422) names the field
+
+
+def _submit(body: JobCreate, state: ServiceState) -> JobRecord:
+    request = _model_request(body)
+    queue = body.queue or request.device
+    if queue.split("-", 1)[0] != request.device:
+        raise HTTPException(422,
+                            detail=f"queue: {queue!r} is not a queue of device {request.device!r}")
+    with state.db.write_session() as session:
+        job, must_enqueue = jobs.create_job(session=session, request=request.to_dict(), kind="profile",
+                                            request_key=request.fingerprint, queue=queue)
+    if not must_enqueue:
+        return job
+    error = state.queue.enqueue(job.kind, job.id, queue)
+    with state.db.write_session() as session:
+        # Conditional: a fast worker may already have moved the job to "running".
+        if error is None:
+            updated = jobs.update_job(session=session, job_id=job.id, only_from=("pending",), state="queued",
+                                      enqueued=True, message=f"queued on {queue}")
+        else:
+            updated = jobs.update_job(session=session, job_id=job.id, only_from=("pending",),
+                                      message=f"waiting for the broker ({error})")
+    return updated or job
+
+
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut, responses=WRITE_RESPONSES,
              dependencies=[Depends(require_writer)])
 def create_job(body: JobCreate, state: StateDep) -> JSONResponse:
-    """Record a profiling job, then hand its id to the workers (``worker.profile_model``).
+    """Record a profiling job, then hand its id to the workers of its queue (``worker.profile_model``).
 
-    The job is committed before it is enqueued, so a worker never looks for a job that is not there yet.
-    If the broker cannot be reached the job is still recorded, as ``failed`` with an error that says so,
-    and the answer is still 202: poll ``GET /v1/jobs/{id}`` either way.
+    - The job is committed before it is enqueued, so a worker never looks for a job that is not there yet.
+    - A request identical (in canonical form) to one already pending, queued or running is not run twice: the
+      new job *follows* that one (``leader_id``) and ends with its result.
+    - If the broker cannot be reached the job stays ``pending`` and a worker's reaper sends it once the broker
+      is back; the answer is 202 either way: poll ``GET /v1/jobs/{id}``.
+    - An unknown model or a malformed request is 422 naming the field, and nothing is recorded.
     """
-    with state.db.write_session() as session:
-        job, _ = jobs.create_job(session=session, request=body.model_dump())
-    error = state.queue.enqueue_profile(job.id)
-    with state.db.write_session() as session:
-        # Conditional: a fast worker may already have moved the job to "running".
-        updated = jobs.update_job(session=session, job_id=job.id, only_from=("pending",),
-                                        state="failed" if error else "queued",
-                                        error=f"enqueue: {error}" if error else None)
-    return JSONResponse(status_code=status.HTTP_202_ACCEPTED, content=(updated or job).to_dict())
+    return JSONResponse(status_code=status.HTTP_202_ACCEPTED, content=_submit(body, state).to_dict())
 
 
 @router.get("/{job_id}", response_model=JobOut,
             responses={404: {"model": ErrorOut, "description": "No such job."}, **READ_RESPONSES},
             dependencies=[Depends(require_reader)], openapi_extra=OPTIONAL_AUTH)
 def read_job(job_id: JobId, state: StateDep) -> JSONResponse:
-    """A job's state, progress, error and (when finished) result."""
+    """A job's state, progress (``message`` names the phase), plan key, error and, when finished, its result."""
     with state.db.read_session() as session:
         job = jobs.get_job(session=session, job_id=job_id)
     if job is None:

@@ -2,43 +2,86 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from remat.client.errors import TraceFormatError
 from remat.client.trace import Trace, loads_trace
-from remat.service import repository
+from remat.service import jobs, repository
 from remat.service.api.deps import WRITE_RESPONSES, ServiceState, StateDep, require_writer
+from remat.service.celery_client import PLAN_QUEUE
+from remat.service.config import ServiceSettings
+from remat.service.errors import TraceRejectedError
 from remat.service.keys import check_storable, trace_key
 from remat.service.schemas import TRACE_REQUEST_BODY, TraceStoredOut
 
 router = APIRouter(prefix="/v1/traces", tags=["traces"])
 
 
-def _parse(body: bytes) -> Trace:
+def _parse(body: bytes, settings: ServiceSettings) -> Trace:
     """Parse and bound-check an upload; every failure is a TraceFormatError naming the field."""
     try:
         trace = loads_trace(body)
     except RecursionError:
         raise TraceFormatError("trace: JSON nested too deeply") from None
+    if trace.num_stages > settings.max_stages:
+        raise TraceRejectedError(f"stages: {trace.num_stages} stages, more than the {settings.max_stages} this "
+                                 f"service plans (REMAT_MAX_STAGES); merge stages, e.g. cut at block boundaries")
     check_storable(trace)
     trace_key(trace)  # key metadata errors before the planners run, not after
     return trace
+
+
+def split_algorithms(num_stages: int, settings: ServiceSettings) -> tuple[list[str], list[str], dict[str, str]]:
+    """Which planners run inside the upload, which as a ``plan`` job, and which not at all (with why).
+
+    Every planner but ``cubic`` is at most O(n log n) or a few seconds at ``max_stages``; ``cubic`` is O(n³):
+    inline while it answers in under a second, as a job up to ``max_cubic_stages``, beyond that skipped.
+    """
+    from remat.worker.planners import PLANNERS  # torch-free
+
+    inline = [a for a in PLANNERS if a != "cubic" or num_stages <= settings.inline_cubic_stages]
+    deferred, skipped = [], {}
+    if "cubic" in PLANNERS and "cubic" not in inline:
+        if num_stages <= settings.max_cubic_stages:
+            deferred.append("cubic")
+        else:
+            skipped["cubic"] = (f"O(n^3): not run above {settings.max_cubic_stages} stages "
+                                f"(REMAT_MAX_CUBIC_STAGES); linear is exact under the pytorch cost model")
+    return inline, deferred, skipped
 
 
 def _store(state: ServiceState, body: bytes) -> JSONResponse:
     # planners are pure Python, but only this route needs them
     from remat.worker.planning import STORED_COST_MODEL, plan_all
 
-    trace = _parse(body)
-    plans = plan_all(trace, cost_model=STORED_COST_MODEL)
+    trace = _parse(body, state.settings)
+    inline, deferred, skipped = split_algorithms(trace.num_stages, state.settings)
+    plans = plan_all(trace, cost_model=STORED_COST_MODEL, algorithms=inline)
+    job = None
+    must_enqueue = False
     with state.db.write_session() as session:
         stored = repository.store_trace(session=session, trace=trace)
         repository.store_plans(session=session, trace_id=stored.trace_id, plans=plans)
+        if deferred and not repository.has_plans(session=session, trace_id=stored.trace_id, algorithms=deferred):
+            job, must_enqueue = jobs.create_job(
+                session=session, kind="plan", queue=PLAN_QUEUE,
+                request={"trace_id": stored.trace_id, "algorithms": deferred},
+                request_key=hashlib.sha256(f"plan:{stored.content_sha256}:{','.join(deferred)}".encode()).hexdigest())
     state.cache.delete_plans(stored.key, [(p.algorithm, p.budget_bytes) for p in plans])
+    if job is not None and must_enqueue:
+        error = state.queue.enqueue(job.kind, job.id, PLAN_QUEUE)
+        with state.db.write_session() as session:
+            job = jobs.update_job(session=session, job_id=job.id, only_from=("pending",),
+                                  **({"state": "queued", "enqueued": True} if error is None
+                                     else {"message": f"waiting for the broker ({error})"})) or job
     content = {"key": stored.key.to_dict(), "trace_id": stored.trace_id, "content_sha256": stored.content_sha256,
-               "created": stored.created, "plans": [p.to_dict() for p in plans]}
+               "created": stored.created, "plans": [p.to_dict() for p in plans],
+               "deferred": [{"algorithm": a, "job_id": job.id if job else None} for a in deferred],
+               "skipped": [{"algorithm": a, "reason": why} for a, why in skipped.items()]}
     return JSONResponse(status_code=status.HTTP_201_CREATED if stored.created else status.HTTP_200_OK,
                         content=content)
 
@@ -55,8 +98,11 @@ def _store(state: ServiceState, body: bytes) -> JSONResponse:
 async def create_trace(request: Request, state: StateDep) -> JSONResponse:
     """Store a ``remat-trace/1`` trace and the plans of every registered algorithm computed from it.
 
-    Idempotent: the same trace content is stored once (200 instead of 201), and its plans replace those
-    stored under the same key, algorithm and budget.
+    Bounded (docs/service.md, "Limits"): a trace above ``REMAT_MAX_STAGES`` stages is 422; ``cubic`` runs
+    inline up to ``REMAT_INLINE_CUBIC_STAGES`` stages, as a job on the ``plan`` queue up to
+    ``REMAT_MAX_CUBIC_STAGES`` (``deferred`` names the job; its plan appears under the same key when done), and
+    is ``skipped`` beyond. Idempotent: the same trace content is stored once (200 instead of 201), and its plans
+    replace those stored under the same key, algorithm and budget.
     """
     body = await request.body()
     return await run_in_threadpool(_store, state, body)

@@ -10,12 +10,21 @@ from tests.service.factories import AUTH, REDIS_URL, closed_port_url, trace_dict
 
 
 def test_all_reachable(make_client: Callable[..., TestClient], redis_prefix: str) -> None:
-    body = make_client(redis_url=REDIS_URL, cache_prefix=redis_prefix).get("/healthz").json()
-    assert body == {"status": "ok", "database": {"ok": True, "detail": None}, "cache": {"ok": True, "detail": None}}
+    body = make_client(redis_url=REDIS_URL, broker_url=REDIS_URL, cache_prefix=redis_prefix).get("/healthz").json()
+    assert body == {"status": "ok", "database": {"ok": True, "detail": None}, "cache": {"ok": True, "detail": None},
+                    "broker": {"ok": True, "detail": None}}
 
 
-def test_no_cache_configured(client: TestClient) -> None:
-    body = client.get("/healthz").json()
+def test_broker_down_is_degraded_not_down(make_client: Callable[..., TestClient], redis_prefix: str) -> None:
+    response = make_client(redis_url=REDIS_URL, cache_prefix=redis_prefix, broker_url=closed_port_url()).get("/healthz")
+    body = response.json()
+    assert response.status_code == 200 and body["status"] == "degraded"
+    assert body["broker"]["ok"] is False and "Connection refused" in body["broker"]["detail"]
+    assert body["database"]["ok"] and body["cache"]["ok"]
+
+
+def test_no_cache_configured(make_client: Callable[..., TestClient]) -> None:
+    body = make_client(broker_url=REDIS_URL).get("/healthz").json()
     assert body["status"] == "ok" and body["cache"] == {"ok": True, "detail": "disabled"}
 
 

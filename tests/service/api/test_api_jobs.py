@@ -17,20 +17,31 @@ JOB = {"model": "torchvision:resnet152", "batch_size": 32, "input_shape": [3, 22
        "device": "cuda"}
 
 
-def test_job_with_the_broker_down_is_recorded_as_failed(client: TestClient) -> None:
+def test_job_with_the_broker_down_waits_for_it(client: TestClient) -> None:
     response = client.post("/v1/jobs", json=JOB, headers=AUTH)
     assert response.status_code == 202
     job = response.json()
-    assert job["state"] == "failed" and job["finished_at"] is not None
-    assert job["error"].startswith("enqueue: broker redis://127.0.0.1:") and "unreachable" in job["error"]
+    assert job["state"] == "pending" and job["finished_at"] is None and job["error"] is None
+    assert job["message"].startswith("waiting for the broker (broker redis://127.0.0.1:")
+    assert "unreachable" in job["message"]
     assert job["request"] == {**JOB, "mode": "train", "grads": "none"}
+    assert job["kind"] == "profile" and job["queue"] == "cuda" and job["leader_id"] is None
     fetched = client.get(f"/v1/jobs/{job['id']}")
     assert fetched.status_code == 200 and fetched.json() == job
 
 
+def test_spellings_of_one_request_are_one_job(client: TestClient) -> None:
+    first = client.post("/v1/jobs", json={**JOB, "model": "resnet152"}, headers=AUTH).json()
+    second = client.post("/v1/jobs", json=JOB, headers=AUTH).json()
+    assert first["request"] == second["request"] and first["request"]["model"] == "torchvision:resnet152"
+    assert second["leader_id"] == first["id"] and second["state"] == "queued"
+    other = client.post("/v1/jobs", json={**JOB, "dtype": "autocast_bfloat16"}, headers=AUTH).json()
+    assert other["leader_id"] is None and other["request"]["dtype"] == "autocast_bfloat16"
+
+
 def test_job_is_enqueued_by_name_with_its_id_only(make_client: Callable[..., TestClient], redis_prefix: str) -> None:
-    queue = f"{redis_prefix}jobs"
-    client = make_client(broker_url=REDIS_URL, job_queue=queue)
+    queue = f"{redis_prefix}cuda"
+    client = make_client(broker_url=REDIS_URL, queue_prefix=redis_prefix)
     response = client.post("/v1/jobs", json=JOB, headers=AUTH)
     assert response.status_code == 202 and response.json()["state"] == "queued"
     job_id = response.json()["id"]
@@ -53,7 +64,10 @@ def test_job_is_enqueued_by_name_with_its_id_only(make_client: Callable[..., Tes
     ({"input_shape": []}, "input_shape: List should have at least 1 item"),
     ({"input_shape": [3, -1]}, "input_shape[1]: Input should be greater than or equal to 1"),
     ({"input_shape": [65536, 65536, 65536]}, "input_shape: batch_size x input_shape is"),
-    ({"dtype": "int8"}, "dtype: Input should be"),
+    ({"dtype": "int8"}, "dtype: String should match pattern"),
+    ({"model": "resnet1888"}, "model: unknown model 'resnet1888'; close matches: resnet18"),
+    ({"queue": "cpu"}, "queue: 'cpu' is not a queue of device 'cuda'"),
+    ({"queue": "gpu"}, "queue: String should match pattern"),
     ({"device": "tpu"}, "device: Input should be"),
     ({"model": "rm -rf /; resnet"}, "model: String should match pattern"),
     ({"priority": 1}, "priority: Extra inputs are not permitted"),

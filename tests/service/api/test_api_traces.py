@@ -64,3 +64,38 @@ def test_oversized_bodies_get_413(make_client) -> None:  # type: ignore[no-untyp
     assert response.status_code == 413
     jobs = client.post("/v1/jobs", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
     assert jobs.status_code == 413
+
+
+def test_a_trace_at_the_stage_limit_is_planned_one_past_it_is_refused(client: TestClient) -> None:
+    from remat.service.config import ServiceSettings
+
+    limit = ServiceSettings().max_stages
+    at_limit = client.post("/v1/traces", json=trace_dict(num_stages=limit), headers=AUTH)
+    assert at_limit.status_code == 201, at_limit.text
+    body = at_limit.json()
+    assert [p["algorithm"] for p in body["plans"]] == [a for a in PLANNERS if a != "cubic"]
+    assert body["deferred"] == [] and [s["algorithm"] for s in body["skipped"]] == ["cubic"]
+    assert "REMAT_MAX_CUBIC_STAGES" in body["skipped"][0]["reason"]
+    past = client.post("/v1/traces", json=trace_dict(num_stages=limit + 1), headers=AUTH)
+    assert past.status_code == 422
+    assert past.json()["detail"] == (f"stages: {limit + 1} stages, more than the {limit} this service plans "
+                                     f"(REMAT_MAX_STAGES); merge stages, e.g. cut at block boundaries")
+
+
+def test_cubic_runs_inline_while_fast_and_as_a_plan_job_beyond(client: TestClient) -> None:
+    from remat.service.config import ServiceSettings
+
+    settings = ServiceSettings()
+    small = client.post("/v1/traces", json=trace_dict(num_stages=settings.inline_cubic_stages), headers=AUTH).json()
+    assert "cubic" in [p["algorithm"] for p in small["plans"]] and small["deferred"] == small["skipped"] == []
+    big = client.post("/v1/traces", json=trace_dict(num_stages=settings.inline_cubic_stages + 1, model_hash="arch-2"),
+                      headers=AUTH).json()
+    assert "cubic" not in [p["algorithm"] for p in big["plans"]] and big["skipped"] == []
+    (deferred,) = big["deferred"]
+    assert deferred["algorithm"] == "cubic"
+    job = client.get(f"/v1/jobs/{deferred['job_id']}").json()
+    assert job["kind"] == "plan" and job["queue"] == "plan"
+    assert job["request"] == {"trace_id": big["trace_id"], "algorithms": ["cubic"]}
+    again = client.post("/v1/traces", json=trace_dict(num_stages=settings.inline_cubic_stages + 1,
+                                                       model_hash="arch-2"), headers=AUTH).json()
+    assert client.get(f"/v1/jobs/{again['deferred'][0]['job_id']}").json()["leader_id"] == deferred["job_id"]

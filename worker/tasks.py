@@ -1,0 +1,292 @@
+"""The Celery tasks: a profiling job and a planning job, each from its job id to stored plans and a finished job.
+
+Thin over the pipeline (``remat.worker.pipeline``) and the job state machine (``remat.service.jobs``):
+
+1. claim the job's lease on its row (NOTE [job lease] in service/models.py): a message for a job that is
+   finished, follows another, or runs elsewhere under a live lease is acknowledged and dropped — that is what
+   makes re-deliveries harmless;
+2. run, while a heartbeat thread renews the lease and records progress (phase, fraction);
+3. write the trace, plans, measurements *and* the job's end in one transaction, conditional on still holding
+   the lease — a worker that lost its job to another writes nothing.
+
+Failures a person can act on (out of memory, a model that cannot be cut, a time limit) end the job ``failed``
+with that reason and are not retried; a database that cannot be reached is retried with backoff; a process
+killed mid-job is recovered by the lease lapsing (``remat.worker.reaper``). torch is imported inside the tasks,
+never in the worker's parent process (CUDA and fork do not mix).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy.exc import OperationalError as DatabaseUnreachable
+
+from remat.client.errors import RematError
+from remat.client.plan_key import PlanKey
+from remat.client.request import ModelRequest
+from remat.service import jobs, repository
+from remat.service.config import ServiceSettings
+from remat.service.records import PlanRecord
+from remat.service.store import PlanStore
+
+__all__ = ["plan_trace", "profile_model"]
+
+log = logging.getLogger("remat.worker")
+
+MAX_DATABASE_RETRIES = 5
+
+
+class LeaseLost(Exception):
+    """Another worker took the job over (our lease lapsed): stop, write nothing."""
+
+
+class AlreadyPlanned(Exception):
+    """The job's key already has validated plans: finish with them instead of profiling again."""
+
+    def __init__(self, records: list[PlanRecord]) -> None:
+        super().__init__("already planned")
+        self.records = records
+
+
+def owner_name() -> str:
+    """Who holds a lease: host and process, so a re-delivery to a new child of the same worker is a new owner."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+_stores: dict[tuple[int, str], PlanStore] = {}
+
+
+def plan_store(settings: ServiceSettings) -> PlanStore:
+    """The process's plan store, opened in this process (never inherited across a fork)."""
+    slot = (os.getpid(), settings.database_url)
+    if slot not in _stores:
+        _stores[slot] = PlanStore(settings=settings, use_cache=True).open()
+    return _stores[slot]
+
+
+@dataclass
+class Heartbeat:
+    """Renews a job's lease every third of it from a thread, carrying the latest progress with it.
+
+    ``progress()`` is the pipeline's callback: it records the phase and wakes the thread to write it at once;
+    once the lease is lost it raises :class:`LeaseLost`, which stops the pipeline at its next phase.
+    """
+
+    store: PlanStore
+    job_id: str
+    owner: str
+    lease_s: float
+    _message: str | None = None
+    _fraction: float | None = None
+    _plan_key: Mapping[str, Any] | None = None
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    lost: bool = False
+
+    def __enter__(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{self.job_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def progress(self, message: str, fraction: float) -> None:
+        if self.lost:
+            raise LeaseLost(self.job_id)
+        self._message, self._fraction = message, min(max(fraction, 0.0), 0.99)
+        self._wake.set()
+
+    def plan_key(self, key: PlanKey) -> None:
+        self._plan_key = key.to_dict()
+        self._wake.set()
+
+    @property
+    def recorded_key(self) -> Mapping[str, Any] | None:
+        """The plan key, once the model was built (a failed job keeps it too)."""
+        return self._plan_key
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=self.lease_s / 3)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                with self.store.db.write_session() as session:
+                    held = jobs.heartbeat(session=session, job_id=self.job_id, owner=self.owner,
+                                          lease_s=self.lease_s, progress=self._fraction, message=self._message,
+                                          plan_key=self._plan_key)
+            except DatabaseUnreachable as exc:  # try again next beat; the lease has slack for two misses
+                log.warning("job %s: heartbeat failed (%s)", self.job_id, exc)
+                continue
+            if not held:
+                log.warning("job %s: lease lost to another worker; stopping", self.job_id)
+                self.lost = True
+                return
+
+
+def _plan_entries(records: list[PlanRecord]) -> list[dict[str, Any]]:
+    return [{"plan": r.plan.to_dict(), "measurement": r.measurements[0].to_dict() if r.measurements else None}
+            for r in records]
+
+
+def _validated_plans(store: PlanStore, key: PlanKey) -> list[PlanRecord] | None:
+    """The key's stored plans when every planner has one with a measurement (else the job must run)."""
+    from remat.worker.planners import PLANNERS
+
+    with store.db.read_session() as session:
+        records = [r for r in repository.find_plans(session=session, key=key) if r.plan.budget_bytes is None]
+    measured = {r.plan.algorithm for r in records if r.measurements}
+    return records if measured >= set(PLANNERS) else None
+
+
+def _finish(store: PlanStore, job_id: str, owner: str, *, state: str, result: Mapping[str, Any] | None = None,
+            error: str | None = None, message: str | None = None, plan_key: Mapping[str, Any] | None = None,
+            write: Callable[[Any], Mapping[str, Any]] | None = None) -> bool:
+    """End the job (and its followers) in one transaction with ``write``'s rows, if the lease is still ours."""
+    try:
+        with store.db.write_session() as session:
+            if write is not None:
+                result = write(session)
+            if not jobs.finish_job(session=session, job_id=job_id, owner=owner, state=state, result=result,
+                                   error=error, message=message, plan_key=plan_key):
+                raise LeaseLost(job_id)  # rolls the whole transaction back
+    except LeaseLost:
+        log.warning("job %s: lease lost before the end; nothing written", job_id)
+        return False
+    return True
+
+
+def _claim(task: Task, store: PlanStore, job_id: str, owner: str, settings: ServiceSettings) -> jobs.Claim:
+    try:
+        with store.db.write_session() as session:
+            return jobs.claim_job(session=session, job_id=job_id, owner=owner, lease_s=settings.job_lease_s,
+                                  max_attempts=settings.job_max_attempts)
+    except DatabaseUnreachable as exc:
+        raise task.retry(exc=exc, countdown=min(60, 2 ** task.request.retries),
+                         max_retries=MAX_DATABASE_RETRIES) from None
+
+
+def _failure_reason(exc: BaseException, settings: ServiceSettings, limit_s: int) -> str:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return f"time limit: the job ran for more than {limit_s - 30} s (REMAT_TASK_TIME_LIMIT_S)"
+    if isinstance(exc, RematError):
+        return str(exc)
+    first = (str(exc).splitlines() or [""])[0][:500]
+    return f"internal error ({type(exc).__name__}: {first}); the worker's log has the details"
+
+
+def profile_model(task: Task, job_id: str) -> str:
+    """Profile, plan and validate the model of job ``job_id``; returns the claim's outcome (for logs)."""
+    settings: ServiceSettings = task.app.remat_settings
+    store = plan_store(settings)
+    owner = owner_name()
+    claim = _claim(task, store, job_id, owner, settings)
+    if claim.outcome != "run" or claim.job is None:
+        log.info("job %s: %s, nothing to do", job_id, claim.outcome)
+        return claim.outcome
+    from remat.worker import pipeline
+
+    with Heartbeat(store, job_id, owner, settings.job_lease_s) as beat:
+        def on_key(key: PlanKey) -> None:
+            beat.plan_key(key)
+            existing = _validated_plans(store, key)
+            if existing is not None:
+                raise AlreadyPlanned(existing)
+
+        try:
+            request = ModelRequest.from_dict(claim.job.request)
+            result = pipeline.run(request, progress=beat.progress, on_key=on_key)
+        except AlreadyPlanned as done:
+            first = done.records[0]
+            _finish(store, job_id, owner, state="succeeded", plan_key=beat.recorded_key,
+                    message="done: the plans were already stored",
+                    result={"key": first.key.to_dict(), "trace_id": first.trace.trace_id, "reused": True,
+                            "plans": _plan_entries(done.records)})
+            return "reused"
+        except LeaseLost:
+            return "lease lost"
+        except DatabaseUnreachable:
+            raise  # the lease lapses and the reaper sends the job again
+        except Exception as exc:  # noqa: BLE001 - every other failure ends the job with its reason
+            if not isinstance(exc, (RematError, SoftTimeLimitExceeded)):
+                log.exception("job %s: unexpected error", job_id)
+            _finish(store, job_id, owner, state="failed", plan_key=beat.recorded_key,
+                    error=_failure_reason(exc, settings, settings.task_time_limit_s))
+            return "failed"
+        if beat.lost:
+            return "lease lost"
+
+        def write(session: Any) -> Mapping[str, Any]:
+            stored = repository.store_profile(session=session, trace=result.trace, plans=result.plans,
+                                              measurements=result.measurements)
+            records = [r for r in repository.find_plans(session=session, key=stored.key)
+                       if r.trace.trace_id == stored.trace_id]
+            return {"key": stored.key.to_dict(), "trace_id": stored.trace_id, "reused": False,
+                    "device_name": result.device_name, "plans": _plan_entries(records)}
+
+        if _finish(store, job_id, owner, state="succeeded", write=write, plan_key=beat.recorded_key,
+                   message=f"done: {len(result.plans)} plans validated"):
+            store.invalidate(result.key, result.plans)
+            return "succeeded"
+        return "lease lost"
+
+
+def plan_trace(task: Task, job_id: str) -> str:
+    """Run the planners an upload deferred (``cubic`` on a large trace) and store their plans."""
+    settings: ServiceSettings = task.app.remat_settings
+    store = plan_store(settings)
+    owner = owner_name()
+    claim = _claim(task, store, job_id, owner, settings)
+    if claim.outcome != "run" or claim.job is None:
+        return claim.outcome
+    from remat.worker.planning import STORED_COST_MODEL, make_plan
+
+    request = claim.job.request
+    with Heartbeat(store, job_id, owner, settings.job_lease_s) as beat:
+        try:
+            with store.db.read_session() as session:
+                trace = repository.load_trace(session=session, trace_id=int(request["trace_id"]))
+            if trace is None:
+                raise RematError(f"trace {request['trace_id']} is no longer stored")
+            plans = []
+            algorithms = list(request["algorithms"])
+            for k, algorithm in enumerate(algorithms):
+                beat.progress(f"planning {algorithm} ({trace.num_stages} stages)", k / len(algorithms))
+                plans.append(make_plan(trace, algorithm, cost_model=STORED_COST_MODEL))
+        except LeaseLost:
+            return "lease lost"
+        except DatabaseUnreachable:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if not isinstance(exc, (RematError, SoftTimeLimitExceeded)):
+                log.exception("job %s: unexpected error", job_id)
+            _finish(store, job_id, owner, state="failed",
+                    error=_failure_reason(exc, settings, settings.plan_time_limit_s))
+            return "failed"
+
+        def write(session: Any) -> Mapping[str, Any]:
+            key = repository.store_plans(session=session, trace_id=int(request["trace_id"]), plans=plans)
+            return {"key": key.to_dict() if key else None, "trace_id": int(request["trace_id"]),
+                    "plans": [{"plan": p.to_dict(), "measurement": None} for p in plans]}
+
+        if _finish(store, job_id, owner, state="succeeded", write=write, message=f"done: {len(plans)} plans"):
+            store.invalidate(PlanKey.from_trace(trace), plans)
+            return "succeeded"
+        return "lease lost"
+
