@@ -101,7 +101,8 @@ def test_fetch_plan_returns_the_stored_plan_with_its_key(server: str, uploaded: 
     with PlanServiceClient(server) as client:  # reads need no token; an open client can be passed in
         uniform = fetch_plan(model, SHAPE, server=client, algorithm="uniform")
         assert list(uniform.checkpoints) == _stored_plan(uploaded, "uniform")["checkpoints"]
-        assert client.health()["status"] == "ok"
+        health = client.health()  # this server has no broker: plans are served, jobs would wait
+        assert health["status"] == "degraded" and health["database"]["ok"] and not health["broker"]["ok"]
 
 
 def test_fetch_and_apply_trains_like_the_plain_model(server: str, uploaded: dict[str, Any]) -> None:
