@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-MODELS = ("resnet18", "resnet34", "mobilenet_v2", "mobilenet_v3_small", "squeezenet1_1", "shufflenet_v2_x1_0",
+MODELS = ("resnet18", "resnet34", "mobilenet_v2", "mobilenet_v3_small", "squeezenet1_1", "mobilenet_v3_large",
           "mnasnet0_5", "efficientnet_b0", "regnet_x_400mf", "densenet121")
 TOKEN = "benchmark-token"
 

@@ -172,14 +172,21 @@ def _finish(store: PlanStore, job_id: str, owner: str, *, state: str, result: Ma
     return True
 
 
-def _claim(task: Task, store: PlanStore, job_id: str, owner: str, settings: ServiceSettings) -> jobs.Claim:
+def _start(task: Task, job_id: str) -> tuple[ServiceSettings, PlanStore, str, jobs.Claim]:
+    """Every task's first step: claim the job's lease (a database that cannot be reached is retried)."""
+    settings: ServiceSettings = task.app.remat_settings
+    store = plan_store(settings)
+    owner = owner_name()
     try:
         with store.db.write_session() as session:
-            return jobs.claim_job(session=session, job_id=job_id, owner=owner, lease_s=settings.job_lease_s,
-                                  max_attempts=settings.job_max_attempts)
+            claim = jobs.claim_job(session=session, job_id=job_id, owner=owner, lease_s=settings.job_lease_s,
+                                   max_attempts=settings.job_max_attempts)
     except DatabaseUnreachable as exc:
         raise task.retry(exc=exc, countdown=min(60, 2 ** task.request.retries),
                          max_retries=MAX_DATABASE_RETRIES) from None
+    if claim.outcome != "run":
+        log.info("job %s: %s, nothing to do", job_id, claim.outcome)
+    return settings, store, owner, claim
 
 
 def _failure_reason(exc: BaseException, settings: ServiceSettings, limit_s: int) -> str:
@@ -193,12 +200,8 @@ def _failure_reason(exc: BaseException, settings: ServiceSettings, limit_s: int)
 
 def profile_model(task: Task, job_id: str) -> str:
     """Profile, plan and validate the model of job ``job_id``; returns the claim's outcome (for logs)."""
-    settings: ServiceSettings = task.app.remat_settings
-    store = plan_store(settings)
-    owner = owner_name()
-    claim = _claim(task, store, job_id, owner, settings)
+    settings, store, owner, claim = _start(task, job_id)
     if claim.outcome != "run" or claim.job is None:
-        log.info("job %s: %s, nothing to do", job_id, claim.outcome)
         return claim.outcome
     from remat.worker import pipeline
 
@@ -249,10 +252,7 @@ def profile_model(task: Task, job_id: str) -> str:
 
 def plan_trace(task: Task, job_id: str) -> str:
     """Run the planners an upload deferred (``cubic`` on a large trace) and store their plans."""
-    settings: ServiceSettings = task.app.remat_settings
-    store = plan_store(settings)
-    owner = owner_name()
-    claim = _claim(task, store, job_id, owner, settings)
+    settings, store, owner, claim = _start(task, job_id)
     if claim.outcome != "run" or claim.job is None:
         return claim.outcome
     from remat.worker.planning import STORED_COST_MODEL, make_plan

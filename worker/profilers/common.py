@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
+from remat.client.errors import ModelError
 from remat.client.precision import autocast_context, autocast_dtype, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
 from remat.client.write_probe import preserved_state as client_preserved_state
@@ -228,8 +229,10 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             current[0] = i
             x = chain.stage(i)(x)
             if not isinstance(x, torch.Tensor):
-                raise TypeError(f"remat profiler: stage {i} ({chain.names[i - 1]}) returned "
-                                f"{type(x).__name__}, not a tensor; a stage chain passes one tensor along")
+                # A model-level limit, not a bug of the run: reported as the job's reason, not "internal error".
+                raise ModelError(f"cannot profile this model's stage chain: stage {i} ({chain.names[i - 1]}) "
+                                 f"returns a {type(x).__name__}, not one tensor (remat's stages pass one tensor "
+                                 f"along)")
             outputs.append(x.detach())
             requires_grad.append(x.requires_grad)
             keys.append(storage_key(x))
