@@ -58,12 +58,12 @@ def make_app(settings: ServiceSettings | None = None) -> Celery:
     )
     app.remat_settings = settings  # type: ignore[attr-defined]  # read by the tasks
 
-    @app.task(name=PROFILE_TASK, bind=True, time_limit=settings.task_time_limit_s,
+    @app.task(name=PROFILE_TASK, bind=True, shared=False, time_limit=settings.task_time_limit_s,
               soft_time_limit=settings.task_time_limit_s - SOFT_LIMIT_MARGIN_S)
     def profile_model(self: Task, job_id: str) -> str:
         return tasks.profile_model(self, job_id)
 
-    @app.task(name=PLAN_TASK, bind=True, time_limit=settings.plan_time_limit_s,
+    @app.task(name=PLAN_TASK, bind=True, shared=False, time_limit=settings.plan_time_limit_s,
               soft_time_limit=settings.plan_time_limit_s - SOFT_LIMIT_MARGIN_S)
     def plan_trace(self: Task, job_id: str) -> str:
         return tasks.plan_trace(self, job_id)
