@@ -162,7 +162,9 @@ def _build_from_fx(
         if n.op != "output" and interp.has_tensor.get(n.name, False):
             edges[_node_name(n)] = [_node_name(u) for u in n.users]
     path_edges = _on_path_edges(order, edges, _INPUT, _OUTPUT)
-    cuts = _cut_vertices(order, path_edges, _INPUT, _OUTPUT)
+    # A stage hands the next one a single tensor: a cut vertex whose value is a tuple (shufflenet's channel
+    # split, x.chunk(2)) is no boundary; the nodes that unpack it stay in its stage.
+    cuts = [c for c in _cut_vertices(order, path_edges, _INPUT, _OUTPUT) if interp.is_tensor.get(c, False)]
     bounds, unsafe = _safe_boundaries([n.name for n in nodes], cuts, recorder.hits, path_edges)
 
     # Every node goes to a stage by its position: stage k holds the nodes after boundary k-1 up to and

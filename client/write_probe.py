@@ -183,6 +183,8 @@ class _RecordingInterpreter(torch.fx.Interpreter):
         super().__init__(gm)
         self.recorder = recorder
         self.has_tensor: dict[str, bool] = {}
+        self.is_tensor: dict[str, bool] = {}
+        """Whether the node's value is one tensor: only such a value can cross a stage boundary."""
         self.small_values: dict[str, Any] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
@@ -190,6 +192,7 @@ class _RecordingInterpreter(torch.fx.Interpreter):
         value = super().run_node(n)
         self.recorder.current = "<between>"
         self.has_tensor[n.name] = _has_tensor(value)
+        self.is_tensor[n.name] = isinstance(value, torch.Tensor)
         if self.has_tensor[n.name]:
             self.recorder.register(n.name, value)
         else:

@@ -237,3 +237,23 @@ def test_cuda_step_matches(resnet: nn.Module, deterministic_cuda: None) -> None:
         torch.testing.assert_close(b, c, rtol=0, atol=0)
     with pytest.raises(PlanMismatchError, match="device: plan cuda vs input cpu"):
         apply(model.cpu(), _plan(14, (3,), key))(torch.randn(SHAPE))
+
+
+def test_shufflenet_boundaries_carry_one_tensor_and_train_identically() -> None:
+    """Its channel split makes a tuple an articulation node of the graph; no stage may end there."""
+    from remat.client.stage_graph import build_stage_chain
+
+    torch.manual_seed(0)
+    model = torchvision.models.shufflenet_v2_x0_5(num_classes=10)
+    ref, probe = copy.deepcopy(model), copy.deepcopy(model)
+    x = torch.randn(SHAPE)
+    chain = build_stage_chain(probe, x, train=True)
+    value = x
+    for i in range(1, chain.num_stages + 1):  # every stage hands one tensor to the next
+        with torch.no_grad():
+            value = chain.stage(i)(value)
+        assert isinstance(value, torch.Tensor), (i, chain.names[i - 1], type(value))
+    n = chain.num_stages
+    assert n > 10
+    apply(model, _plan(n, tuple(range(2, n, 3)), PlanKey.for_model(model, SHAPE)))
+    _assert_same_step(model, ref, x)
