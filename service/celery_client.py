@@ -18,7 +18,10 @@ from kombu.exceptions import OperationalError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from remat.service import jobs
 from remat.service.config import ServiceSettings
+from remat.service.db import Database
+from remat.service.records import JobRecord
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -89,3 +92,12 @@ class JobQueue:
             if self._app is not None:
                 self._app.close()
                 self._app = None
+
+
+def send_job(db: Database, queue: JobQueue, job: JobRecord) -> JobRecord:
+    """Hand a committed job to the broker and record the outcome (``jobs.record_send``); the API after a
+    submission and the workers' reaper both send jobs through here."""
+    target = job.queue or "cpu"
+    error = queue.enqueue(job.kind, job.id, target)
+    with db.write_session() as session:
+        return jobs.record_send(session=session, job_id=job.id, queue=target, error=error) or job

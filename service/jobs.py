@@ -24,7 +24,7 @@ from remat.service.models import JobRow, utcnow
 from remat.service.records import FINISHED_JOB_STATES, JOB_STATES, JobRecord
 
 __all__ = ["ACTIVE_STATES", "Claim", "claim_job", "create_job", "finish_job", "get_job", "heartbeat",
-           "list_jobs", "mark_unsent", "reap_jobs", "release_job", "update_job"]
+           "list_jobs", "reap_jobs", "record_send", "release_job", "update_job"]
 
 ACTIVE_STATES = ("pending", "queued", "running")
 
@@ -265,7 +265,20 @@ def reap_jobs(*, session: Session, requeue_after_s: float, pending_after_s: floa
     return out
 
 
-def mark_unsent(*, session: Session, job_id: str, error: str) -> None:
-    """The broker refused a job that was marked ``queued``: back to ``pending`` (the reaper sends it again)."""
-    session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.state == "queued").values(
-        state="pending", updated_at=utcnow(), message=f"waiting for the broker ({error})"))
+def record_send(*, session: Session, job_id: str, queue: str, error: str | None) -> JobRecord | None:
+    """Record the outcome of handing a committed job to the broker; None when the job does not exist.
+
+    Sent: a ``pending`` job becomes ``queued`` (one a reaper marked ``queued`` stays so). Refused: the job is
+    ``pending``, waiting for the broker, and a reaper sends it again after ``pending_resend_after_s``. Both are
+    conditional on the job not having moved on: a fast worker may already run it.
+    """
+    now = utcnow()
+    if error is None:
+        stmt = update(JobRow).where(JobRow.id == job_id, JobRow.state == "pending").values(
+            state="queued", enqueued_at=now, updated_at=now, message=f"queued on {queue}")
+    else:
+        stmt = update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(("pending", "queued")),
+                                    JobRow.lease_owner.is_(None)).values(
+            state="pending", updated_at=now, message=f"waiting for the broker ({error})")
+    session.execute(stmt)
+    return get_job(session=session, job_id=job_id)

@@ -54,8 +54,6 @@ def worker(queues: str | None, concurrency: int | None, hostname: str | None, lo
     argv = ["worker", "-Q", ",".join(settings.queue_name(q) for q in names),
             "-c", str(settings.worker_concurrency), "--loglevel", loglevel.upper(), "--without-gossip",
             "--without-mingle"]
-    if any(q.startswith("cuda") for q in names):
-        argv.append("--max-tasks-per-child=1")
     if hostname:
         argv += ["-n", hostname]
     app.worker_main(argv=argv)

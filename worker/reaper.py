@@ -16,7 +16,7 @@ import threading
 from sqlalchemy.exc import SQLAlchemyError
 
 from remat.service import jobs
-from remat.service.celery_client import JobQueue
+from remat.service.celery_client import JobQueue, send_job
 from remat.service.config import ServiceSettings
 from remat.service.store import PlanStore
 
@@ -30,13 +30,10 @@ def reap_once(store: PlanStore, queue: JobQueue, settings: ServiceSettings) -> i
                              pending_after_s=settings.pending_resend_after_s)
     sent = 0
     for job in due:
-        error = queue.enqueue(job.kind, job.id, job.queue or "cpu")
-        if error is None:
-            sent += 1
-            log.info("job %s sent to %s again (%s)", job.id, job.queue, job.message)
-        else:
-            with store.db.write_session() as session:
-                jobs.mark_unsent(session=session, job_id=job.id, error=error)
+        if send_job(store.db, queue, job).state == "pending":
+            continue  # the broker refused it: waiting for the broker, sent again next time
+        sent += 1
+        log.info("job %s sent to %s again (%s)", job.id, job.queue, job.message)
     return sent
 
 

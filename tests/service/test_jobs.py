@@ -147,3 +147,20 @@ def test_list_jobs_pages_newest_first(db: Database) -> None:
         pending, _ = jobs.list_jobs(session=session, state="pending")
     assert total == 3 and len(page) == 2 and len(pending) == 3
     assert {job.id for job in page} <= {job.id for job in created}
+
+
+def test_record_send_queues_on_success_and_waits_for_the_broker_on_failure(db: Database) -> None:
+    sent, _ = _create(db, key="s")
+    refused, _ = _create(db, key="r")
+    running, _ = _create(db, key="w")
+    _claim(db, running.id)
+    with db.write_session() as session:
+        assert jobs.record_send(session=session, job_id=sent.id, queue="cpu", error=None).state == "queued"
+        waiting = jobs.record_send(session=session, job_id=refused.id, queue="cpu", error="broker down")
+        assert waiting.state == "pending" and waiting.message == "waiting for the broker (broker down)"
+        # a reaper marked it queued, then the broker refused it: back to pending
+        jobs.update_job(session=session, job_id=sent.id, state="queued")
+        assert jobs.record_send(session=session, job_id=sent.id, queue="cpu", error="down").state == "pending"
+        # a worker already runs it: nothing changes
+        assert jobs.record_send(session=session, job_id=running.id, queue="cpu", error="down").state == "running"
+        assert jobs.record_send(session=session, job_id=running.id, queue="cpu", error=None).state == "running"

@@ -107,9 +107,10 @@ class Cluster:
              "--hostname", f"{name}@e2e", "--loglevel", "info"],
             env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=SRC)
         self.workers.append(process)
-        _wait_for(lambda: b"ready." in (self.logs / Path(log.name).name).read_bytes() or process.poll() is not None,
-                  60, f"worker {name} to start")
-        assert process.poll() is None, (self.logs / Path(log.name).name).read_text()
+        log_path = Path(log.name)
+        _wait_for(lambda: b"ready." in log_path.read_bytes() or process.poll() is not None, 60,
+                  f"worker {name} to start")
+        assert process.poll() is None, log_path.read_text()
         return process
 
     def kill_workers(self) -> None:

@@ -19,6 +19,7 @@ from remat.service.api.deps import (
     require_reader,
     require_writer,
 )
+from remat.service.celery_client import send_job
 from remat.service.records import JobRecord
 from remat.service.schemas import ErrorOut, JobCreate, JobOut, JobsPage
 
@@ -48,18 +49,7 @@ def _submit(body: JobCreate, state: ServiceState) -> JobRecord:
     with state.db.write_session() as session:
         job, must_enqueue = jobs.create_job(session=session, request=request.to_dict(), kind="profile",
                                             request_key=request.fingerprint, queue=queue)
-    if not must_enqueue:
-        return job
-    error = state.queue.enqueue(job.kind, job.id, queue)
-    with state.db.write_session() as session:
-        # Conditional: a fast worker may already have moved the job to "running".
-        if error is None:
-            updated = jobs.update_job(session=session, job_id=job.id, only_from=("pending",), state="queued",
-                                      enqueued=True, message=f"queued on {queue}")
-        else:
-            updated = jobs.update_job(session=session, job_id=job.id, only_from=("pending",),
-                                      message=f"waiting for the broker ({error})")
-    return updated or job
+    return send_job(state.db, state.queue, job) if must_enqueue else job
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut, responses=WRITE_RESPONSES,

@@ -12,7 +12,7 @@ from remat.client.errors import TraceFormatError
 from remat.client.trace import Trace, loads_trace
 from remat.service import jobs, repository
 from remat.service.api.deps import WRITE_RESPONSES, ServiceState, StateDep, require_writer
-from remat.service.celery_client import PLAN_QUEUE
+from remat.service.celery_client import PLAN_QUEUE, send_job
 from remat.service.config import ServiceSettings
 from remat.service.errors import TraceRejectedError
 from remat.service.keys import check_storable, trace_key
@@ -73,11 +73,7 @@ def _store(state: ServiceState, body: bytes) -> JSONResponse:
                 request_key=hashlib.sha256(f"plan:{stored.content_sha256}:{','.join(deferred)}".encode()).hexdigest())
     state.cache.delete_plans(stored.key, [(p.algorithm, p.budget_bytes) for p in plans])
     if job is not None and must_enqueue:
-        error = state.queue.enqueue(job.kind, job.id, PLAN_QUEUE)
-        with state.db.write_session() as session:
-            job = jobs.update_job(session=session, job_id=job.id, only_from=("pending",),
-                                  **({"state": "queued", "enqueued": True} if error is None
-                                     else {"message": f"waiting for the broker ({error})"})) or job
+        job = send_job(state.db, state.queue, job)
     content = {"key": stored.key.to_dict(), "trace_id": stored.trace_id, "content_sha256": stored.content_sha256,
                "created": stored.created, "plans": [p.to_dict() for p in plans],
                "deferred": [{"algorithm": a, "job_id": job.id if job else None} for a in deferred],
