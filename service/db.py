@@ -10,6 +10,8 @@ switched off so that these BEGINs are the ones that run.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,27 @@ _WRITE_OPTION = "remat_write"
 
 def _is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
+
+
+def _use_wal(cursor: Any) -> None:
+    """Put the database file in WAL mode, waiting for other connections doing the same.
+
+    WAL mode is a property of the file, set once. Changing it needs the exclusive lock, and SQLite answers
+    ``database is locked`` at once, without its busy handler, while another connection holds it: several
+    CLI processes opening a fresh file together each tried the switch and some failed. So the mode is read
+    first (no lock needed) and the switch is retried until the busy timeout, re-reading the mode in between,
+    since the connection holding the lock is usually making the very same switch.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay_s = 0.005
+    while cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.2)
 
 
 def _sqlite_engine(url: str) -> Engine:
@@ -46,7 +69,7 @@ def _sqlite_engine(url: str) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
         if not in_memory:
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _use_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
