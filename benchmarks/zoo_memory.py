@@ -26,14 +26,11 @@ import traceback
 from typing import Any
 
 import torch
-import torchvision
 
-from remat.client.precision import autocast_context
-from remat.client.stage_graph import build_stage_chain
-from remat.worker.measure import make_loss, measure_step, time_plans
+from remat.client.request import ModelRequest
+from remat.worker import pipeline
 from remat.worker.planners import PLANNERS
 from remat.worker.planning import make_plan
-from remat.worker.profilers import profile
 
 DEFAULT_MODELS = "resnet50,resnet152,vgg19,densenet121,mobilenet_v2"
 MIB = 1024 * 1024
@@ -44,45 +41,40 @@ def run_model(name: str, *, batch_size: int, image_size: int, grads_list: list[s
               precisions: tuple[str, ...] = ("float32",)) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Profile one model and measure every algorithm's plan under each precision and gradient convention.
 
-    Returns the rows and every profiled trace as ``{"<model>/<precision>/<grads>": trace dict}``, so that
-    the cost model can be re-evaluated later against the same measurements without the device.
+    The steps are the pipeline's own (remat.worker.pipeline: build, profile, validate), so this table measures
+    exactly what `remat-client plan` and the workers store. Returns the rows and every profiled trace as
+    ``{"<model>/<precision>/<grads>": trace dict}``, so that the cost model can be re-evaluated later against
+    the same measurements without the device.
     """
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None).to(device)
-    x = torch.randn(batch_size, 3, image_size, image_size, device=device)
-    chain = build_stage_chain(model, x, train=True)
     rows: list[dict[str, Any]] = []
     traces: dict[str, Any] = {}
     for precision, grads in itertools.product(precisions, grads_list):
-        with torch.no_grad(), autocast_context(precision, x.device.type):
-            loss_fn = make_loss(chain.run(x))
+        request = ModelRequest(spec=name, batch_size=batch_size, sample_shape=(3, image_size, image_size),
+                               device=device, grads=grads, dtype=precision)
+        built = pipeline.build(request)
         started = time.perf_counter()
-        trace = profile(model, x, device=device, grads=grads, chain=chain, model_name=name,
-                        timing_repeats=timing_repeats, precision=precision)
+        trace = pipeline.profile(built, timing_repeats=timing_repeats)
         profile_s = time.perf_counter() - started
         traces[f"{name}/{precision}/{grads}"] = trace.to_dict()
         plans = [make_plan(trace, algorithm, cost_model="pytorch") for algorithm in algorithms]
-        results = [measure_step(model, x, plan.checkpoints, grads=grads, device=device, chain=chain, trace=trace,
-                                algorithm=plan.algorithm, baseline=False, timing_repeats=0, loss_fn=loss_fn,
-                                precision=precision)
-                   for plan in plans]
-        times = time_plans(model, x, [p.checkpoints for p in plans], grads=grads, device=device, chain=chain,
-                           rounds=timing_repeats, loss_fn=loss_fn, precision=precision)
-        base_bytes, base_ms = results[0].measured_peak_bytes, times[0]  # algorithms[0] is "none"
-        for plan, result, ms in zip(plans, results, times, strict=True):
-            measured, predicted = result.measured_peak_bytes, result.predicted_peak_bytes
+        measured = pipeline.validate(built, trace, plans, timing_rounds=timing_repeats, check_gradients=False)
+        base_bytes, base_ms = measured["none"].measured_peak_bytes, measured["none"].step_ms
+        for plan in plans:
+            result = measured[plan.algorithm]
+            measured_bytes, predicted, ms = result.measured_peak_bytes, result.predicted_peak_bytes, result.step_ms
             rows.append({
                 "model": name, "precision": precision, "grads": grads, "algorithm": plan.algorithm,
                 "num_stages": trace.num_stages, "segments": len(plan.checkpoints) + 1,
-                "checkpoints": list(plan.checkpoints), "predicted_bytes": predicted, "measured_bytes": measured,
-                "error": result.prediction_error, "saving": 1 - measured / base_bytes,
+                "checkpoints": list(plan.checkpoints), "predicted_bytes": predicted,
+                "measured_bytes": measured_bytes,
+                "error": result.prediction_error, "saving": 1 - measured_bytes / base_bytes,
                 "step_ms": ms, "overhead": ms / base_ms - 1, "profile_s": profile_s,
                 "reserved_bytes": result.measured_reserved_bytes,
                 "reserved_before_bytes": result.extra.get("reserved_before_bytes"),
                 "absolute_bytes": result.absolute_peak_bytes, "requested_bytes": result.requested_peak_bytes,
                 "device_name": result.device_name, "torch_version": torch.__version__,
             })
-            print(f"  {name} {precision} grads={grads} {plan.algorithm}: measured {measured / MIB:.2f} MiB, "
+            print(f"  {name} {precision} grads={grads} {plan.algorithm}: measured {measured_bytes / MIB:.2f} MiB, "
                   f"predicted {predicted / MIB:.2f} MiB ({result.prediction_error:+.2%}), {ms:.0f} ms",
                   file=sys.stderr)
     return rows, traces

@@ -16,38 +16,21 @@ from typing import Any, NoReturn
 
 import click
 
+from remat.client.cli_common import InputError  # noqa: F401  (re-exported: tests and callers catch it)
+from remat.client.cli_common import emit_json as _emit_json
+from remat.client.cli_common import fail_input as _fail_input
+from remat.client.cli_common import format_bytes as _format_bytes
+from remat.client.cli_common import model_kwargs_option as _model_kwargs_option
+from remat.client.cli_common import model_options as _model_options
+from remat.client.cli_common import request as _request
+from remat.client.cli_common import run_with_progress as _run_with_progress
+from remat.client.cli_common import server_or_fail as _server_or_fail
 from remat.client.errors import RematError
 from remat.client.plan import COST_MODELS, Plan
-from remat.client.precision import PRECISIONS
-from remat.client.request import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
 from remat.client.trace import Trace, load_trace
+from remat.client.zoo_command import zoo_command
 
 PROG = "remat-client"
-
-
-class InputError(click.ClickException):
-    """Bad user input: reported on one line with exit code 2."""
-
-    exit_code = 2
-
-
-def _fail_input(message: str) -> NoReturn:
-    raise InputError(message)
-
-
-def _emit_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2))
-
-
-def _format_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _format_checkpoints(checkpoints: Sequence[int], limit: int = 12) -> str:
@@ -98,48 +81,6 @@ def cli() -> None:
     """remat: measured activation-checkpointing plans for PyTorch training."""
 
 
-def _model_options(fn: Any) -> Any:
-    """Options shared by the commands that take a zoo MODEL."""
-    for option in reversed((
-        click.option("--batch-size", type=click.IntRange(min=1), default=None,
-                     help=f"Batch size (default {DEFAULT_CPU_BATCH} on cpu, {DEFAULT_CUDA_BATCH} on cuda)."),
-        click.option("--input-shape", default=None, metavar="C,H,W",
-                     help=f"One sample's shape (default: the model's, at {DEFAULT_CPU_RESOLUTION} px on cpu)."),
-        click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
-        click.option("--grads", type=click.Choice(["none", "kept"]), default="none", show_default=True,
-                     help="Gradients set to None between steps (zero_grad's default) or kept allocated."),
-        click.option("--dtype", type=click.Choice(PRECISIONS), default="float32", show_default=True,
-                     help="Precision: the model in this dtype, or autocast_* (float32 weights, forward under "
-                          "torch.autocast)."),
-    )):
-        fn = option(fn)
-    return fn
-
-
-def _parse_shape(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        shape = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        _fail_input(f"--input-shape: {text!r} is not comma-separated integers (e.g. 3,224,224)")
-    if not shape or any(d < 1 for d in shape):
-        _fail_input(f"--input-shape: every dimension must be ≥ 1, got {text!r}")
-    return shape
-
-
-def _request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
-             dtype: str = "float32") -> Any:
-    from remat.client.request import default_request
-
-    sample_shape = _parse_shape(input_shape)
-    try:
-        return default_request(model, batch_size=batch_size, sample_shape=sample_shape, device=device, grads=grads,
-                               dtype=dtype)
-    except RematError as exc:
-        _fail_input(str(exc))
-
-
 @cli.command("plan")
 @click.argument("model", required=False)
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Plan from a remat-trace/1 file.")
@@ -147,19 +88,27 @@ def _request(model: str, batch_size: int | None, input_shape: str | None, device
 @click.option("--cost-model", type=click.Choice(COST_MODELS), default=None,
               help="Report every plan under this model (default: each planner's own).")
 @_model_options
+@_model_kwargs_option
 @click.option("--refresh", is_flag=True, help="Profile and measure again even if the store has the answer.")
 @click.option("--server", envvar="REMAT_SERVER", default=None, metavar="URL",
               help="Fetch MODEL's plans from this remat service (env REMAT_SERVER) instead of the local store.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost_model: str | None,
                  batch_size: int | None, input_shape: str | None, device: str, grads: str, dtype: str,
-                 refresh: bool, server: str | None, as_json: bool) -> None:
+                 model_kwargs: str | None, refresh: bool, server: str | None, as_json: bool) -> None:
     """Plan checkpoints for MODEL (a zoo name such as resnet152) or for a trace file.
 
     For MODEL: profile on this machine, plan with every algorithm, measure each plan with a real training
     step and keep the answer in the local plan store; the same request later answers from the store.
     With --server, the plans come from the service; if it has none and REMAT_API_TOKEN is set, the model
     is profiled here and its trace uploaded for the service to plan.
+
+    \b
+    Example:
+      remat-client plan resnet152
+      remat-client plan mypkg.nets:build_unet --input-shape 3,256,256 --model-kwargs '{"depth": 5}'
+      remat-client plan resnet50 --server http://plans:8000 --json
+      remat-client plan --trace examples/toy-trace.json
     """
     if model is not None and trace_path is not None:
         _fail_input("give either MODEL or --trace FILE, not both")
@@ -169,7 +118,7 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
         if algorithm != "all" or cost_model is not None:
             _fail_input("--algorithm and --cost-model apply to --trace; MODEL is planned with every algorithm "
                         "under the pytorch model")
-        request = _request(model, batch_size, input_shape, device, grads, dtype)
+        request = _request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
         if server:
             _plan_model_from_server(request, server, refresh=refresh, as_json=as_json)
         else:
@@ -187,24 +136,6 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
     else:
         label = trace.metadata.get("model") or Path(trace_path).name
         _print_plan_table(plans, f"{label}: {trace.num_stages} stages")
-
-
-def _run_with_progress(work: Any, as_json: bool) -> Any:
-    """Run ``work(progress)`` with a progress bar on stderr (none in --json mode or when stderr is no terminal:
-    a bar drawn into a pipe would leave a blank line before any error message)."""
-    if as_json or not sys.stderr.isatty():
-        return work(None)
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description:<28}"), BarColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("starting", total=1.0)
-
-        def progress(message: str, fraction: float) -> None:
-            bar.update(task, description=message, completed=fraction)
-
-        return work(progress)
 
 
 def _print_model_table(report: Any, source: str | None = None) -> None:
@@ -242,7 +173,8 @@ def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
 
     report = None if refresh else embedded.cached_report(request)
     if report is None:
-        report = _run_with_progress(lambda progress: embedded.profile_and_plan(request, progress), as_json)
+        report = _run_with_progress(lambda progress: embedded.profile_and_plan(request, progress, refresh=refresh),
+                                    as_json)
     if as_json:
         _emit_json(report.to_dict())
     else:
@@ -277,18 +209,13 @@ def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json
         _print_model_table(report, f"profiled here, planned by the service at {client.base_url}")
 
 
-def _server_or_fail(server: str | None) -> str:
-    if not server:
-        _fail_input("--server URL (or REMAT_SERVER) is needed: jobs run on a remat service's workers")
-    return server
-
-
 SUBMIT_TIMEOUT_S = 60.0
 
 
 @cli.command("submit")
 @click.argument("model")
 @_model_options
+@_model_kwargs_option
 @click.option("--queue", default=None, metavar="QUEUE",
               help="Workers' queue (default: the device, cpu or cuda; e.g. cuda-h100 for such workers).")
 @click.option("--server", envvar="REMAT_SERVER", default=None, metavar="URL",
@@ -296,16 +223,26 @@ SUBMIT_TIMEOUT_S = 60.0
 @click.option("--wait", is_flag=True, help="Wait for the job and show its plans (as `status --wait`).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: the job.")
 def submit_command(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str, dtype: str,
-                   queue: str | None, server: str | None, wait: bool, as_json: bool) -> None:
+                   model_kwargs: str | None, queue: str | None, server: str | None, wait: bool,
+                   as_json: bool) -> None:
     """Have the service's workers profile MODEL, plan it with every algorithm and validate each plan.
 
     Prints the job id; follow it with `remat-client status JOB`. The plans land in the service's plan
     database, where `remat-client plan MODEL --server URL` and `fetch_and_apply` find them.
+
+    \b
+    Example:
+      remat-client submit resnet50 --device cuda --server http://plans:8000 --wait
     """
     from remat.client.errors import ServiceError
     from remat.client.service_client import PlanServiceClient
 
-    request = _request(model, batch_size, input_shape, device, grads, dtype)
+    request = _request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
+    if request.source != "torchvision" or request.model_kwargs:
+        # A worker that imported and called what a request names would run code chosen by whoever submits.
+        _fail_input(f"{request.name}: a service's workers build torchvision models with their default arguments "
+                    f"only; plan this one here (`remat-client plan {model}`), or upload its trace with "
+                    f"`plan {model} --server URL` and REMAT_API_TOKEN set")
     # A service checks the model name against the zoo, which it loads once (seconds): a longer first answer.
     with PlanServiceClient(_server_or_fail(server), token=os.environ.get("REMAT_API_TOKEN") or None,
                            timeout=SUBMIT_TIMEOUT_S) as client:
@@ -333,7 +270,12 @@ def submit_command(model: str, batch_size: int | None, input_shape: str | None, 
               help="With --wait: give up after this many seconds (exit 1; the job goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: the job.")
 def status_command(job_id: str, server: str | None, wait: bool, timeout_s: float | None, as_json: bool) -> None:
-    """Show a job's state and progress and, once it has succeeded, its plans (or why it failed)."""
+    """Show a job's state and progress and, once it has succeeded, its plans (or why it failed).
+
+    \b
+    Example:
+      remat-client status 3f2b9c1e-0d4a-4b7e-9a55-2f0c1d7e8a90 --server http://plans:8000 --wait
+    """
     import re
 
     from remat.client.errors import ServiceError
@@ -384,7 +326,7 @@ def _follow_job(client: Any, job_id: str, *, as_json: bool, timeout_s: float | N
 
 def _show_job(job: dict[str, Any], *, as_json: bool) -> None:
     """A job's state line, then its plans when it succeeded; exit 1 when it failed."""
-    from remat.client.embedded import ModelReport
+    from remat.client.report import ModelReport
 
     state = job["state"]
     if as_json:
@@ -406,20 +348,32 @@ def _show_job(job: dict[str, Any], *, as_json: bool) -> None:
 @cli.command("trace")
 @click.argument("model")
 @_model_options
+@_model_kwargs_option
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True,
               help="Where to write the remat-trace/1 JSON ('-' for stdout).")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --out FILE: print {out, model, num_stages, model_hash} instead of a line on stderr.")
 def trace_command(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
-                  dtype: str, out: str) -> None:
-    """Profile MODEL on this machine and write its layer memory trace."""
+                  dtype: str, model_kwargs: str | None, out: str, as_json: bool) -> None:
+    """Profile MODEL on this machine and write its layer memory trace.
+
+    \b
+    Example:
+      remat-client trace resnet18 --batch-size 2 --input-shape 3,64,64 --out resnet18.json
+    """
     from remat.client import embedded
 
-    request = _request(model, batch_size, input_shape, device, grads, dtype)
-    trace = _run_with_progress(lambda progress: embedded.profile_trace(request, progress), out == "-")
+    request = _request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
+    trace = _run_with_progress(lambda progress: embedded.profile_trace(request, progress), out == "-" or as_json)
     text = json.dumps(trace.to_dict(), indent=1)
     if out == "-":
-        click.echo(text)
+        click.echo(text)  # the trace is JSON already: --json changes nothing here
+        return
+    Path(out).write_text(text + "\n")
+    if as_json:
+        _emit_json({"out": out, "model": request.name, "num_stages": trace.num_stages,
+                    "model_hash": trace.metadata.get("model_hash")})
     else:
-        Path(out).write_text(text + "\n")
         click.echo(f"{out}: {trace.num_stages} stages of {request.name}", err=True)
 
 
@@ -427,16 +381,22 @@ def trace_command(model: str, batch_size: int | None, input_shape: str | None, d
 @click.argument("model")
 @click.option("--algorithm", default="linear", show_default=True, help="Planner whose plan is measured.")
 @_model_options
+@_model_kwargs_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def measure_command(model: str, algorithm: str, batch_size: int | None, input_shape: str | None, device: str,
-                    grads: str, dtype: str, as_json: bool) -> None:
-    """Measure one algorithm's plan for MODEL with a real training step, beside no checkpointing."""
+                    grads: str, dtype: str, model_kwargs: str | None, as_json: bool) -> None:
+    """Measure one algorithm's plan for MODEL with a real training step, beside no checkpointing.
+
+    \b
+    Example:
+      remat-client measure resnet18 --algorithm linear --grads kept --json
+    """
     from remat.client import embedded
 
     names = _algorithms(algorithm)
     if len(names) != 1:
         _fail_input("--algorithm: measure takes one planner name, not all")
-    request = _request(model, batch_size, input_shape, device, grads, dtype)
+    request = _request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
     result = _run_with_progress(lambda progress: embedded.measure_algorithm(request, names[0], progress),
                                 as_json).to_dict()
     if as_json:
@@ -480,7 +440,13 @@ def _read_checkpoint_sets(path: str, num_stages: int) -> list[tuple[int, ...]]:
               help="One plan per line: comma-separated boundaries; an empty line for no checkpoints.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def evaluate_command(trace_path: str, cost_model: str, checkpoints_file: str, as_json: bool) -> None:
-    """Predicted peak of given checkpoint sets under a cost model."""
+    """Predicted peak of given checkpoint sets under a cost model.
+
+    \b
+    Example:
+      printf "3,6\n\n" > sets.txt
+      remat-client evaluate --trace examples/toy-trace.json --cost-model pytorch --checkpoints-file sets.txt
+    """
     trace = _load_trace_or_fail(trace_path)
     sets = _read_checkpoint_sets(checkpoints_file, trace.num_stages)
     from remat.worker.cost_models import peak
@@ -493,13 +459,120 @@ def evaluate_command(trace_path: str, cost_model: str, checkpoints_file: str, as
             click.echo(f"{_format_bytes(p):>12}  {_format_checkpoints(s, limit=1000)}")
 
 
+@cli.command("show")
+@click.argument("target", metavar="MODEL|HASH")
+@_model_options
+@_model_kwargs_option
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              metavar="FILE.png", help="Also draw memory over one step (none and linear) and overhead vs peak.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: a list of reports.")
+def show_command(target: str, batch_size: int | None, input_shape: str | None, device: str, grads: str, dtype: str,
+                 model_kwargs: str | None, plot_path: str | None, as_json: bool) -> None:
+    """Show what the local plan store holds for MODEL (at the given options) or for an architecture HASH.
+
+    MODEL as for `plan`; HASH is a model_hash or a prefix of at least 8 hex digits (every input and
+    convention stored for that architecture). Plans whose measurement is missing show "-".
+
+    \b
+    Example:
+      remat-client show resnet18 --batch-size 2 --input-shape 3,64,64 --plot memory.png
+      remat-client show 46118544bb70
+    """
+    import re
+
+    from remat.client import embedded
+
+    if re.fullmatch(r"[0-9a-f]+", target) and len(target) >= embedded.MIN_HASH_PREFIX:
+        if any(v is not None for v in (batch_size, input_shape, model_kwargs)):
+            _fail_input("a HASH names every stored input of an architecture: --batch-size, --input-shape and "
+                        "--model-kwargs apply to MODEL")
+        reports, what = embedded.stored_reports(model_hash=target), f"model_hash {target}…"
+    else:
+        request = _request(target, batch_size, input_shape, device, grads, dtype, model_kwargs)
+        reports = embedded.stored_reports(request=request)
+        what = f"{request.name} at input {list(request.input_shape)} {request.dtype}, {request.device}, " \
+               f"grads={request.grads}"
+    if not reports:
+        raise click.ClickException(f"the local plan store has nothing for {what}; `remat-client plan "
+                                   f"{target}` profiles and plans it")
+    if plot_path is not None:
+        from remat.client.plots import plot_report
+
+        try:
+            written = plot_report(reports[0], plot_path)
+        except RematError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"{written}: memory over one step and overhead vs peak of {reports[0].request.name}", err=True)
+    if as_json:
+        _emit_json([report.to_dict() for report in reports])
+        return
+    for report in reports:
+        _print_model_table(report, "stored")
+
+
+@cli.group("config")
+def config_group() -> None:
+    """The client's settings: flags, then REMAT_* environment variables, then the config file.
+
+    \b
+    Example:
+      remat-client config show
+    """
+
+
+@config_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def config_show_command(as_json: bool) -> None:
+    """Print each setting in effect and where it came from (env, file or default); tokens are masked.
+
+    \b
+    Example:
+      REMAT_CONFIG=./remat.toml remat-client config show --json
+    """
+    from remat.client import config
+
+    path = config.config_path()
+    rows = config.effective(path=path, environ=_ENVIRONMENT_BEFORE_CONFIG)
+    shown = [{"name": setting.name, "env": setting.env,
+              "value": ("***" if setting.secret and value is not None else value), "source": source,
+              "help": setting.help} for setting, value, source in rows]
+    warning = None
+    if path.exists() and not config.private_enough(path):
+        warning = f"{path} is readable by other users; it may hold api_token: chmod 600 {path}"
+    if as_json:
+        _emit_json({"config_file": str(path), "config_file_exists": path.exists(), "settings": shown,
+                    "warning": warning})
+        return
+    click.echo(f"config file: {path}{'' if path.exists() else ' (none)'}")
+    for row in shown:
+        value = "-" if row["value"] is None else row["value"]
+        click.echo(f"  {row['name']:<15} {value!s:<40} {row['source']}")
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+
+
+cli.add_command(zoo_command)
+
+
 def _one_line(message: str) -> str:
     """Click spreads some messages (choices, usage) over lines; the contract is one line."""
     return " ".join(message.split())
 
 
+_ENVIRONMENT_BEFORE_CONFIG: dict[str, str] = {}
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console-script entry point: one-line errors, the documented exit codes."""
+    from remat.client.config import ConfigError, apply_to_environment
+
+    _ENVIRONMENT_BEFORE_CONFIG.clear()
+    _ENVIRONMENT_BEFORE_CONFIG.update(os.environ)
+    try:
+        apply_to_environment()  # the config file feeds the REMAT_* layer that flags override
+    except ConfigError as exc:
+        click.echo(f"{PROG}: error: {exc}", err=True)
+        sys.exit(2)
     try:
         cli.main(args=list(argv) if argv is not None else None, prog_name=PROG, standalone_mode=False)
     except click.exceptions.Exit as exc:

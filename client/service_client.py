@@ -21,6 +21,7 @@ Public API::
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -90,6 +91,23 @@ def key_query(key: Any, *, algorithm: str = "linear", budget: int | None = None)
     return f"/v1/plans/{quote(str(fields['model_hash']), safe=':+.-_')}", params
 
 
+DEFAULT_TIMEOUT_S = 10.0
+
+
+def default_timeout() -> float:
+    """``REMAT_TIMEOUT_S`` when set (a positive number), else 10 seconds."""
+    text = os.environ.get("REMAT_TIMEOUT_S", "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise ServiceError(f"REMAT_TIMEOUT_S: must be seconds between 0 and 3600, got {text!r}")
+    return value
+
+
 class PlanServiceClient:
     """A synchronous client of one remat service; reuses its connections until closed.
 
@@ -98,11 +116,13 @@ class PlanServiceClient:
         token: bearer token, sent with every request: the write token (``REMAT_API_TOKEN``) is needed to
             upload and also reads; a read token is needed only where the server requires one for reads.
         timeout: seconds for connecting and for each read; a training job should fail fast, not hang.
+            None: ``REMAT_TIMEOUT_S`` (or the config file's ``timeout_s``), else 10.
         transport: an httpx transport (tests, proxies); None uses httpx's default.
     """
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0,
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
+        timeout = default_timeout() if timeout is None else timeout
         text = str(base_url).strip()
         if "://" not in text:
             raise ServiceError(f"server URL {text!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
@@ -201,6 +221,14 @@ class PlanServiceClient:
         if queue is not None:
             body["queue"] = queue
         return self._checked(self._send("POST", "/v1/jobs", json=body))
+
+    def submit_zoo(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/zoo``: a profiling job per zoo model the filter selects; returns the batch (``id``...)."""
+        return self._checked(self._send("POST", "/v1/zoo", json=body))
+
+    def get_zoo(self, batch_id: str) -> dict[str, Any]:
+        """``GET /v1/zoo/{id}``: the batch's progress and a row per finished model."""
+        return self._checked(self._send("GET", f"/v1/zoo/{quote(batch_id, safe='')}"))
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         """``GET /v1/jobs/{id}``: state, progress, plan key and, when finished, the plans or the reason."""

@@ -110,8 +110,9 @@ def resolve_model(spec: str, **kwargs: Any) -> nn.Module:
 
 
 #: Name prefixes of models that only run at their native resolution (ViT checks the image size, MaxViT's
-#: window partition needs multiples of its grid); everything else in the classification zoo runs at 128 px.
-_FIXED_RESOLUTION_PREFIXES = ("vit_", "maxvit_")
+#: window partition needs multiples of its grid, Inception v3's auxiliary head a 17×17 map, so 299 px, in
+#: train mode); everything else in the classification zoo runs at 128 px.
+_FIXED_RESOLUTION_PREFIXES = ("vit_", "maxvit_", "inception_v3")
 
 
 def fixed_resolution(spec: str) -> bool:

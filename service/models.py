@@ -256,3 +256,34 @@ class JobRow(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class ZooBatchRow(Base):
+    """A zoo run submitted to the service (``POST /v1/zoo``): one job per selected model.
+
+    The batch records what was asked (zoo, filter, the request every model shares); its progress and
+    results are read from its jobs, which stay the one record of each model's run.
+    """
+
+    __tablename__ = "zoo_batches"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    zoo: Mapped[str] = mapped_column(String(32))
+    filter: Mapped[str | None] = mapped_column(String(200))
+    request: Mapped[dict[str, Any]]
+    """What every model shares: batch_size (or null), input_shape (or null), device, grads, dtype, queue,
+    refresh."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    jobs: Mapped[list[ZooBatchJobRow]] = relationship(order_by="ZooBatchJobRow.position",
+                                                      cascade="all, delete-orphan")
+
+
+class ZooBatchJobRow(Base):
+    """A model of a zoo batch and the job that runs it (a follower when another job runs the same request)."""
+
+    __tablename__ = "zoo_batch_jobs"
+
+    batch_id: Mapped[str] = mapped_column(ForeignKey("zoo_batches.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(200))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)

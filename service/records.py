@@ -71,7 +71,9 @@ class PlanRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {"plan_id": self.plan_id, "key": self.key.to_dict(), "plan": self.plan.to_dict(),
-                "trace": self.trace.to_dict(), "measurements": [m.to_dict() for m in self.measurements],
+                "trace": self.trace.to_dict(),
+                # Timelines are served apart (GET /v1/plans/{hash}/timeline): a plan fetch stays small.
+                "measurements": [m.to_dict(timelines=False) for m in self.measurements],
                 "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at)}
 
 

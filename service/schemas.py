@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan_key import PlanKey
 from remat.client.trace import OPTIONAL_STAGE_BOOLS, OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, TRACE_FORMAT
+from remat.client.zoo_batch import ZooRow
 from remat.service.keys import (
     ALGORITHM_PATTERN,
     DEVICE_PATTERN,
@@ -133,6 +134,29 @@ class TraceInfoOut(BaseModel):
     torch_version: str | None
     batch_size: int | None
     created_at: datetime
+
+
+class StepTimeline(BaseModel):
+    """Memory over one measured training step (remat.worker.measure): bucket start ops and their highest level."""
+
+    ops: int
+    """aten ops in the step, recomputation included."""
+    backward_op: int
+    """The op index where backward starts."""
+    op_index: list[int]
+    bytes: list[int]
+    """Highest activation level (bytes above the step's baseline) within each bucket."""
+
+
+class TimelineOut(BaseModel):
+    """``GET /v1/plans/{model_hash}/timeline``: one plan's measured step over time, beside its prediction."""
+
+    key: PlanKeyOut
+    algorithm: str
+    checkpoints: list[int]
+    predicted_peak_bytes: int
+    measured_peak_bytes: int | None
+    timeline: StepTimeline
 
 
 class PlanRecordOut(BaseModel):
@@ -348,3 +372,50 @@ TRACE_SCHEMA: dict[str, Any] = {
 TRACE_REQUEST_BODY: dict[str, Any] = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": TRACE_SCHEMA}}},
 }
+
+
+class ZooCreate(BaseModel):
+    """A zoo run: one profiling job per classification model the filter selects, sharing everything else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    zoo: Literal["torchvision"] = "torchvision"
+    filter: Annotated[str | None, StringConstraints(pattern=r"^[A-Za-z0-9_*?\[\]!,.-]{1,200}$")] = None
+    """Glob over the zoo's model names, e.g. ``resnet*``; several separated by commas. Default: every model."""
+    batch_size: Annotated[int | None, Field(ge=1, le=65536)] = None
+    """Default: 4 on cpu, 32 on cuda."""
+    input_shape: Annotated[list[Dim] | None, Field(min_length=1, max_length=MAX_DIMS - 1)] = None
+    """Per-sample shape for every model; default: each model's own (scaled to 128 px on cpu where it can be)."""
+    dtype: Annotated[str, StringConstraints(pattern=f"^{PRECISION_PATTERN}$")] = "float32"
+    device: Literal["cpu", "cuda"] = "cuda"
+    grads: Literal["none", "kept"] = "none"
+    queue: Annotated[str | None, StringConstraints(pattern=f"^{QUEUE_PATTERN}$")] = None
+    refresh: bool = False
+    """Profile again models whose plans are stored (otherwise their jobs end at once with the stored plans)."""
+
+
+class ZooModelOut(BaseModel):
+    """One model of a zoo batch: its job's state and, once finished, its summary row."""
+
+    model: str
+    job_id: str
+    state: Literal["pending", "queued", "running", "succeeded", "failed"]
+    progress: float
+    message: str | None
+    row: ZooRow | None
+
+
+class ZooOut(BaseModel):
+    """A zoo batch (``remat.service.zoo.ZooBatch.to_dict``)."""
+
+    id: str
+    zoo: str
+    filter: str | None
+    request: dict[str, Any]
+    created_at: datetime
+    total: int
+    finished: int
+    counts: dict[str, int]
+    done: bool
+    progress: float
+    models: list[ZooModelOut]

@@ -30,7 +30,7 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError as DatabaseUnreachable
 
-from remat.client.errors import RematError
+from remat.client.errors import ModelError, RematError
 from remat.client.plan_key import PlanKey
 from remat.client.request import ModelRequest
 from remat.service import jobs, repository
@@ -206,14 +206,21 @@ def profile_model(task: Task, job_id: str) -> str:
     from remat.worker import pipeline
 
     with Heartbeat(store, job_id, owner, settings.job_lease_s) as beat:
+        refresh = bool(claim.job.request.get("refresh"))  # a zoo run's --refresh: profile even if stored
+
         def on_key(key: PlanKey) -> None:
             beat.plan_key(key)
-            existing = _validated_plans(store, key)
+            existing = None if refresh else _validated_plans(store, key)
             if existing is not None:
                 raise AlreadyPlanned(existing)
 
         try:
             request = ModelRequest.from_dict(claim.job.request)
+            if request.source != "torchvision" or request.model_kwargs:
+                # The API refuses these; a row written some other way must not make a worker import and
+                # call what it names.
+                raise ModelError(f"{request.name}: workers build torchvision models with their default "
+                                 f"arguments only")
             result = pipeline.run(request, progress=beat.progress, on_key=on_key)
         except AlreadyPlanned as done:
             first = done.records[0]

@@ -31,7 +31,7 @@ from remat.client.errors import PlanError, TraceFormatError
 from remat.service import migrate
 from remat.service.api.deps import ServiceState
 from remat.service.api.limits import BodySizeLimitMiddleware
-from remat.service.api.routes import health, jobs, measurements, plans, traces
+from remat.service.api.routes import health, jobs, measurements, plans, traces, zoo
 from remat.service.cache import PlanCache
 from remat.service.celery_client import JobQueue
 from remat.service.config import ServiceSettings, redact_url
@@ -152,6 +152,6 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         app.add_exception_handler(bad_input, _on_bad_input)
     for db_down in (OperationalError, InterfaceError, PoolTimeoutError):
         app.add_exception_handler(db_down, _on_database_down)
-    for module in (health, traces, plans, measurements, jobs):
+    for module in (health, traces, plans, measurements, jobs, zoo):
         app.include_router(module.router)
     return app

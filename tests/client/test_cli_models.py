@@ -35,8 +35,8 @@ def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, sto
     for plan in first["plans"]:
         assert plan["cost_model"] == "pytorch"
         assert plan["measured_peak_bytes"] > 0
-        # The prediction is judged by the measurement (5% is the calibration target; docs/cost-model.md).
-        assert plan["predicted_peak_bytes"] == pytest.approx(plan["measured_peak_bytes"], rel=0.05)
+        # Judged by the measurement: CPU predictions are exact to well under 0.5% (docs/benchmarks.md).
+        assert plan["predicted_peak_bytes"] == pytest.approx(plan["measured_peak_bytes"], rel=0.005)
 
     # A second run, in a fresh interpreter, answers from the store without importing torch.
     probe = (
@@ -52,6 +52,15 @@ def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, sto
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     second = json.loads(result.stdout)
     assert second["from_store"] is True
+
+    def types(obj: object) -> object:  # a JSON value's shape: same keys, same type at every leaf
+        if isinstance(obj, dict):
+            return {k: types(v) for k, v in obj.items() if k != "from_store"}
+        if isinstance(obj, list):
+            return [types(v) for v in obj]
+        return type(obj).__name__
+
+    assert types(second) == types(first), "a stored answer prints every number with the type of a fresh one"
     assert "TORCH False" in result.stderr
     assert [p["checkpoints"] for p in second["plans"]] == [p["checkpoints"] for p in first["plans"]]
     assert [p["measured_peak_bytes"] for p in second["plans"]] == [p["measured_peak_bytes"] for p in first["plans"]]
@@ -116,7 +125,7 @@ def test_autocast_precision_reaches_the_trace_and_the_measured_step(capsys) -> N
     result = json.loads(out)
     assert result["dtype"] == "autocast_bfloat16"
     # The cast cache is in the prediction: without it bf16 autocast is far off (docs/cost-model.md).
-    assert result["predicted_peak_bytes"] == pytest.approx(result["measured_peak_bytes"], rel=0.01)
+    assert result["predicted_peak_bytes"] == pytest.approx(result["measured_peak_bytes"], rel=0.005)
 
 
 def test_measure_command_json(capsys) -> None:

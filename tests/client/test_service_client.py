@@ -8,11 +8,8 @@ so every request goes through httpx, TCP and the ASGI stack as in a cluster. The
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,17 +18,15 @@ import httpx
 import pytest
 import torch
 import torchvision
-import uvicorn
 
 from remat.client import embedded
 from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
 from remat.client.fetch import fetch_and_apply, fetch_plan
 from remat.client.service_client import PlanServiceClient, ServiceResponseError
-from remat.service.api.app import create_app
-from remat.service.config import ServiceSettings
 from remat.worker.planners import PLANNERS
 from tests.service.factories import TOKEN, closed_port_url
 from tests.utils.cli import run_cli
+from tests.utils.live_service import live_service
 
 BATCH, SAMPLE = 2, (3, 32, 32)
 SHAPE = (BATCH, *SAMPLE)
@@ -41,24 +36,8 @@ SMALL = ["resnet18", "--batch-size", str(BATCH), "--input-shape", ",".join(map(s
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The service on 127.0.0.1 at a port the kernel chose; stopped after the module."""
-    db_file = tmp_path_factory.mktemp("service") / "plans.sqlite"
-    settings = ServiceSettings(database_url=f"sqlite:///{db_file}", redis_url=None, broker_url=closed_port_url(),
-                               api_token=TOKEN, auto_migrate=True)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning", access_log=False))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail("the test service did not start")
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with live_service(tmp_path_factory.mktemp("service")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from remat.service.errors import SchemaOutdatedError
 from remat.service.models import Base
 from remat.service.store import PlanStore
 
-TABLES = {"architectures", "traces", "trace_stages", "plans", "measurements", "jobs"}
+TABLES = {"architectures", "traces", "trace_stages", "plans", "measurements", "jobs", "zoo_batches", "zoo_batch_jobs"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -369,3 +369,30 @@ def test_a_deferred_cubic_plan_is_computed_on_the_plan_queue(cluster_workers: Cl
         "grads": key["grads"], "algorithm": "cubic"})
     assert stored.status_code == 200, stored.text
     assert stored.json()["plan"]["checkpoints"] == entry["plan"]["checkpoints"]
+
+
+@pytest.mark.zoo  # three minutes on 2 cores: run with `uv run pytest -m zoo`; the quickstart test covers one worker
+def test_a_zoo_batch_runs_on_two_workers_and_a_rerun_answers_from_the_store(cluster_workers: Cluster) -> None:
+    """`remat-client zoo torchvision --filter 'resnet*' --server URL`: five models, two CPU workers."""
+    cluster = cluster_workers
+    cluster.start_worker("zoo-a")
+    cluster.start_worker("zoo-b")
+    cli = [sys.executable, "-m", "remat.client.cli", "zoo", "torchvision", "--filter", "resnet*", "--batch-size", "2",
+           "--input-shape", "3,32,32", "--grads", "kept", "--server", cluster.base_url, "--json"]
+    first = subprocess.run(cli, env=cluster.env, capture_output=True, text=True, timeout=900, check=False)
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout)
+    rows = {r["model"]: r for r in result["rows"]}
+    assert sorted(rows) == [f"torchvision:resnet{d}" for d in (101, 152, 18, 34, 50)]
+    for row in rows.values():
+        assert row["status"] == "planned" and row["grad_check_passed"] is True, row
+        assert row["input_shape"] == [2, 3, 32, 32] and row["linear_peak_bytes"] < row["none_peak_bytes"]
+        assert abs(row["prediction_error"]) < 0.01
+    assert first.stderr.count("✓ resnet") == 5 and f"zoo batch {result['batch_id']}" in first.stderr
+    # Both workers took jobs (each worker's log names the tasks it received).
+    for name, index in (("zoo-a", 0), ("zoo-b", 1)):
+        log = (cluster.logs / f"worker-{name}-{index}.log").read_text()
+        assert "profile_model" in log and "received" in log, log[-2000:]
+    again = subprocess.run(cli, env=cluster.env, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr
+    assert {r["status"] for r in json.loads(again.stdout)["rows"]} == {"stored"}

@@ -44,13 +44,30 @@ def _job(settings: ServiceSettings, job_id: str) -> Any:
         return jobs.get_job(session=session, job_id=job_id)
 
 
+@pytest.mark.parametrize("request_", [
+    ModelRequest(spec="os:system", batch_size=1, sample_shape=(3,), model_kwargs={"command": "touch /tmp/pwned"}),
+    ModelRequest(spec="resnet18", batch_size=1, sample_shape=(3, 8, 8), model_kwargs={"num_classes": 3}),
+])
+def test_a_job_row_naming_a_callable_is_refused_without_importing_it(settings: ServiceSettings,
+                                                                    request_: ModelRequest,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import remat.client.model_spec as model_spec
+
+    monkeypatch.setattr(model_spec, "_import_callable", lambda spec: pytest.fail(f"imported {spec}"))
+    job_id = _submit(settings, request_)  # as if written to the database by something other than the API
+    assert tasks.profile_model(_task(settings), job_id) == "failed"
+    assert "workers build torchvision models with their default arguments only" in _job(settings, job_id).error
+    assert _rows(settings) == (0, 0)
+
+
 def test_a_model_that_cannot_run_at_the_input_fails_with_the_reason(settings: ServiceSettings) -> None:
     job_id = _submit(settings, ModelRequest(spec="inception_v3", batch_size=2, sample_shape=(3, 32, 32)))
     assert tasks.profile_model(_task(settings), job_id) == "failed"
     job = _job(settings, job_id)
     assert job.state == "failed"
-    assert job.error.startswith("cannot cut Inception3 into stages: the traced graph does not run: RuntimeError: "
+    assert job.error.startswith("Inception3 does not run on input [2, 3, 32, 32]: RuntimeError: "
                                 "Calculated padded input size")
+    assert job.error.endswith("use --input-shape 3,299,299"), job.error
     assert "Traceback" not in job.error and "\n" not in job.error
     assert _rows(settings) == (0, 0)
 

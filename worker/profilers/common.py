@@ -46,6 +46,8 @@ from remat.client.precision import autocast_context, autocast_dtype, normalize_p
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
 from remat.client.write_probe import preserved_state as client_preserved_state
 from remat.worker.memory_meter import storage_key
+from remat.worker.model_output import output_tensors, seeded_sum
+from remat.worker.model_output import requires_grad as any_requires_grad
 
 __all__ = ["Backend", "StageChainLike", "build_chain", "preserved_state", "profile_chain"]
 
@@ -152,8 +154,9 @@ def set_grad_convention(model: nn.Module, grads: str) -> None:
 
 @dataclass(slots=True)
 class _ChainRecord:
-    outputs: list[torch.Tensor]
-    """x_0..x_n, detached: the inputs of the isolated passes."""
+    outputs: list[Any]
+    """x_0..x_n, detached: the inputs of the isolated passes (x_n: the model's output, a tuple of tensors
+    where the model has auxiliary outputs)."""
     requires_grad: list[bool]
     output_keys: list[int | None]
     saved: list[dict[int, int]]
@@ -228,6 +231,12 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
         for i in range(1, n + 1):
             current[0] = i
             x = chain.stage(i)(x)
+            if i == n:  # the model's output: a tensor, or a main output with auxiliary ones (GoogLeNet)
+                out = output_tensors(x, where=f"the last stage ({chain.names[i - 1]})")
+                outputs.append(x.detach() if isinstance(x, torch.Tensor) else tuple(t.detach() for t in out))
+                requires_grad.append(any(t.requires_grad for t in out))
+                keys.append(storage_key(out[0]))
+                continue
             if not isinstance(x, torch.Tensor):
                 # A model-level limit, not a bug of the run: reported as the job's reason, not "internal error".
                 raise ModelError(f"cannot profile this model's stage chain: stage {i} ({chain.names[i - 1]}) "
@@ -279,7 +288,7 @@ def _stage_input(x_in: torch.Tensor, layouts: list[tuple[int, ...]]) -> torch.Te
     return _GradientSink.apply(x_in, layouts) if x_in.requires_grad else x_in
 
 
-def _gradient_seed(output: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
+def _gradient_seed(output: Any, strides: tuple[int, ...] | None) -> Any:
     """Ones shaped like a stage's output, laid out as its gradient is in a real step.
 
     NOTE [ output gradient layout ] The isolated backward starts from ``(y * seed).sum()``, whose gradient
@@ -290,9 +299,19 @@ def _gradient_seed(output: torch.Tensor, strides: tuple[int, ...] | None) -> tor
     last to the first and each stage's seed takes the strides that the next stage's input gradient had
     (contiguous for the last stage: the loss's gradient is).
     """
+    if not isinstance(output, torch.Tensor):  # the model's main and auxiliary outputs: the loss's, dense
+        return tuple(torch.ones(t.shape, dtype=t.dtype, device=t.device) for t in output)
     if strides is None:
         return torch.ones(output.shape, dtype=output.dtype, device=output.device)
     return torch.empty_strided(output.shape, strides, dtype=output.dtype, device=output.device).fill_(1)
+
+
+def _output_bytes(backend: Backend, y: Any) -> int:
+    """Bytes of a stage's output; the model's auxiliary outputs are part of the last stage's."""
+    seen: dict[int | None, int] = {}
+    for t in output_tensors(y):
+        seen.setdefault(storage_key(t) if storage_key(t) is not None else id(t), backend.storage_bytes(t))
+    return sum(seen.values())
 
 
 @dataclass(slots=True)
@@ -327,9 +346,9 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
             y = stage(_stage_input(x_in, input_grad_layout))
         out.forward_peak = meter.peak_bytes - base
         out.recompute_peak = 0 if last_pack_peak[0] is None else last_pack_peak[0] - base
-        if y.requires_grad:
+        if any_requires_grad(y):
             with torch.enable_grad():
-                loss = (y * ones).sum()
+                loss = seeded_sum(y, ones)
             del y
             loss_bytes = backend.storage_bytes(loss)
             meter.reset_peak()
@@ -399,10 +418,10 @@ def _recomputed_backward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_i
         with torch.enable_grad(), amp():
             y = checkpoint(stage, _stage_input(x_in, []), use_reentrant=False,
                            context_fn=lambda: (contextlib.nullcontext(), _ResetPeakOnExit(meter)))
-        if not y.requires_grad:
+        if not any_requires_grad(y):
             return 0
         with torch.enable_grad():
-            loss = (y * ones).sum()
+            loss = seeded_sum(y, ones)
         del y
         loss_bytes = backend.storage_bytes(loss)
         meter.reset_peak()  # a stage that saves nothing is never recomputed: its whole backward counts
@@ -429,9 +448,9 @@ def _time_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor
         set_grad_convention(model, grads)
         fwd.append(backend.time_ms(forward))
         y = holder.pop("y")
-        if y.requires_grad:
+        if any_requires_grad(y):
             with torch.enable_grad():
-                loss = (y * ones).sum()
+                loss = seeded_sum(y, ones)
             del y
             bwd.append(backend.time_ms(loss.backward))
             del loss
@@ -446,7 +465,7 @@ def _warm_up(chain: StageChainLike, model: nn.Module, x0: torch.Tensor, backend:
     first stage to use such a library books the library's memory in its own peaks."""
     with torch.enable_grad():
         with amp():
-            loss = chain.run(x0).float().sum()
+            loss = sum(t.float().sum() for t in output_tensors(chain.run(x0)))
         if loss.requires_grad:
             loss.backward()
     del loss
@@ -546,7 +565,7 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
             m = measures[i - 1]
             stage_obj: dict[str, Any] = {
                 "name": chain.names[i - 1],
-                "output_bytes": backend.storage_bytes(rec.outputs[i]),
+                "output_bytes": _output_bytes(backend, rec.outputs[i]),
                 "saved_bytes": sum(b for k, b in saved.items() if k not in (in_key, out_key)),
                 "saves_input": in_key in saved,
                 "saves_output": out_key in saved,

@@ -70,6 +70,9 @@ def test_job_is_enqueued_by_name_with_its_id_only(make_client: Callable[..., Tes
     ({"queue": "gpu"}, "queue: String should match pattern"),
     ({"device": "tpu"}, "device: Input should be"),
     ({"model": "rm -rf /; resnet"}, "model: String should match pattern"),
+    ({"model": "os:system"}, "model: unknown model source 'os'"),  # workers never import what a request names
+    ({"model": "timm:resnet18"}, "model: unknown model source 'timm'"),
+    ({"model_kwargs": {"num_classes": 3}}, "model_kwargs: Extra inputs are not permitted"),
     ({"priority": 1}, "priority: Extra inputs are not permitted"),
 ])
 def test_bad_job_requests_are_422_naming_the_field(client: TestClient, change: dict, detail: str) -> None:

@@ -1,0 +1,150 @@
+"""`remat-client zoo`: model selection, one summary row per model from either path, resume from the store,
+failures kept with their reason, Ctrl-C that leaves finished results stored."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from remat.client import embedded
+from remat.client.errors import ModelError, UnknownModelError
+from remat.client.plan import Plan
+from remat.client.report import ModelReport, PlanRow
+from remat.client.request import ModelRequest
+from remat.client.zoo_batch import ZooRow, select_models
+from tests.utils.cli import run_cli
+
+MIB = 1024 * 1024
+SMALL = ["--batch-size", "2", "--input-shape", "3,32,32"]
+
+
+@pytest.fixture
+def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path / 'plans.sqlite'}"
+    monkeypatch.setenv("REMAT_DATABASE_URL", url)
+    return url
+
+
+def test_filters_select_classifiers_in_registry_order() -> None:
+    everything = select_models("torchvision")
+    assert len(everything) >= 78 and "resnet50" in everything and "fasterrcnn_resnet50_fpn" not in everything
+    assert select_models("torchvision", "resnet*") == ["resnet101", "resnet152", "resnet18", "resnet34", "resnet50"]
+    assert select_models("torchvision", "vgg11, googlenet") == ["googlenet", "vgg11"]
+    with pytest.raises(UnknownModelError, match="filter: 'resnet9\\*' matches none of the"):
+        select_models("torchvision", "resnet9*")
+    with pytest.raises(UnknownModelError, match="zoo: unknown zoo 'timm'"):
+        select_models("timm")
+
+
+def _report(name: str, *, from_store: bool = False) -> ModelReport:
+    request = ModelRequest(spec=name, batch_size=2, sample_shape=(3, 32, 32))
+
+    def row(algorithm: str, predicted: int, measured: int, ms: float) -> PlanRow:
+        plan = Plan(algorithm=algorithm, cost_model="pytorch", checkpoints=(2,) if algorithm == "linear" else (),
+                    predicted_peak_bytes=predicted, baseline_peak_bytes=80 * MIB, num_stages=9)
+        return PlanRow(plan=plan, measured_peak_bytes=measured, step_ms=ms, grad_check_passed=True)
+
+    return ModelReport(request=request, key={}, num_stages=9, from_store=from_store,
+                       rows=[row("none", 80 * MIB, 80 * MIB, 20.0), row("linear", 30 * MIB, 32 * MIB, 25.0)])
+
+
+def test_a_report_becomes_one_row_and_survives_json() -> None:
+    row = ZooRow.from_report(_report("resnet18"))
+    assert row.status == "planned" and row.model == "torchvision:resnet18" and row.input_shape == (2, 3, 32, 32)
+    assert row.saving == pytest.approx(0.6) and row.overhead == pytest.approx(0.25)
+    assert row.prediction_error == pytest.approx(-2 / 32) and row.grad_check_passed is True
+    assert ZooRow.from_dict(json.loads(json.dumps(row.to_dict()))) == row
+    assert ZooRow.from_report(_report("resnet18", from_store=True)).status == "stored"
+    failed = ZooRow.failed("torchvision:x", "line one\nline two")
+    assert failed.reason == "line one line two" and failed.saving is None
+
+
+def test_embedded_run_keeps_going_past_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    stored = {"torchvision:resnet18"}
+    monkeypatch.setattr(embedded, "cached_report",
+                        lambda req: _report(req.spec, from_store=True) if req.name in stored else None)
+
+    def profile(req: ModelRequest, progress: object = None, *, refresh: bool = False) -> ModelReport:
+        if req.name == "torchvision:vgg11":
+            raise ModelError("vgg11 cannot be cut: a reason")
+        if req.name == "torchvision:alexnet":
+            raise ValueError("a bug\nwith a traceback")
+        return _report(req.spec)
+
+    monkeypatch.setattr(embedded, "profile_and_plan", profile)
+    seen: list[str] = []
+    requests = [ModelRequest(spec=n, batch_size=2, sample_shape=(3, 32, 32))
+                for n in ("resnet18", "vgg11", "alexnet", "resnet34")]
+    rows = embedded.plan_zoo(requests, on_row=lambda r: seen.append(r.model))
+    assert [r.status for r in rows] == ["stored", "failed", "failed", "planned"]
+    assert rows[1].reason == "vgg11 cannot be cut: a reason"
+    assert rows[2].reason == "internal error (ValueError: a bug)"
+    assert seen == [r.model for r in rows]
+    assert [r.status for r in embedded.plan_zoo(requests[:1], refresh=True)] == ["planned"]  # refresh ignores the store
+
+
+def test_zoo_cli_plans_stores_resumes_and_refreshes(capsys, store_url: str, tmp_path: Path) -> None:
+    out_csv = tmp_path / "zoo.csv"
+    code, out, err = run_cli(capsys, "zoo", "torchvision", "--filter", "squeezenet1_1", *SMALL, "--grads", "kept",
+                             "--json", "--csv", str(out_csv))
+    assert code == 0, err
+    result = json.loads(out)
+    (row,) = result["rows"]
+    assert result["total"] == 1 and row["model"] == "torchvision:squeezenet1_1" and row["status"] == "planned"
+    assert row["input_shape"] == [2, 3, 32, 32] and row["num_stages"] > 10 and row["grad_check_passed"] is True
+    assert 0 < row["linear_peak_bytes"] < row["none_peak_bytes"]  # grads kept: activations dominate
+    assert abs(row["prediction_error"]) < 0.005
+    assert "✓ squeezenet1_1: " in err
+    with out_csv.open() as f:
+        (written,) = list(csv.DictReader(f))
+    assert written["model"] == "torchvision:squeezenet1_1" and written["input_shape"] == "2x3x32x32"
+    assert int(written["none_peak_bytes"]) == row["none_peak_bytes"]
+
+    code, out, err = run_cli(capsys, "zoo", "torchvision", "--filter", "squeezenet1_1", *SMALL, "--grads", "kept",
+                             "--json")
+    again = json.loads(out)["rows"][0]
+    assert code == 0 and again["status"] == "stored" and again["none_peak_bytes"] == row["none_peak_bytes"]
+    code, out, _ = run_cli(capsys, "zoo", "torchvision", "--filter", "squeezenet1_1", *SMALL, "--grads", "kept")
+    assert code == 0 and "squeezenet1_1" in out and "stored" in out  # the human table
+
+
+def test_zoo_cli_failures_exit_1_and_ctrl_c_says_how_to_resume(capsys, store_url: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded, "cached_report", lambda req: None)
+
+    def fails(req: ModelRequest, progress: object = None, **_: object) -> ModelReport:
+        if req.name == "torchvision:resnet18":
+            return _report(req.spec)
+        raise ModelError(f"{req.name.removeprefix('torchvision:')} refused: why")
+
+    monkeypatch.setattr(embedded, "profile_and_plan", fails)
+    code, out, err = run_cli(capsys, "zoo", "torchvision", "--filter", "resnet18,resnet34", *SMALL)
+    assert code == 1
+    assert "resnet34 refused: why" in out and "1 of 2 models failed: resnet34" in err
+
+    def interrupted(req: ModelRequest, progress: object = None, **_: object) -> ModelReport:
+        if req.name == "torchvision:resnet18":
+            return _report(req.spec)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(embedded, "profile_and_plan", interrupted)
+    code, out, err = run_cli(capsys, "zoo", "torchvision", "--filter", "resnet18,resnet34", *SMALL)
+    assert code == 130
+    assert "interrupted after 1 of 2 models" in err and "run the same command again" in err
+    assert "resnet18" in out  # the finished model's row is shown
+
+
+@pytest.mark.parametrize("args, message", [
+    (["zoo", "timm"], "Invalid value for '{torchvision}'"),
+    (["zoo", "torchvision", "--filter", "nothing*"], "filter: 'nothing*' matches none"),
+    (["zoo", "torchvision", "--filter", "resnet18", "--input-shape", "3,x"], "--input-shape: '3,x' is not"),
+    (["zoo", "torchvision", "--filter", "resnet18", "--server", "http://127.0.0.1:9"], "set REMAT_API_TOKEN"),
+])
+def test_zoo_cli_bad_input_is_one_line_exit_2(capsys, store_url: str, monkeypatch: pytest.MonkeyPatch,
+                                              args: list[str], message: str) -> None:
+    monkeypatch.delenv("REMAT_API_TOKEN", raising=False)
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and message in err and err.count("\n") == 1, err
