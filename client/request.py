@@ -1,4 +1,4 @@
-"""A profiling request: which zoo model, at which input signature and conventions, to profile and plan.
+"""A profiling request: which model, at which input signature and conventions, to profile and plan.
 
 One definition for the CLI (``remat-client plan MODEL``), the service's jobs (``POST /v1/jobs`` stores
 ``to_dict()`` and the worker rebuilds it with ``from_dict``) and the pipeline that runs it
@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from remat.client.errors import ModelError, PlanError
+from remat.client.model_spec import canonical_spec, default_sample_shape, source_of
 from remat.client.plan_key import MAX_DIM, MAX_DIMS, MAX_NUMEL
 from remat.client.precision import normalize_precision
 from remat.client.trace import GRAD_CONVENTIONS, MODES
@@ -31,10 +32,10 @@ ProgressFn = Callable[[str, float], None]
 
 @dataclass(kw_only=True, frozen=True)
 class ModelRequest:
-    """What a user asked for: a zoo model and the input signature and conventions to plan for."""
+    """What a user asked for: a model and the input signature and conventions to plan for."""
 
     spec: str
-    """Zoo name: ``resnet152`` or ``torchvision:resnet152``."""
+    """A model spec (remat.client.model_spec): ``resnet152``, ``timm:NAME``, ``package.module:callable``."""
     batch_size: int
     sample_shape: tuple[int, ...]
     """Input shape of one sample (C, H, W for images)."""
@@ -43,12 +44,13 @@ class ModelRequest:
     dtype: str = "float32"
     """The step's precision (``remat.client.precision``)."""
     mode: str = "train"
+    model_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
+    """Keyword arguments of the model's builder (``--model-kwargs``): they change the architecture."""
 
     def __post_init__(self) -> None:
-        spec = self.spec.strip() if isinstance(self.spec, str) else ""
-        if not spec or len(spec) > 200:
-            raise ModelError(f"model: must be a zoo name such as resnet152, got {self.spec!r}")
-        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "spec", canonical_spec(self.spec))
+        if not isinstance(self.model_kwargs, dict) or not all(isinstance(k, str) for k in self.model_kwargs):
+            raise ModelError(f"model_kwargs: must be a JSON object, got {self.model_kwargs!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or not 1 <= self.batch_size:
             raise PlanError(f"batch_size: must be a positive integer, got {self.batch_size!r}")
         shape = tuple(self.sample_shape)
@@ -69,17 +71,27 @@ class ModelRequest:
 
     @property
     def name(self) -> str:
-        """Canonical zoo name, as stored: ``torchvision:resnet152``."""
-        return "torchvision:" + self.spec.lower().removeprefix("torchvision:")
+        """Canonical model spec, as stored: ``torchvision:resnet152``."""
+        return self.spec
+
+    @property
+    def source(self) -> str:
+        """``torchvision``, ``timm``, ``python`` or ``custom`` (remat.client.model_spec)."""
+        return source_of(self.spec)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return (self.batch_size, *self.sample_shape)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form a job stores (the API's ``JobCreate`` fields)."""
-        return {"model": self.name, "batch_size": self.batch_size, "input_shape": list(self.sample_shape),
-                "dtype": self.dtype, "device": self.device, "mode": self.mode, "grads": self.grads}
+        """The JSON form a job stores (the API's ``JobCreate`` fields); ``model_kwargs`` only when given, so
+        that requests without them keep their fingerprint."""
+        out: dict[str, Any] = {"model": self.name, "batch_size": self.batch_size,
+                               "input_shape": list(self.sample_shape), "dtype": self.dtype, "device": self.device,
+                               "mode": self.mode, "grads": self.grads}
+        if self.model_kwargs:
+            out["model_kwargs"] = dict(self.model_kwargs)
+        return out
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> ModelRequest:
@@ -87,7 +99,8 @@ class ModelRequest:
         try:
             return cls(spec=obj["model"], batch_size=obj["batch_size"], sample_shape=tuple(obj["input_shape"]),
                        device=obj.get("device", "cpu"), grads=obj.get("grads", "none"),
-                       dtype=obj.get("dtype", "float32"), mode=obj.get("mode", "train"))
+                       dtype=obj.get("dtype", "float32"), mode=obj.get("mode", "train"),
+                       model_kwargs=dict(obj.get("model_kwargs") or {}))
         except KeyError as exc:
             raise PlanError(f"request: field {exc.args[0]!r} is missing") from None
         except TypeError as exc:
@@ -101,20 +114,25 @@ class ModelRequest:
 
 
 def default_request(spec: str, *, batch_size: int | None, sample_shape: Sequence[int] | None, device: str,
-                    grads: str, dtype: str = "float32") -> ModelRequest:
+                    grads: str, dtype: str = "float32", model_kwargs: dict[str, Any] | None = None) -> ModelRequest:
     """Fill in defaults that keep a CPU run to a couple of minutes and a GPU run realistic.
 
     On CPU the images are 128 px (a 3-channel model's default resolution is scaled down, unless the model
     only runs at its own, like ViT) and the batch is 4; on CUDA the zoo's own input shape and a batch of 32.
+    A model from a callable has no known input: ``sample_shape`` is then required.
     """
     if sample_shape is None:
-        from remat.client.zoo import default_input_shape, fixed_resolution
+        from remat.client.zoo import fixed_resolution
 
-        shape = tuple(default_input_shape(spec, check_known=False))
-        if device == "cpu" and len(shape) == 3 and not fixed_resolution(spec):
+        shape = default_sample_shape(spec)
+        if shape is None:
+            raise ModelError(f"--input-shape is needed for {canonical_spec(spec)}: remat knows the input shape "
+                             f"of torchvision and timm models only")
+        scalable = source_of(spec) != "torchvision" or not fixed_resolution(spec)
+        if device == "cpu" and len(shape) == 3 and scalable:
             shape = (shape[0], DEFAULT_CPU_RESOLUTION, DEFAULT_CPU_RESOLUTION)
         sample_shape = shape
     if batch_size is None:
         batch_size = DEFAULT_CPU_BATCH if device == "cpu" else DEFAULT_CUDA_BATCH
     return ModelRequest(spec=spec, batch_size=batch_size, sample_shape=tuple(sample_shape), device=device,
-                        grads=grads, dtype=dtype)
+                        grads=grads, dtype=dtype, model_kwargs=dict(model_kwargs or {}))

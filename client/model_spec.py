@@ -1,0 +1,178 @@
+"""What a MODEL argument may name, and how it becomes an ``nn.Module``.
+
+Four sources, one spelling each (``canonical_spec``):
+
+- ``resnet152`` or ``torchvision:resnet152``: a torchvision model, random weights (remat.client.zoo);
+- ``timm:convnext_tiny``: a timm model when timm is installed, never with pretrained weights;
+- ``package.module:callable`` (``mymodels.nets:build_unet``): any importable callable that returns an
+  ``nn.Module``, called with ``--model-kwargs`` (a JSON object). The current directory is importable, as
+  for ``python -m``;
+- ``custom:ClassName``: a model that lives only in a training script's memory (``remat.client.checkpoint``);
+  it names stored results and cannot be rebuilt from the name.
+
+Only torchvision names run on a service's workers (``zoo_only``): a callable spec would run code named by
+whoever submits a job. Plans never depend on weights, so nothing here downloads any.
+
+Importing this module loads no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from remat.client.errors import ModelError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["MAX_SPEC_LENGTH", "SOURCES", "build_model", "canonical_spec", "default_sample_shape",
+           "parse_model_kwargs", "source_of"]
+
+SOURCES = ("torchvision", "timm", "python", "custom")
+MAX_SPEC_LENGTH = 200
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_ZOO_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_CALLABLE_RE = re.compile(rf"{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*")
+_FORMS = "a torchvision name (resnet152), torchvision:NAME, timm:NAME or package.module:callable"
+
+
+def _malformed(spec: object) -> ModelError:
+    return ModelError(f"model: {spec!r} is not {_FORMS}")
+
+
+def canonical_spec(spec: object) -> str:
+    """The one spelling of a model spec: ``resnet152`` → ``torchvision:resnet152``; others as written.
+
+    Raises:
+        ModelError: not one of the four forms (the message lists them).
+    """
+    if not isinstance(spec, str) or not spec.strip() or len(spec.strip()) > MAX_SPEC_LENGTH:
+        raise _malformed(spec)
+    text = spec.strip()
+    source, sep, name = text.partition(":")
+    if not sep:
+        if not _ZOO_NAME_RE.fullmatch(text) or "." in text:
+            raise _malformed(spec)
+        return f"torchvision:{text.lower()}"
+    if source == "torchvision" and _ZOO_NAME_RE.fullmatch(name):
+        return f"torchvision:{name.lower()}"
+    if source in ("timm", "custom") and _ZOO_NAME_RE.fullmatch(name):
+        return f"{source}:{name}"
+    if _CALLABLE_RE.fullmatch(text) and source not in SOURCES:
+        return text
+    raise _malformed(spec)
+
+
+def source_of(spec: str) -> str:
+    """``torchvision``, ``timm``, ``python`` or ``custom``."""
+    source = canonical_spec(spec).partition(":")[0]
+    return source if source in ("torchvision", "timm", "custom") else "python"
+
+
+def parse_model_kwargs(text: str | None) -> dict[str, Any]:
+    """``--model-kwargs '{"num_classes": 10}'`` → a dict; ModelError naming the flag otherwise."""
+    if text is None or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"--model-kwargs: not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(value, dict):
+        raise ModelError(f"--model-kwargs: must be a JSON object such as '{{\"num_classes\": 10}}', "
+                         f"got {type(value).__name__}")
+    return value
+
+
+def _timm() -> Any:
+    try:
+        return importlib.import_module("timm")
+    except ImportError:
+        raise ModelError("timm models need timm: `uv sync --extra timm` (or `pip install timm`)") from None
+
+
+def _import_callable(spec: str) -> Any:
+    module_name, _, attr_path = spec.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)  # `remat-client plan mymodels:build` from the project's directory, as python -m
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(f"model {spec}: cannot import {module_name} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failing at import is the user's error to read
+        raise ModelError(f"model {spec}: importing {module_name} failed: {type(exc).__name__}: "
+                         f"{(str(exc).splitlines() or [''])[0]}") from None
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise ModelError(f"model {spec}: {module_name} has no attribute {attr_path}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ModelError(f"model {spec}: {attr_path} is not callable")
+    return obj
+
+
+def build_model(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn.Module:
+    """The model a spec names, built with ``kwargs``, random weights.
+
+    Raises:
+        ModelError: unknown name, timm missing, an import or call that fails, or a result that is no module
+            (one line each, naming the spec).
+    """
+    from torch import nn
+
+    from remat.client.zoo import resolve_model
+
+    canonical = canonical_spec(spec)
+    kwargs = dict(kwargs or {})
+    source = source_of(canonical)
+    name = canonical.partition(":")[2]
+    if source == "torchvision":
+        return resolve_model(canonical, **kwargs)
+    if source == "custom":
+        raise ModelError(f"model {canonical}: a model in a training script's memory cannot be rebuilt from its "
+                         f"name; remat.client.checkpoint(model, example_input) plans it there")
+    if source == "timm":
+        timm = _timm()
+        if kwargs.get("pretrained"):
+            raise ModelError("--model-kwargs: remat builds models without pretrained weights (plans do not "
+                             "depend on them)")
+        kwargs["pretrained"] = False
+        try:
+            model = timm.create_model(name, **kwargs)
+        except RuntimeError as exc:  # timm's "Unknown model (...)"
+            raise ModelError(f"model {canonical}: {(str(exc).splitlines() or [''])[0]}") from None
+    else:
+        builder = _import_callable(canonical)
+        try:
+            model = builder(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's builder is reported, not raised
+            raise ModelError(f"model {canonical}: calling it with {json.dumps(kwargs)} failed: "
+                             f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}") from None
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"model {canonical}: returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def default_sample_shape(spec: str) -> tuple[int, ...] | None:
+    """One sample's input shape when the source knows it (torchvision; timm's pretrained config), else None."""
+    canonical = canonical_spec(spec)
+    source = source_of(canonical)
+    if source == "torchvision":
+        from remat.client.zoo import default_input_shape
+
+        return tuple(default_input_shape(canonical, check_known=False))
+    if source == "timm":
+        timm = _timm()
+        try:
+            cfg = timm.models.get_pretrained_cfg(canonical.partition(":")[2])
+        except Exception:  # noqa: BLE001 - no config: the caller asks for --input-shape
+            cfg = None
+        size = getattr(cfg, "input_size", None) if cfg is not None else None
+        return tuple(size) if size else None
+    return None

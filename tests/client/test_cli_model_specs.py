@@ -1,0 +1,223 @@
+"""remat-client on models that are not torchvision names: ``package.module:callable`` with --model-kwargs,
+``timm:NAME``, and the one-line exit-2 errors of every way a spec can be wrong."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from remat.client.errors import ModelError
+from remat.client.model_spec import canonical_spec, source_of
+from tests.utils.cli import run_cli
+
+BUILDERS = textwrap.dedent("""
+    import torch.nn as nn
+
+    def mlp(depth=3, width=32):
+        layers = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        return nn.Sequential(*layers, nn.Linear(width, 10))
+
+    def broken():
+        raise RuntimeError("no GPU here")
+
+    def not_a_module():
+        return 42
+
+    class Factory:
+        @staticmethod
+        def small():
+            return mlp(depth=2)
+""")
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's project directory holding ``usernets.py``, as the current directory; an empty local store."""
+    (tmp_path / "usernets.py").write_text(BUILDERS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'plans.sqlite'}")
+    yield tmp_path
+    sys.modules.pop("usernets", None)
+
+
+@pytest.mark.parametrize(("spec", "canonical", "source"), [
+    ("resnet18", "torchvision:resnet18", "torchvision"),
+    ("torchvision:ResNet18", "torchvision:resnet18", "torchvision"),
+    ("timm:convnext_tiny.fb_in1k", "timm:convnext_tiny.fb_in1k", "timm"),
+    ("pkg.models:build", "pkg.models:build", "python"),
+    ("usernets:Factory.small", "usernets:Factory.small", "python"),
+    ("custom:UserNet", "custom:UserNet", "custom"),
+])
+def test_specs_have_one_spelling(spec: str, canonical: str, source: str) -> None:
+    assert canonical_spec(spec) == canonical
+    assert source_of(spec) == source
+
+
+@pytest.mark.parametrize("spec", ["", "a b", "pkg.mod", "pkg:", ":build", "timm:", "pkg:1x", "x" * 201,
+                                  "torchvision:a b", "os.path:join;rm"])
+def test_malformed_specs_name_the_accepted_forms(spec: str) -> None:
+    with pytest.raises(ModelError, match="is not a torchvision name .* or package.module:callable"):
+        canonical_spec(spec)
+
+
+def test_a_callable_with_kwargs_plans_and_its_kwargs_are_part_of_what_is_stored(capsys, project: Path) -> None:
+    code, out, err = run_cli(capsys, "plan", "usernets:mlp", "--input-shape", "32", "--batch-size", "4", "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    assert first["model"] == "usernets:mlp" and first["from_store"] is False
+    assert first["key"]["input_shape"] == [4, 32]
+
+    code, out, err = run_cli(capsys, "plan", "usernets:mlp", "--input-shape", "32", "--batch-size", "4",
+                             "--model-kwargs", '{"depth": 5}', "--json")
+    assert code == 0, err
+    deeper = json.loads(out)
+    assert deeper["from_store"] is False, "other builder arguments are another architecture"
+    assert deeper["key"]["model_hash"] != first["key"]["model_hash"]
+    assert deeper["num_stages"] > first["num_stages"]
+
+    code, out, err = run_cli(capsys, "plan", "usernets:mlp", "--input-shape", "32", "--batch-size", "4", "--json")
+    assert code == 0, err
+    again = json.loads(out)
+    assert again["from_store"] is True and again["key"] == first["key"]
+
+
+def test_a_nested_attribute_callable_traces(capsys, project: Path) -> None:
+    code, out, err = run_cli(capsys, "trace", "usernets:Factory.small", "--input-shape", "32", "--batch-size", "2")
+    assert code == 0, err
+    assert json.loads(out)["model"] == "usernets:Factory.small"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["usernets:mlp"], "--input-shape is needed for usernets:mlp"),
+    (["usernets:nope", "--input-shape", "32"], "usernets has no attribute nope"),
+    (["nosuchpkg.nets:mlp", "--input-shape", "32"], "cannot import nosuchpkg.nets"),
+    (["usernets:broken", "--input-shape", "32"], "calling it with {} failed: RuntimeError: no GPU here"),
+    (["usernets:not_a_module", "--input-shape", "32"], "returned int, not a torch.nn.Module"),
+    (["usernets:mlp", "--input-shape", "32", "--model-kwargs", '{"deep": 1}'],
+     "unexpected keyword argument 'deep'"),
+    (["usernets:mlp", "--input-shape", "32", "--model-kwargs", "{depth: 1}"], "--model-kwargs: not JSON"),
+    (["usernets:mlp", "--input-shape", "32", "--model-kwargs", "[1]"], "--model-kwargs: must be a JSON object"),
+    (["pkg.mod", "--input-shape", "32"], "is not a torchvision name"),
+    (["custom:UserNet", "--input-shape", "32"], "remat.client.checkpoint(model, example_input) plans it there"),
+])
+def test_a_bad_spec_is_one_line_and_exit_2(capsys, project: Path, args: list[str], message: str) -> None:
+    code, out, err = run_cli(capsys, "trace", *args)
+    assert code == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def test_submit_refuses_what_a_worker_would_have_to_import(capsys, project: Path) -> None:
+    for args in (["usernets:mlp", "--input-shape", "32"],
+                 ["resnet18", "--model-kwargs", '{"num_classes": 10}']):
+        code, _, err = run_cli(capsys, "submit", *args, "--server", "http://127.0.0.1:9")
+        assert code == 2 and "workers build torchvision models with their default arguments only" in err, err
+
+
+def test_a_timm_model_traces_without_weights(capsys, project: Path) -> None:
+    code, out, err = run_cli(capsys, "trace", "timm:resnet18", "--batch-size", "2", "--input-shape", "3,32,32")
+    assert code == 0, err
+    trace = json.loads(out)
+    assert trace["model"] == "timm:resnet18" and len(trace["stages"]) > 5
+    code, _, err = run_cli(capsys, "trace", "timm:no_such_net", "--batch-size", "1", "--input-shape", "3,32,32")
+    assert code == 2 and "timm:no_such_net" in err, err
+    code, _, err = run_cli(capsys, "trace", "timm:resnet18", "--model-kwargs", '{"pretrained": true}')
+    assert code == 2 and "without pretrained weights" in err, err
+
+
+def test_show_prints_what_is_stored_by_model_or_by_hash(capsys, project: Path) -> None:
+    small = ["usernets:mlp", "--input-shape", "32", "--batch-size", "4"]
+    code, _, err = run_cli(capsys, "show", *small)
+    assert code == 1 and "has nothing for usernets:mlp at input [4, 32]" in err and "remat-client plan" in err
+    code, out, err = run_cli(capsys, "plan", *small, "--json")
+    assert code == 0, err
+    planned = json.loads(out)
+
+    code, out, err = run_cli(capsys, "show", *small, "--json")
+    assert code == 0, err
+    [shown] = json.loads(out)
+    assert shown["key"] == planned["key"] and shown["from_store"] is True
+    assert [(p["algorithm"], p["checkpoints"], p["measured_peak_bytes"]) for p in shown["plans"]] == \
+        [(p["algorithm"], p["checkpoints"], p["measured_peak_bytes"]) for p in planned["plans"]]
+
+    prefix = planned["key"]["model_hash"][:10]
+    code, out, err = run_cli(capsys, "show", prefix, "--json")
+    assert code == 0, err
+    assert [r["key"] for r in json.loads(out)] == [planned["key"]]
+    code, out, err = run_cli(capsys, "show", prefix)
+    assert code == 0 and "usernets:mlp" in out and "linear" in out, err
+    code, _, err = run_cli(capsys, "show", prefix, "--batch-size", "3")
+    assert code == 2 and "apply to MODEL" in err
+    code, _, err = run_cli(capsys, "show", "0123456789abcdef")
+    assert code == 1 and "nothing for model_hash 0123456789abcdef" in err
+
+
+def test_every_command_has_help_with_an_example(capsys) -> None:
+    from remat.client.cli import cli
+
+    for name in cli.commands:
+        code, out, err = run_cli(capsys, name, "--help")
+        assert code == 0 and ("Example:" in out or "Examples:" in out) and "remat-client " + name in out, name
+
+
+def test_show_plot_draws_the_stored_timelines(capsys, project: Path) -> None:
+    small = ["usernets:mlp", "--input-shape", "32", "--batch-size", "4"]
+    code, _, err = run_cli(capsys, "plan", *small)
+    assert code == 0, err
+    png = project / "memory.png"
+    code, _, err = run_cli(capsys, "show", *small, "--plot", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    from PIL import Image
+
+    assert Image.open(png).size == (1560, 576)  # 13 x 4.8 inches at 120 dpi: two readable panels
+
+
+def test_show_plot_without_a_timeline_says_how_to_get_one(capsys, project: Path, monkeypatch) -> None:
+    from remat.client import embedded
+    from remat.client.report import ModelReport
+
+    small = ["usernets:mlp", "--input-shape", "32", "--batch-size", "4"]
+    assert run_cli(capsys, "plan", *small)[0] == 0
+    original = embedded.stored_reports
+
+    def without_timelines(**kw: object) -> list[ModelReport]:
+        reports = original(**kw)
+        for report in reports:
+            for row in report.rows:
+                row.timeline = None  # as stored before timelines were recorded, or measured on CUDA
+        return reports
+
+    monkeypatch.setattr(embedded, "stored_reports", without_timelines)
+    code, _, err = run_cli(capsys, "show", *small, "--plot", str(project / "x.png"))
+    assert code == 1 and "no memory timeline stored" in err and "--refresh" in err, err
+
+
+def test_every_command_takes_json(capsys) -> None:
+    from remat.client.cli import cli
+
+    def commands(group: object, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+        out = []
+        for name, command in group.commands.items():  # type: ignore[attr-defined]
+            out += commands(command, (*prefix, name)) if hasattr(command, "commands") else [(*prefix, name)]
+        return out
+
+    for path in commands(cli):
+        code, out, err = run_cli(capsys, *path, "--help")
+        assert code == 0 and "--json" in out, " ".join(path)
+
+
+def test_trace_json_with_an_output_file_prints_a_summary(capsys, project: Path) -> None:
+    out_file = project / "t.json"
+    code, out, err = run_cli(capsys, "trace", "usernets:mlp", "--input-shape", "32", "--batch-size", "2",
+                             "--out", str(out_file), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["out"] == str(out_file) and summary["model"] == "usernets:mlp"
+    assert summary["num_stages"] == len(json.loads(out_file.read_text())["stages"])
