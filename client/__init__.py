@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["apply", "fetch_and_apply", "fetch_plan", "Plan", "PlanServiceClient", "Trace", "load_trace"]
+__all__ = ["apply", "checkpoint", "fetch_and_apply", "fetch_plan", "Plan", "PlanServiceClient", "Trace", "load_trace"]
 
 _LAZY = {
     "apply": ("remat.client.apply_plan", "apply"),
+    "checkpoint": ("remat.client.plan_lookup", "checkpoint"),
     "fetch_and_apply": ("remat.client.fetch", "fetch_and_apply"),
     "fetch_plan": ("remat.client.fetch", "fetch_plan"),
     "PlanServiceClient": ("remat.client.service_client", "PlanServiceClient"),

@@ -3,6 +3,7 @@
 Public API::
 
     apply(model, plan, *, key=None, strict=True) -> nn.Module     # returns ``model`` itself
+    apply_with_chain(model, plan, *, key, chain) -> nn.Module     # the same, traced once by the caller
     remove(model) -> nn.Module                                     # undo apply
     applied_plan(model) -> Plan | None
     applied_chain(model) -> StageChain | None                      # built at apply time or first train call
@@ -32,7 +33,7 @@ from remat.client.plan_key import PlanKey, current_torch_version
 from remat.client.precision import autocast_dtype, precision_of_call
 from remat.client.stage_graph import StageChain, build_stage_chain, trace_model
 
-__all__ = ["applied_chain", "applied_plan", "apply", "remove"]
+__all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "remove"]
 
 _STATE = "_remat_applied"
 
@@ -163,19 +164,11 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
     key = _plan_key(plan, key)
     remove(model)
     if key is not None and strict:
-        if key.mode != "train":
-            raise _mismatch(plan, f"mode: plan {key.mode} vs train (checkpointing only matters in training)")
-        if key.torch_version != current_torch_version():
-            raise _mismatch(plan, f"torch_version: plan {key.torch_version} vs installed {current_torch_version()}")
         try:
             graph = trace_model(model, train=True)
         except ModelError:
             graph = None
-        model_hash = architecture_hash(model, graph=graph)
-        if model_hash != key.model_hash:
-            raise _mismatch(
-                plan, f"model_hash: plan {key.model_hash[:12]}… vs model {model_hash[:12]}… (another architecture)"
-            )
+        _check_key(plan, key, architecture_hash(model, graph=graph))
     state = _Applied(plan=plan, key=key, strict=strict)
     if key is not None:
         try:
@@ -186,9 +179,43 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
             # The model does not take a floating input of this shape (token ids, say): the chain is built
             # from the first real training batch instead, and a real mismatch is reported there.
             state.chain = None
+    _install(model, state)
+    return model
+
+
+def apply_with_chain(model: nn.Module, plan: Plan, *, key: PlanKey, chain: StageChain) -> nn.Module:
+    """``apply`` for a caller that already traced the model for its key and built its chain from that trace
+    (``remat.client.checkpoint``): the same checks against ``key.model_hash``, no second trace."""
+    if not isinstance(plan, Plan):
+        raise PlanError(f"apply: expected a remat.client.plan.Plan, got {type(plan).__name__}")
+    remove(model)
+    planned_for = _plan_key(plan, None)
+    if planned_for is not None:
+        _check_key(plan, planned_for, key.model_hash)
+        differs = planned_for.describe_mismatch(key)
+        if differs:
+            raise _mismatch(plan, f"{differs} (plan vs this model and input)")
+    state = _Applied(plan=plan, key=key, strict=True, chain=chain)
+    _check_stages(state)
+    _install(model, state)
+    return model
+
+
+def _check_key(plan: Plan, key: PlanKey, model_hash: str) -> None:
+    """What can be checked before the first training call: mode, torch version, architecture."""
+    if key.mode != "train":
+        raise _mismatch(plan, f"mode: plan {key.mode} vs train (checkpointing only matters in training)")
+    if key.torch_version != current_torch_version():
+        raise _mismatch(plan, f"torch_version: plan {key.torch_version} vs installed {current_torch_version()}")
+    if model_hash != key.model_hash:
+        raise _mismatch(
+            plan, f"model_hash: plan {key.model_hash[:12]}… vs model {model_hash[:12]}… (another architecture)"
+        )
+
+
+def _install(model: nn.Module, state: _Applied) -> None:
     model.__dict__[_STATE] = state
     model.__dict__["forward"] = types.MethodType(_forward, model)
-    return model
 
 
 def remove(model: nn.Module) -> nn.Module:

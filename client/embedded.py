@@ -13,11 +13,14 @@ The worker and service packages are imported inside functions only: ``import rem
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import gc
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from remat.client.errors import ModelError, RematError
 from remat.client.measurement import Measurement
 from remat.client.plan import Plan
+from remat.client.report import ModelReport, PlanRow
 from remat.client.request import (  # noqa: F401  (re-exported: the CLI's defaults)
     DEFAULT_CPU_BATCH,
     DEFAULT_CPU_RESOLUTION,
@@ -25,71 +28,10 @@ from remat.client.request import (  # noqa: F401  (re-exported: the CLI's defaul
     ModelRequest,
     default_request,
 )
+from remat.client.zoo_batch import ZooRow
 
-__all__ = ["ModelReport", "PlanRow", "cached_report", "measure_algorithm", "profile_and_plan", "profile_trace"]
-
-
-@dataclass(kw_only=True)
-class PlanRow:
-    """One algorithm's plan beside what a real training step measured with it."""
-
-    plan: Plan
-    measured_peak_bytes: int | None
-    step_ms: float | None
-
-
-@dataclass(kw_only=True)
-class ModelReport:
-    """Every algorithm's plan for one request, with measurements, and where the answer came from."""
-
-    request: ModelRequest
-    key: dict[str, Any]
-    num_stages: int
-    rows: list[PlanRow] = field(default_factory=list)
-    from_store: bool = False
-    device_name: str | None = None
-
-    def row(self, algorithm: str) -> PlanRow | None:
-        return next((r for r in self.rows if r.plan.algorithm == algorithm), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        base = self.row("none")
-        out: dict[str, Any] = {
-            "model": self.request.name, "key": self.key, "num_stages": self.num_stages,
-            "from_store": self.from_store, "device_name": self.device_name, "plans": [],
-        }
-        for r in self.rows:
-            entry = r.plan.to_dict()
-            entry["key"] = self.key  # so that apply() can refuse the plan for another model, input or torch
-            entry.update(measured_peak_bytes=r.measured_peak_bytes, step_ms=r.step_ms,
-                         baseline_measured_peak_bytes=base.measured_peak_bytes if base else None,
-                         baseline_step_ms=base.step_ms if base else None)
-            out["plans"].append(entry)
-        return out
-
-    @classmethod
-    def from_measured(cls, request: ModelRequest, key: dict[str, Any], plans: list[Plan],
-                      measurements: dict[str, Measurement], *, from_store: bool,
-                      device_name: str | None) -> ModelReport:
-        report = cls(request=request, key=key, num_stages=plans[0].num_stages if plans else 0,
-                     from_store=from_store, device_name=device_name)
-        for plan in plans:
-            m = measurements.get(plan.algorithm)
-            report.rows.append(PlanRow(plan=plan, measured_peak_bytes=m.measured_peak_bytes if m else None,
-                                       step_ms=m.step_ms if m else None))
-        return report
-
-
-    @classmethod
-    def from_job(cls, job: dict[str, Any]) -> ModelReport:
-        """The report of a finished profiling job of the service (``GET /v1/jobs/{id}``'s ``result``)."""
-        result = job["result"]
-        entries = result["plans"]
-        plans = [Plan.from_dict(e["plan"]) for e in entries]
-        measurements = {e["plan"]["algorithm"]: Measurement.from_dict(e["measurement"])
-                        for e in entries if e.get("measurement")}
-        return cls.from_measured(ModelRequest.from_dict(job["request"]), dict(result["key"]), plans, measurements,
-                                 from_store=bool(result.get("reused")), device_name=result.get("device_name"))
+__all__ = ["ModelReport", "PlanRow", "cached_report", "measure_algorithm", "plan_held_model", "plan_zoo",
+           "profile_and_plan", "profile_trace", "stored_plan", "stored_reports"]
 
 
 def _open_store() -> Any:
@@ -99,11 +41,16 @@ def _open_store() -> Any:
 
 
 def cached_report(request: ModelRequest) -> ModelReport | None:
-    """The stored answer for ``request``, when every algorithm has a measured plan; never imports torch."""
+    """The stored answer for ``request``, when every algorithm has a measured plan; never imports torch.
+
+    Only a zoo name without builder arguments stands for one architecture: a callable's or builder
+    arguments' model is looked up by its key once built (``profile_and_plan``).
+    """
     from remat.client.plan_key import current_torch_version
     from remat.service import repository
-    from remat.worker.planners import PLANNERS
 
+    if request.source not in ("torchvision", "timm") or request.model_kwargs:
+        return None
     store = _open_store()
     try:
         with store.db.read_session() as session:
@@ -117,8 +64,17 @@ def cached_report(request: ModelRequest) -> ModelReport | None:
                 and r.key.mode == request.mode and r.key.torch_version == torch_version]
     if not matching:
         return None
-    newest_trace = max(matching, key=lambda r: r.updated_at).trace.trace_id
-    by_algorithm = {r.plan.algorithm: r for r in matching if r.trace.trace_id == newest_trace}
+    return _report_from_records(request, matching)
+
+
+def _report_from_records(request: ModelRequest, records: list[Any]) -> ModelReport | None:
+    """The newest trace's plans as a report, when every algorithm has a measured plan."""
+    from remat.worker.planners import PLANNERS
+
+    if not records:
+        return None
+    newest_trace = max(records, key=lambda r: r.updated_at).trace.trace_id
+    by_algorithm = {r.plan.algorithm: r for r in records if r.trace.trace_id == newest_trace}
     if set(by_algorithm) != set(PLANNERS) or not all(r.measurements for r in by_algorithm.values()):
         return None
     first = next(iter(by_algorithm.values()))
@@ -128,11 +84,34 @@ def cached_report(request: ModelRequest) -> ModelReport | None:
         from_store=True, device_name=first.trace.device_name)
 
 
-def profile_and_plan(request: ModelRequest, progress: Any = None) -> ModelReport:
-    """Run the pipeline here and store its trace, plans and measurements in one transaction."""
+class _AlreadyStored(Exception):
+    def __init__(self, report: ModelReport) -> None:
+        self.report = report
+
+
+def profile_and_plan(request: ModelRequest, progress: Any = None, *, refresh: bool = False) -> ModelReport:
+    """Run the pipeline here and store its trace, plans and measurements in one transaction.
+
+    Once the model is built its key is looked up (unless ``refresh``): a model the name lookup cannot
+    answer for (a callable, builder arguments) is profiled only once per architecture too.
+    """
     from remat.worker import pipeline
 
-    result = pipeline.run(request, progress=progress)
+    def on_key(key: Any) -> None:
+        if refresh:
+            return
+        store = _open_store()
+        try:
+            report = _report_from_records(request, store.find_plan_records(key))
+        finally:
+            store.close()
+        if report is not None:
+            raise _AlreadyStored(report)
+
+    try:
+        result = pipeline.run(request, progress=progress, on_key=on_key)
+    except _AlreadyStored as stored:
+        return stored.report
     store = _open_store()
     try:
         key = store.save_profile(result.trace, result.plans, result.measurements)
@@ -158,3 +137,179 @@ def measure_algorithm(request: ModelRequest, algorithm: str, progress: Any = Non
     from remat.worker import pipeline
 
     return pipeline.measure_algorithm(request, algorithm, progress=progress)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RematError):
+        return str(exc)
+    first = (str(exc).splitlines() or [""])[0]
+    return f"internal error ({type(exc).__name__}: {first})"
+
+
+def plan_zoo(requests: Iterable[ModelRequest], *, refresh: bool = False,
+             on_start: Callable[[ModelRequest], None] | None = None,
+             on_row: Callable[[ZooRow], None] | None = None,
+             progress: Callable[[str, float], None] | None = None) -> list[ZooRow]:
+    """``remat-client zoo`` without a server: plan every request here, one after another, storing each model's
+    result as it finishes; returns a ``ZooRow`` per request.
+
+    A model already in the local plan store is answered from it (``refresh`` profiles it again). A model that
+    fails becomes a ``failed`` row with its reason and the run goes on. A KeyboardInterrupt propagates after
+    the model that was running; everything finished before it is stored, so the same command resumes.
+    """
+    rows: list[ZooRow] = []
+    for request in requests:
+        if on_start is not None:
+            on_start(request)
+        try:
+            report = None if refresh else cached_report(request)
+            if report is None:
+                report = profile_and_plan(request, progress=progress, refresh=refresh)
+            row = ZooRow.from_report(report)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except ModelError as exc:
+            row = ZooRow.failed(request.name, str(exc), request.input_shape)
+        except Exception as exc:  # noqa: BLE001 - one model's failure must not end a zoo run; its reason is kept
+            row = ZooRow.failed(request.name, _reason(exc), request.input_shape)
+        finally:
+            gc.collect()
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+# --- remat.client.checkpoint's steps that need the worker or the database ----------------------------------
+
+def stored_plan(key: Any, algorithm: str) -> Any:
+    """The local plan store's ``algorithm`` plan for ``key`` (a Plan carrying its key), or None.
+
+    Never creates a database that is not there, and a machine without the service's libraries (a GPU image
+    with torch alone) simply has no store: None.
+    """
+    from pathlib import Path
+
+    try:
+        from remat.service.config import ServiceSettings
+        from remat.service.store import PlanStore
+    except ImportError:
+        return None
+    settings = ServiceSettings()
+    url = settings.database_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return None
+    store = PlanStore(settings=settings)
+    try:
+        record = store.get_plan(key, algorithm=algorithm)
+    finally:
+        store.close()
+    if record is None:
+        return None
+    return Plan.from_dict({**record.plan.to_dict(), "key": record.key.to_dict()})
+
+
+def plan_held_model(built: Any, algorithm: str, progress: Any = None) -> Any:
+    """Profile a model the caller holds, plan it with every algorithm, measure ``none`` and ``algorithm`` (one
+    training step each, gradient-checked) and store it all in the local plan store when there is one.
+
+    Only two plans are measured: this runs inside someone's training job, where every step counts; the
+    other plans are stored unmeasured (``remat-client plan`` measures them all).
+
+    Returns:
+        ``remat.worker.pipeline.ProfileResult``; a store that refuses it is a warning, not an error.
+    """
+    import warnings
+
+    from remat.worker import pipeline
+    from remat.worker.planning import STORED_COST_MODEL, plan_all
+
+    say = progress or (lambda message, fraction: None)
+    say(f"profiling {built.chain.num_stages} stages", 0.1)
+    trace = pipeline.profile(built)
+    plans = tuple(plan_all(trace, cost_model=STORED_COST_MODEL))
+    measured = [p for p in plans if p.algorithm in ("none", algorithm)]
+    measurements = pipeline.validate(built, trace, measured, progress=say, start=0.5, end=0.95, timing_rounds=1)
+    result = pipeline.ProfileResult(request=built.request, key=built.key, trace=trace, plans=plans,
+                                    measurements=measurements)
+    try:
+        from remat.service.store import PlanStore
+    except ImportError:
+        return result
+    try:
+        store = PlanStore().open()
+        try:
+            store.save_profile(trace, plans, measurements)
+        finally:
+            store.close()
+    except Exception as exc:  # noqa: BLE001 - the plan is good; only keeping a copy here failed
+        warnings.warn(f"remat: the local plan store did not take the plan ({type(exc).__name__}: {exc}); "
+                      f"it is kept in the plan cache only", RuntimeWarning, stacklevel=3)
+    return result
+
+
+# --- remat-client show ----------------------------------------------------------------------------------
+
+MIN_HASH_PREFIX = 8
+
+
+def stored_reports(*, request: ModelRequest | None = None, model_hash: str | None = None) -> list[ModelReport]:
+    """What the local store holds, whatever was measured: for ``request``'s key (a zoo name is found by name,
+    without torch; any other model is built to compute its key), or for every key whose architecture hash
+    starts with ``model_hash``. One report per key, from its newest trace; newest key first."""
+    from remat.service import repository
+
+    if (request is None) == (model_hash is None):
+        raise ValueError("stored_reports: give request or model_hash")
+    store = _open_store()
+    try:
+        with store.db.read_session() as session:
+            if model_hash is not None:
+                records, _ = repository.list_plans(session=session, limit=100_000)
+                records = [r for r in records if r.key.model_hash.startswith(model_hash)]
+            elif request.source in ("torchvision", "timm") and not request.model_kwargs:
+                records, _ = repository.list_plans(session=session, model=request.name, device=request.device,
+                                                   dtype=request.dtype, limit=100_000)
+                records = [r for r in records if r.key.input_shape == request.input_shape
+                           and r.key.grads == request.grads and r.key.mode == request.mode]
+            else:
+                from remat.worker import pipeline
+
+                key = pipeline.build(request).key
+                records = repository.find_plans(session=session, key=key)
+    finally:
+        store.close()
+    by_key: dict[Any, list[Any]] = {}
+    for record in records:
+        by_key.setdefault(record.key, []).append(record)
+    reports = []
+    for key, group in by_key.items():
+        newest = max(group, key=lambda r: r.updated_at)
+        rows = [r for r in group if r.trace.trace_id == newest.trace.trace_id]
+        rows.sort(key=lambda r: _algorithm_order(r.plan.algorithm))
+        shown = request or _request_of(key, newest.trace.model)
+        report = ModelReport(request=shown, key=key.to_dict(), num_stages=rows[0].plan.num_stages,
+                             from_store=True, device_name=newest.trace.device_name)
+        report.rows.extend(PlanRow.from_measurement(Plan.from_dict({**r.plan.to_dict(), "key": key.to_dict()}),
+                                                    r.measurements[0] if r.measurements else None)  # newest first
+                           for r in rows)
+        reports.append((newest.updated_at, report))
+    return [report for _, report in sorted(reports, key=lambda pair: pair[0], reverse=True)]
+
+
+def _algorithm_order(name: str) -> int:
+    from remat.worker.planners import PLANNERS
+
+    names = list(PLANNERS)
+    return names.index(name) if name in names else len(names)
+
+
+def _request_of(key: Any, model: str | None) -> ModelRequest:
+    """A request that describes a stored key (for display: the model's stored name and the key's input)."""
+    try:
+        spec = model or "custom:unknown"
+        return ModelRequest(spec=spec, batch_size=key.input_shape[0], sample_shape=key.input_shape[1:] or (1,),
+                            device=key.device if key.device in ("cpu", "cuda") else "cpu", grads=key.grads,
+                            dtype=key.dtype if key.dtype != "unknown" else "float32", mode=key.mode)
+    except RematError:
+        return ModelRequest(spec="custom:unknown", batch_size=1, sample_shape=(1,))

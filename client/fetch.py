@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.client.embedded import ModelReport, ModelRequest, PlanRow
 from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
 from remat.client.plan import Plan
 from remat.client.plan_key import UNKNOWN, PlanKey, normalize_torch_version
-from remat.client.request import ProgressFn
+from remat.client.report import ModelReport, PlanRow
+from remat.client.request import ModelRequest, ProgressFn
 from remat.client.service_client import PlanServiceClient
 
 __all__ = ["PlanNotFoundError", "fetch_and_apply", "fetch_plan", "report_from_service"]

@@ -47,6 +47,16 @@ class Plan:
     budget_bytes: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # One JSON type per field, wherever the plan came from: a planner's sum of no re-run stages is the
+        # int 0, a stored plan reads back 0.0; both print as 0.0.
+        for name in ("recompute_ms", "step_ms"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, float):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise PlanError(f"plan: {name} must be a number, got {value!r}")
+                object.__setattr__(self, name, float(value))
+
     @property
     def saving(self) -> float:
         """Fraction of the no-checkpoint peak that the plan saves (0.0 when the baseline is 0)."""

@@ -359,7 +359,8 @@ def _build_from_children(model: nn.Module, example: torch.Tensor, train: bool) -
 # Entry point
 # ----------------------------------------------------------------------------------------------------------
 
-def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: bool = True) -> StageChain:
+def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: bool = True,
+                      graph: torch.fx.GraphModule | None = None) -> StageChain:
     """Cut ``model`` into a chain of stages for checkpointing; raise ``ModelError`` if it cannot be.
 
     Args:
@@ -368,22 +369,29 @@ def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: b
             probe run records which nodes carry tensors and which write in place).
         train: trace and probe in train mode (True, what checkpointing needs) or eval mode. Graphs differ
             between modes (aux heads), so a chain belongs to one mode.
+        graph: ``trace_model(model, train=train)`` when the caller already has it (the key's hash needs the
+            same trace): fx tracing runs the model's Python once more for nothing otherwise.
 
     Returns:
         The chain; its stages share the model's submodules, parameters and buffers.
     """
     if not isinstance(example_input, torch.Tensor):
         raise ModelError(f"example_input must be a tensor, got {type(example_input).__name__}")
+    run_error = None
     try:
-        gm = trace_model(model, train=train)
+        gm = graph if graph is not None else trace_model(model, train=train)
         return _build_from_fx(model, gm, example_input, train)
     except ModelError as exc:
         fx_reason = str(exc)
     except Exception as exc:  # noqa: BLE001 - a traced graph that cannot run is as unusable as no graph
-        fx_reason = f"the traced graph does not run: {_one_line(exc)}"
+        run_error = _one_line(exc)
+        fx_reason = f"the traced graph does not run: {run_error}"
     try:
         return _build_from_children(model, example_input, train)
     except ModelError as exc:
+        if run_error is not None and run_error in str(exc):  # the model itself refuses this input
+            raise ModelError(f"{type(model).__name__} does not run on input {list(example_input.shape)}: "
+                             f"{run_error}") from None
         raise ModelError(
             f"cannot cut {type(model).__name__} into stages: {fx_reason}; "
             f"and its top-level children do not form a chain: {exc}"

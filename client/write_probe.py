@@ -69,6 +69,13 @@ class _WriteRecorder(TorchDispatchMode):
     model's buffers. Matching at write time is what lets the probe run free values as it goes.
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a dispatch mode's __torch_dispatch__ in torch._dynamo.disable unless this says False;
+        # the wrapper imports torch._dynamo (seconds) at the first op. The probe runs eagerly, never under
+        # torch.compile, so it has nothing to disable: a plan-cache hit starts without that import.
+        return False
+
     def __init__(self, buffer_slots: dict[int, tuple[torch.UntypedStorage, list[tuple[nn.Module, str]]]]):
         super().__init__()
         self.current: str | None = None

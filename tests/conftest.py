@@ -30,3 +30,13 @@ def require_service(name: str, reachable: bool, detail: str) -> None:
     if IN_CI:
         pytest.fail(f"{message}; CI requires it (.ci/run starts it)")
     pytest.skip(message)
+
+
+@pytest.fixture(autouse=True)
+def _plan_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """remat.client.checkpoint writes plans to the user's cache directory, and the client reads the user's
+    config file: never the real ones in tests."""
+    if "REMAT_PLAN_CACHE_DIR" not in os.environ:
+        monkeypatch.setenv("REMAT_PLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+    if "REMAT_CONFIG" not in os.environ:  # a developer's own config file must not steer the tests
+        monkeypatch.setenv("REMAT_CONFIG", os.devnull + ".remat-tests-have-no-config.toml")

@@ -10,6 +10,7 @@ nothing of databases.
 Public API::
 
     build(request) -> BuiltModel                           # model, example batch, stage chain, plan key
+    build_from_model(request, model, example, graph=None, probe=None) -> BuiltModel   # a model the caller holds
     profile(built) -> Trace
     validate(built, trace, plans, progress=None) -> dict[str, Measurement]
     run(request, progress=None) -> ProfileResult           # all of the above, with every planner
@@ -31,7 +32,8 @@ from remat.client.precision import autocast_dtype
 from remat.client.request import ModelRequest, ProgressFn
 from remat.client.trace import Trace
 
-__all__ = ["BuiltModel", "OutOfMemoryProfiling", "ProfileResult", "ProgressFn", "build", "measure_algorithm",
+__all__ = ["BuiltModel", "OutOfMemoryProfiling", "ProfileResult", "ProgressFn", "build", "build_from_model",
+           "measure_algorithm",
            "profile", "run", "validate"]
 
 TIMING_ROUNDS = 2
@@ -54,6 +56,8 @@ class BuiltModel:
     example: Any
     chain: Any
     key: PlanKey
+    probe_batch: int | None = None
+    """Batch size the chain's probe ran on when it was not the example's (``build_from_model``'s ``probe``)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,21 @@ def _guard_memory(request: ModelRequest, exc: BaseException) -> None:
             f"use a smaller batch or input, or a device with more memory") from None
 
 
+def _input_hint(request: ModelRequest, message: str) -> str:
+    """What to change when a model refuses the requested input, appended to the error's one line."""
+    from remat.client.zoo import default_input_shape, fixed_resolution
+
+    if "Expected more than 1 value per channel when training" in message and request.batch_size == 1:
+        return (" — at batch 1 a BatchNorm layer sees one value per channel in train mode: use --batch-size 2 "
+                "or more")
+    if request.source == "torchvision" and fixed_resolution(request.spec):
+        native = tuple(default_input_shape(request.spec, check_known=False))
+        if tuple(request.sample_shape) != native:
+            shape = ",".join(str(d) for d in native)
+            return f" — {request.name} trains only at its own input size: use --input-shape {shape}"
+    return ""
+
+
 def build(request: ModelRequest) -> BuiltModel:
     """The model (random weights), an example batch and its stage chain on the requested device, and its key.
 
@@ -95,8 +114,7 @@ def build(request: ModelRequest) -> BuiltModel:
     """
     import torch
 
-    from remat.client.stage_graph import build_stage_chain
-    from remat.client.zoo import resolve_model
+    from remat.client.model_spec import build_model
 
     if request.device == "cuda" and not torch.cuda.is_available():
         raise ModelError("--device cuda: torch sees no CUDA device on this machine")
@@ -104,18 +122,46 @@ def build(request: ModelRequest) -> BuiltModel:
     # An autocast precision trains float32 weights on float32 inputs; a plain one runs everything in it.
     dtype = getattr(torch, "float32" if autocast_dtype(request.dtype) else request.dtype)
     try:
-        model = resolve_model(request.spec).to(device=request.device, dtype=dtype)
+        model = build_model(request.spec, request.model_kwargs).to(device=request.device, dtype=dtype)
         x = torch.randn(request.input_shape, device=request.device, dtype=dtype)
-        chain = build_stage_chain(model, x, train=request.mode == "train")
-    except ModelError:
-        raise
+    except RuntimeError as exc:
+        _guard_memory(request, exc)
+        raise ModelError(f"{request.name} cannot be built on {request.device}: "
+                         f"{(str(exc).splitlines() or [''])[0]}") from None
+    return build_from_model(request, model, x)
+
+
+def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: Any = None,
+                     probe: Any = None) -> BuiltModel:
+    """``build`` for a model the caller already holds (``remat.client.checkpoint``): its stage chain, cut
+    from ``graph`` when the caller traced it already, and its key.
+
+    ``probe``: the input the chain builder's probe forward runs on instead of ``example`` (a slice of the
+    batch: the stage structure does not depend on the batch size, the probe's cost does). A chain built so
+    serves ``run`` only; profiling needs one probed with the full example.
+
+    Raises:
+        ModelError: a model that cannot run on or be cut at this input (one line, with what to change).
+    """
+    from remat.client.stage_graph import build_stage_chain
+
+    try:
+        chain = build_stage_chain(model, example if probe is None else probe, train=request.mode == "train",
+                                  graph=graph)
+    except ModelError as exc:
+        hint = _input_hint(request, str(exc))
+        if not hint:
+            raise
+        raise ModelError(f"{exc}{hint}") from None
     except RuntimeError as exc:  # e.g. an input shape the model cannot take
         _guard_memory(request, exc)
+        text = str(exc).splitlines()[0]
         raise ModelError(f"{request.name} cannot run on input {list(request.input_shape)}: "
-                         f"{str(exc).splitlines()[0]}") from None
+                         f"{text}{_input_hint(request, text)}") from None
     key = PlanKey.for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
                             grads=request.grads, device=request.device, graph=chain.graph_module)
-    return BuiltModel(request=request, model=model, example=x, chain=chain, key=key)
+    return BuiltModel(request=request, model=model, example=example, chain=chain, key=key,
+                      probe_batch=int(probe.shape[0]) if probe is not None else None)
 
 
 def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:

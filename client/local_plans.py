@@ -1,0 +1,106 @@
+"""Plans this machine has fetched or made, on disk: a training job restarts without a service or a database.
+
+One JSON file per (plan key, algorithm) under ``<user cache dir>/remat/plans`` (``REMAT_PLAN_CACHE_DIR``
+overrides it). The file name is a digest of the key, so a lookup is one ``open``: no sqlalchemy, no torch.
+Writes go to a temporary file renamed into place, so a job killed mid-write leaves the old file or none, and
+two jobs writing the same plan leave one whole file.
+
+Public API::
+
+    LocalPlanCache(directory=None)
+    cache.get(key, algorithm) -> CachedPlan | None
+    cache.put(key, plan, source=...) -> Path
+    default_cache_dir() -> Path
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from remat.client.errors import PlanError, PlanMismatchError
+from remat.client.plan import Plan
+from remat.client.plan_key import PlanKey
+
+__all__ = ["CACHE_FORMAT", "CachedPlan", "LocalPlanCache", "default_cache_dir"]
+
+CACHE_FORMAT = "remat-plan-cache/1"
+MAX_FILE_BYTES = 16 * 1024 * 1024  # a plan of the service's largest stage count is far below this
+
+
+def default_cache_dir() -> Path:
+    """``REMAT_PLAN_CACHE_DIR``, else ``plans`` in the user's cache directory (beside the local plan store)."""
+    configured = os.environ.get("REMAT_PLAN_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("remat")) / "plans"
+
+
+@dataclass(frozen=True)
+class CachedPlan:
+    """A plan from the cache and where it first came from (``service http://…`` or ``profiled here``)."""
+
+    plan: Plan
+    source: str
+    path: Path
+
+
+class LocalPlanCache:
+    """Plans by key and algorithm, one file each (see the module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+        self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
+
+    def path(self, key: PlanKey, algorithm: str) -> Path:
+        text = json.dumps({"key": key.to_dict(), "algorithm": algorithm}, sort_keys=True, separators=(",", ":"))
+        return self.directory / f"{hashlib.sha256(text.encode('utf-8')).hexdigest()[:40]}.json"
+
+    def get(self, key: PlanKey, algorithm: str) -> CachedPlan | None:
+        """The cached plan for ``key``, or None.
+
+        Raises:
+            PlanError: the file is not a cached plan (hand-edited, truncated by a full disk): the message
+                names the file, to be deleted.
+            PlanMismatchError: the file's plan was made for another key (it says what differs).
+        """
+        path = self.path(key, algorithm)
+        try:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                raise PlanError(f"plan cache file {path} is larger than {MAX_FILE_BYTES} bytes; delete it")
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PlanError(f"plan cache file {path} is unreadable ({exc}); delete it") from None
+        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("plan"), dict):
+            raise PlanError(f"plan cache file {path} is not a {CACHE_FORMAT} file; delete it")
+        plan = Plan.from_dict(data["plan"])
+        stored = PlanKey.from_dict(plan.extra.get("key") or {})
+        differs = stored.describe_mismatch(key)
+        if differs or plan.algorithm != algorithm:
+            detail = differs or f"algorithm: {plan.algorithm} vs {algorithm}"
+            raise PlanMismatchError(f"plan cache file {path} holds a plan for another key ({detail}); delete it")
+        return CachedPlan(plan=plan, source=str(data.get("source") or "unknown"), path=path)
+
+    def put(self, key: PlanKey, plan: Plan, *, source: str) -> Path:
+        """Store ``plan`` for ``key`` (replacing what was there), atomically."""
+        body: dict[str, Any] = {"format": CACHE_FORMAT, "source": source,
+                                "plan": {**plan.to_dict(), "key": key.to_dict()}}
+        path = self.path(key, plan.algorithm)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(body, f, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path

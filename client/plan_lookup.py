@@ -1,0 +1,219 @@
+"""Your own model in one call: ``model = remat.client.checkpoint(model, example_input)``.
+
+Any single-input ``nn.Module``, in a training script::
+
+    import remat.client
+
+    model = MyNet().cuda()
+    model = remat.client.checkpoint(model, next(iter(loader))[0].cuda())   # before building the optimizer
+    optimizer = torch.optim.AdamW(model.parameters())
+
+The model is traced once; its plan key (architecture hash, input shape, precision, gradient convention,
+device class, torch version) is computed from that trace, and so is the stage chain the plan is applied to.
+The plan is looked up, in order, in:
+
+1. the plan cache on disk (remat.client.local_plans): one file read, no database, no network;
+2. the local plan store (what ``remat-client plan`` stored on this machine), when there is one;
+3. the service (``server=`` or ``REMAT_SERVER``), with a timeout on every request; unreachable is a
+   warning, not an error: a training job never hangs on, or dies of, a plan service;
+4. on a miss, by ``on_miss``: ``"profile"`` (default) profiles and plans here — a few training steps — stores
+   the result locally and, with a write token (``token=`` or ``REMAT_API_TOKEN``), uploads the trace so the
+   cluster has it next time; ``"none"`` trains without checkpointing and warns; ``"raise"`` raises.
+
+Every plan found in 2–4 is written to the disk cache. A plan whose key differs from this model's (another
+architecture, input, precision or torch version) is refused with what differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from remat.client.errors import PlanError, PlanNotFoundError, RematError, ServiceError
+from remat.client.local_plans import LocalPlanCache
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from remat.client.plan import Plan
+    from remat.client.plan_key import PlanKey
+
+__all__ = ["ON_MISS", "checkpoint"]
+
+logger = logging.getLogger("remat")
+
+ON_MISS = ("profile", "none", "raise")
+
+
+def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "none", algorithm: str = "linear",
+               server: str | None = None, token: str | None = None, on_miss: str = "profile",
+               cache_dir: str | os.PathLike[str] | None = None, timeout_s: float | None = None) -> nn.Module:
+    """Find or make ``model``'s plan for batches like ``example_input`` and apply it; returns ``model``.
+
+    Args:
+        model: any single-input module, on the device it trains on. Only its instance ``forward`` changes
+            (remat.client.apply): parameters, ``state_dict()`` keys and optimizers are untouched.
+        example_input: one training batch, or a tensor of its shape, dtype and device: plans are made for
+            one input shape. Call inside ``torch.autocast`` if training runs there (the precision is keyed).
+        grads: ``"none"`` if gradients are set to None between steps (``zero_grad()``'s default) or
+            ``"kept"`` if they stay allocated; the best plans differ.
+        algorithm: which planner's plan (``linear``: least peak memory under the PyTorch-faithful model).
+        server: a remat service URL; default ``REMAT_SERVER``; None and unset: no service.
+        token: the service's write token, to upload a trace profiled here; default ``REMAT_API_TOKEN``.
+        on_miss: ``"profile"``, ``"none"`` or ``"raise"`` (module docstring).
+        cache_dir: the plan cache directory; default ``REMAT_PLAN_CACHE_DIR`` or the user cache directory.
+        timeout_s: seconds for each request to the service; default ``REMAT_TIMEOUT_S``, else 10.
+
+    Settings not passed come from the ``REMAT_*`` environment, then the config file (remat.client.config).
+
+    Raises:
+        PlanMismatchError: a cached or served plan was made for another key (the message says what differs).
+        PlanNotFoundError: no plan anywhere and ``on_miss="raise"``.
+        ModelError: the model cannot be traced and cut into stages at this input.
+        PlanError: bad arguments (one line naming the argument).
+    """
+    import torch
+    from torch import nn
+
+    from remat.client.apply_plan import apply_with_chain, remove
+    from remat.client.precision import precision_of_call
+    from remat.client.request import ModelRequest
+    from remat.client.stage_graph import ModelError, trace_model
+    from remat.worker import pipeline
+
+    if not isinstance(model, nn.Module):
+        raise PlanError(f"checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(example_input, torch.Tensor):
+        raise PlanError(f"checkpoint: example_input must be one tensor (the model's single input), got "
+                        f"{type(example_input).__name__}")
+    if example_input.dim() < 2:
+        raise PlanError(f"checkpoint: example_input must have a batch dimension and at least one more, got shape "
+                        f"{list(example_input.shape)}")
+    if on_miss not in ON_MISS:
+        raise PlanError(f"checkpoint: on_miss must be one of {', '.join(ON_MISS)}, got {on_miss!r}")
+    from remat.client.config import apply_to_environment
+
+    apply_to_environment()
+    server = server if server is not None else (os.environ.get("REMAT_SERVER") or None)
+    token = token if token is not None else (os.environ.get("REMAT_API_TOKEN") or None)
+
+    remove(model)  # a second call re-plans from the model's own forward
+    request = ModelRequest(spec=f"custom:{type(model).__name__}", batch_size=int(example_input.shape[0]),
+                           sample_shape=tuple(int(d) for d in example_input.shape[1:]),
+                           device=example_input.device.type, grads=grads,
+                           dtype=precision_of_call(model, example_input))
+    try:
+        graph = trace_model(model, train=True)
+    except ModelError:
+        graph = None  # build_stage_chain falls back to the top-level children and says why if it cannot
+    example = example_input.detach()
+    built = _build_for_apply(pipeline, request, model, example, graph)
+    cache = LocalPlanCache(cache_dir)
+
+    plan = _find(built.key, algorithm, cache, server, token, timeout_s)
+    if plan is None:
+        if on_miss == "raise":
+            raise PlanNotFoundError(f"no {algorithm} plan for {type(model).__name__} at input "
+                                    f"{list(example_input.shape)} in the plan cache, the local store"
+                                    f"{' or the service' if server else ''}")
+        if on_miss == "none":
+            warnings.warn(f"remat: no {algorithm} plan for {type(model).__name__} at input "
+                          f"{list(example_input.shape)}; training without checkpointing", RuntimeWarning,
+                          stacklevel=2)
+            return model
+        if built.probe_batch is not None:  # profiling needs a chain probed with the whole batch
+            built = pipeline.build_from_model(request, model, example, graph=graph)
+        plan = _profile_here(built, algorithm, cache, server, token, timeout_s)
+    return apply_with_chain(model, plan, key=built.key, chain=built.chain)
+
+
+PROBE_BATCH = 2
+"""Samples the chain builder's probe forward runs on a cache hit: the stage structure does not depend on the
+batch size, the probe's cost does (a forward of the whole batch was most of a hit's time: docs/benchmarks.md).
+Two, not one: a BatchNorm in train mode refuses one value per channel."""
+
+
+def _build_for_apply(pipeline: Any, request: Any, model: Any, example: Any, graph: Any) -> Any:
+    """The model's chain and key, probing a slice of the batch; the whole batch when the slice fails (a model
+    that needs a batch divisible by something, say)."""
+    if example.shape[0] > PROBE_BATCH:
+        try:
+            return pipeline.build_from_model(request, model, example, graph=graph, probe=example[:PROBE_BATCH])
+        except (RematError, RuntimeError):
+            pass
+    return pipeline.build_from_model(request, model, example, graph=graph)
+
+
+def _find(key: PlanKey, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,
+          timeout_s: float | None) -> Plan | None:
+    """Steps 1–3 of the lookup; what steps 2 and 3 find is written to the disk cache."""
+    from remat.client import embedded
+
+    cached = cache.get(key, algorithm)
+    if cached is not None:
+        logger.info("remat: %s plan from the plan cache (%s), first from %s", algorithm, cached.path, cached.source)
+        return cached.plan
+    try:
+        stored = embedded.stored_plan(key, algorithm)
+    except Exception as exc:  # noqa: BLE001 - a broken local database must not stop a training job
+        warnings.warn(f"remat: the local plan store is unreadable ({type(exc).__name__}: {exc}); skipping it",
+                      RuntimeWarning, stacklevel=3)
+        stored = None
+    if stored is not None:
+        cache.put(key, stored, source="the local plan store")
+        logger.info("remat: %s plan from the local plan store", algorithm)
+        return stored
+    if server:
+        served = _from_service(key, algorithm, server, token, timeout_s)
+        if served is not None:
+            cache.put(key, served, source=f"service {server}")
+            logger.info("remat: %s plan from the service at %s", algorithm, server)
+            return served
+    return None
+
+
+def _from_service(key: PlanKey, algorithm: str, server: str, token: str | None,
+                  timeout_s: float | None) -> Plan | None:
+    from remat.client.fetch import plan_from_record
+    from remat.client.service_client import PlanServiceClient
+
+    try:
+        with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
+            record = client.get_plan(key, algorithm=algorithm)
+    except ServiceError as exc:
+        warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
+                      stacklevel=4)
+        return None
+    return plan_from_record(record, key) if record is not None else None
+
+
+def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,
+                  timeout_s: float | None) -> Plan:
+    """Step 4, ``on_miss="profile"``: plan here, keep it, share the trace when allowed."""
+    from remat.client import embedded
+    from remat.client.service_client import PlanServiceClient
+
+    logger.info("remat: no stored plan for %s; profiling %d stages here", built.request.name, built.chain.num_stages)
+    result = embedded.plan_held_model(built, algorithm)
+    plan = next((p for p in result.plans if p.algorithm == algorithm), None)
+    if plan is None:
+        raise PlanError(f"checkpoint: algorithm {algorithm!r} is unknown; choose one of "
+                        f"{', '.join(p.algorithm for p in result.plans)}")
+    measured = result.measurements.get(algorithm)
+    if measured is not None and measured.grad_check_passed is False:
+        raise RematError(f"remat: the {algorithm} plan for {built.request.name} changed the gradients "
+                         f"(max difference {measured.grad_max_abs_diff}); not applying it — please report this")
+    plan = type(plan).from_dict({**plan.to_dict(), "key": built.key.to_dict()})
+    cache.put(built.key, plan, source="profiled here")
+    if server and token:
+        try:
+            with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
+                client.upload_trace(result.trace)
+            logger.info("remat: uploaded the trace to %s", server)
+        except ServiceError as exc:
+            warnings.warn(f"remat: the trace was not uploaded ({exc}); the plan is kept here", RuntimeWarning,
+                          stacklevel=4)
+    return plan

@@ -1,0 +1,87 @@
+"""What one model's planning produced, wherever it ran: every algorithm's plan beside its measurement.
+
+``ModelReport`` is what ``remat-client plan MODEL`` prints, what a finished service job's result reads back as
+(``from_job``) and what a zoo row summarises (remat.client.zoo_batch). Plain data: no torch, no database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from remat.client.measurement import Measurement
+from remat.client.plan import Plan
+from remat.client.request import ModelRequest
+
+__all__ = ["ModelReport", "PlanRow"]
+
+
+@dataclass(kw_only=True)
+class PlanRow:
+    """One algorithm's plan beside what a real training step measured with it."""
+
+    plan: Plan
+    measured_peak_bytes: int | None
+    step_ms: float | None
+    grad_check_passed: bool | None = None
+    """Whether the plan's gradients equalled the unmodified step's (None: not checked)."""
+    timeline: dict[str, Any] | None = None
+    """Memory over the measured step (``Measurement.extra["timeline"]``: CPU measurements), None otherwise."""
+
+    @classmethod
+    def from_measurement(cls, plan: Plan, m: Measurement | None) -> PlanRow:
+        """The row of ``plan`` measured by ``m`` (None: not measured)."""
+        return cls(plan=plan, measured_peak_bytes=m.measured_peak_bytes if m else None,
+                   step_ms=m.step_ms if m else None, grad_check_passed=m.grad_check_passed if m else None,
+                   timeline=(m.extra or {}).get("timeline") if m else None)
+
+
+@dataclass(kw_only=True)
+class ModelReport:
+    """Every algorithm's plan for one request, with measurements, and where the answer came from."""
+
+    request: ModelRequest
+    key: dict[str, Any]
+    num_stages: int
+    rows: list[PlanRow] = field(default_factory=list)
+    from_store: bool = False
+    device_name: str | None = None
+
+    def row(self, algorithm: str) -> PlanRow | None:
+        return next((r for r in self.rows if r.plan.algorithm == algorithm), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        base = self.row("none")
+        out: dict[str, Any] = {
+            "model": self.request.name, "key": self.key, "num_stages": self.num_stages,
+            "from_store": self.from_store, "device_name": self.device_name, "plans": [],
+        }
+        for r in self.rows:
+            entry = r.plan.to_dict()
+            entry["key"] = self.key  # so that apply() can refuse the plan for another model, input or torch
+            entry.update(measured_peak_bytes=r.measured_peak_bytes, step_ms=r.step_ms,
+                         baseline_measured_peak_bytes=base.measured_peak_bytes if base else None,
+                         baseline_step_ms=base.step_ms if base else None)
+            out["plans"].append(entry)
+        return out
+
+    @classmethod
+    def from_measured(cls, request: ModelRequest, key: dict[str, Any], plans: list[Plan],
+                      measurements: dict[str, Measurement], *, from_store: bool,
+                      device_name: str | None) -> ModelReport:
+        report = cls(request=request, key=key, num_stages=plans[0].num_stages if plans else 0,
+                     from_store=from_store, device_name=device_name)
+        report.rows.extend(PlanRow.from_measurement(plan, measurements.get(plan.algorithm)) for plan in plans)
+        return report
+
+
+    @classmethod
+    def from_job(cls, job: dict[str, Any]) -> ModelReport:
+        """The report of a finished profiling job of the service (``GET /v1/jobs/{id}``'s ``result``)."""
+        result = job["result"]
+        entries = result["plans"]
+        plans = [Plan.from_dict(e["plan"]) for e in entries]
+        measurements = {e["plan"]["algorithm"]: Measurement.from_dict(e["measurement"])
+                        for e in entries if e.get("measurement")}
+        return cls.from_measured(ModelRequest.from_dict(job["request"]), dict(result["key"]), plans, measurements,
+                                 from_store=bool(result.get("reused")), device_name=result.get("device_name"))

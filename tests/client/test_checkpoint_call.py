@@ -1,0 +1,282 @@
+"""``remat.client.checkpoint``: one call for a model defined here (not from any zoo).
+
+The oracle is the unmodified model: a copy trained with the same optimizer on the same batches must produce
+bit-equal losses at every step and equal parameters and buffers at the end. Lookups are checked by where the
+plan came from (which step of the chain was reached), with a real service on a socket where one is needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import remat.client
+from remat.client import embedded, fx_trace
+from remat.client.apply_plan import applied_chain, applied_plan
+from remat.client.errors import PlanError, PlanMismatchError, PlanNotFoundError
+from remat.client.local_plans import LocalPlanCache
+from remat.client.plan_key import PlanKey
+from remat.client.service_client import PlanServiceClient
+from tests.service.factories import TOKEN, closed_port_url
+from tests.utils.live_service import live_service
+from tests.utils.user_model import SHAPE
+from tests.utils.user_model import user_batches as _batches
+from tests.utils.user_model import user_model as _model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    torch.manual_seed(7)  # dropout draws from the global generator: both runs start from one state
+    losses = []
+    model.train()
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty plan cache and local store; no ambient service."""
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'local.sqlite'}")
+    for name in ("REMAT_SERVER", "REMAT_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "plans"
+
+
+@pytest.fixture
+def no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled although a stored plan should have been found")
+
+    monkeypatch.setattr(embedded, "plan_held_model", refuse)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with live_service(tmp_path_factory.mktemp("service")) as url:
+        yield url
+
+
+def test_a_custom_model_trains_exactly_like_the_unmodified_one(cache_dir: Path) -> None:
+    batches = _batches(4)
+    reference = _model()
+    planned = copy.deepcopy(reference)
+    assert remat.client.checkpoint(planned, batches[0][0], grads="kept", cache_dir=cache_dir) is planned
+    plan = applied_plan(planned)
+    assert plan is not None and plan.algorithm == "linear"
+    assert plan.checkpoints and len(plan.segments) > 1, "the test needs a plan that recomputes something"
+    # Profiling ran training steps on this very model: it must come back untouched.
+    for (name, a), b in zip(reference.state_dict().items(), planned.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert all(p.grad is None for p in planned.parameters())
+
+    expected, got = _train(reference, batches), _train(planned, batches)
+    for step, (a, b) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(a, b), f"step {step}: loss {b.item()} vs unplanned {a.item()}"
+    for (name, a), b in zip(reference.state_dict().items(), planned.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert list(cache_dir.glob("*.json")), "the plan made here is kept in the plan cache"
+
+
+def test_a_cache_hit_traces_the_model_once_and_looks_no_further(cache_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _batches(1)[0][0]
+    made_here = _model()
+    remat.client.checkpoint(made_here, x, grads="kept", cache_dir=cache_dir)
+    assert LocalPlanCache(cache_dir).get(PlanKey.for_model(made_here, SHAPE, grads="kept"), "linear") is not None
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("looked past the plan cache")
+
+    monkeypatch.setattr(embedded, "plan_held_model", refuse)
+    monkeypatch.setattr(embedded, "stored_plan", refuse)
+    traces = []
+    original = fx_trace._Tracer.trace
+
+    def counting(self: fx_trace._Tracer, *args: object, **kwargs: object) -> object:
+        traces.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(fx_trace._Tracer, "trace", counting)
+    other_instance = _model(seed=5)  # other weights, same architecture: the same plan
+    reference = copy.deepcopy(other_instance)
+    remat.client.checkpoint(other_instance, x, grads="kept", cache_dir=cache_dir)
+    assert applied_plan(other_instance) == applied_plan(made_here)
+    assert len(traces) == 1, f"traced {len(traces)} times for key, chain and apply"
+    assert applied_chain(other_instance) is not None
+    # On a hit the chain's probe ran on two samples of the batch: the chain must still train the whole batch
+    # exactly like the unmodified model.
+    batches = _batches(3)
+    for step, (a, b) in enumerate(zip(_train(reference, batches), _train(other_instance, batches), strict=True)):
+        assert torch.equal(a, b), f"step {step}"
+
+
+def test_the_local_store_answers_before_the_service_and_fills_the_cache(cache_dir: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _batches(1)[0][0]
+    remat.client.checkpoint(_model(), x, cache_dir=tmp_path / "first-cache")  # profiles; stores locally
+    calls: list[str] = []
+    monkeypatch.setattr(embedded, "plan_held_model", lambda *a, **k: calls.append("profiled"))
+    model = remat.client.checkpoint(_model(), x, cache_dir=cache_dir, server=closed_port_url())
+    assert calls == [] and applied_plan(model) is not None
+    assert [json.loads(p.read_text())["source"] for p in cache_dir.glob("*.json")] == ["the local plan store"]
+
+
+def test_a_served_plan_is_used_and_cached_then_used_with_the_service_down(cache_dir: Path, service: str,
+                                                                         no_profiling: None) -> None:
+    x = _batches(1)[0][0]
+    model = _model()
+    built_elsewhere = copy.deepcopy(model)
+    request = embedded.ModelRequest(spec="custom:UserNet", batch_size=SHAPE[0], sample_shape=SHAPE[1:])
+    from remat.worker import pipeline
+
+    trace = pipeline.profile(pipeline.build_from_model(request, built_elsewhere, x))
+    with PlanServiceClient(service, token=TOKEN) as client:
+        client.upload_trace(trace)
+    remat.client.checkpoint(model, x, cache_dir=cache_dir, server=service)
+    served = applied_plan(model)
+    assert served is not None
+    assert [json.loads(p.read_text())["source"] for p in cache_dir.glob("*.json")] == [f"service {service}"]
+    again = _model()
+    remat.client.checkpoint(again, x, cache_dir=cache_dir, server=closed_port_url())
+    assert applied_plan(again) == served
+
+
+def test_a_plan_profiled_here_is_uploaded_with_the_write_token(cache_dir: Path, service: str,
+                                                               tmp_path: Path) -> None:
+    x = torch.randn(4, 3, 24, 24)  # a key the service has not seen
+    remat.client.checkpoint(_model(depth=3), x, cache_dir=cache_dir, server=service, token=TOKEN)
+    fresh = _model(depth=3)
+    key = PlanKey.for_model(fresh, x.shape)
+    with PlanServiceClient(service) as client:
+        assert client.get_plan(key, algorithm="linear") is not None, "the cluster has the plan next time"
+
+
+def test_on_miss_none_trains_without_checkpointing_and_warns(cache_dir: Path, no_profiling: None) -> None:
+    model = _model()
+    with pytest.warns(RuntimeWarning, match="training without checkpointing"):
+        assert remat.client.checkpoint(model, _batches(1)[0][0], on_miss="none", cache_dir=cache_dir) is model
+    assert applied_plan(model) is None
+    with pytest.raises(PlanNotFoundError, match="no linear plan for UserNet at input"):
+        remat.client.checkpoint(model, _batches(1)[0][0], on_miss="raise", cache_dir=cache_dir)
+
+
+def test_an_unreachable_service_is_a_warning_and_never_a_hang(cache_dir: Path, no_profiling: None) -> None:
+    model = _model()
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="plan service is not answering"):
+        remat.client.checkpoint(model, _batches(1)[0][0], server="http://10.255.255.1:9", timeout_s=0.5,
+                                on_miss="none", cache_dir=cache_dir)
+    assert time.monotonic() - started < 30
+
+
+def test_a_cached_plan_for_another_key_is_refused_with_what_differs(cache_dir: Path, no_profiling: None) -> None:
+    x = _batches(1)[0][0]
+    model = _model()
+    key = PlanKey.for_model(model, SHAPE)
+    cache = LocalPlanCache(cache_dir)
+    other_key = PlanKey.for_model(model, (4, *SHAPE[1:]))
+    from remat.client.plan import Plan
+
+    plan = Plan(algorithm="linear", cost_model="pytorch", checkpoints=(), predicted_peak_bytes=1,
+                baseline_peak_bytes=1, num_stages=3)
+    cache.directory.mkdir(parents=True)
+    body = {"format": "remat-plan-cache/1", "source": "test",
+            "plan": {**plan.to_dict(), "key": other_key.to_dict()}}
+    cache.path(key, "linear").write_text(json.dumps(body))
+    with pytest.raises(PlanMismatchError, match=r"input_shape: \[4, 3, 32, 32\] vs \[8, 3, 32, 32\]"):
+        remat.client.checkpoint(model, x, cache_dir=cache_dir)
+    cache.path(key, "linear").write_text("{not json")
+    with pytest.raises(PlanError, match="unreadable.*delete it"):
+        remat.client.checkpoint(model, x, cache_dir=cache_dir)
+    cache.path(key, "linear").write_text(json.dumps({**body, "plan": {**plan.to_dict(), "key": key.to_dict()}}))
+    with pytest.raises(PlanMismatchError, match="splits into .* stages, the plan into 3"):
+        remat.client.checkpoint(model, x, cache_dir=cache_dir)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"on_miss": "skip"}, "on_miss must be one of profile, none, raise"),
+    ({"grads": "zero"}, "grads: must be one of"),
+])
+def test_bad_arguments_are_one_line_errors(cache_dir: Path, kwargs: dict[str, str], message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        remat.client.checkpoint(_model(), _batches(1)[0][0], cache_dir=cache_dir, **kwargs)
+    with pytest.raises(PlanError, match="example_input must be one tensor"):
+        remat.client.checkpoint(_model(), [_batches(1)[0][0]], cache_dir=cache_dir)  # type: ignore[arg-type]
+
+
+def test_a_cache_hit_loads_no_database_broker_or_web_framework(cache_dir: Path) -> None:
+    """In fresh interpreters: the first run profiles and fills the cache; the second, a cache hit, loads
+    neither sqlalchemy, celery nor fastapi (``import remat.client`` alone loads none of them either)."""
+    script = f"""
+import sys, json
+sys.path.insert(0, {str(ROOT)!r})
+from tests.utils.user_model import user_model, user_batches
+import remat.client
+on_import = [m for m in ('torch', 'sqlalchemy', 'celery', 'fastapi') if m in sys.modules]
+remat.client.checkpoint(user_model(), user_batches(1)[0][0], cache_dir={str(cache_dir)!r})
+print(json.dumps({{"on_import": on_import, "after": [m for m in ('sqlalchemy', 'celery', 'fastapi')
+                                                     if m in sys.modules]}}))
+"""
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    first, hit = (json.loads(run.stdout.splitlines()[-1]) for run in runs)
+    assert first["on_import"] == ["torch"]  # the test's own model module imports torch; remat.client does not
+    assert "sqlalchemy" in first["after"], "the first run stores its plan in the local store"
+    assert hit["after"] == [], hit
+
+
+def test_info_log_says_where_the_plan_came_from(cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    x = _batches(1)[0][0]
+    with caplog.at_level(logging.INFO, logger="remat"):
+        remat.client.checkpoint(_model(), x, cache_dir=cache_dir)
+        remat.client.checkpoint(_model(), x, cache_dir=cache_dir)
+    messages = [r.getMessage() for r in caplog.records if r.name == "remat"]
+    assert any("profiling" in m for m in messages) and any("from the plan cache" in m for m in messages)
+
+
+class GroupedNet(nn.Module):
+    """Folds the batch into groups of four: it cannot run on a two-sample probe, only on real batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(4)])
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        return self.head(h.reshape(x.shape[0] // 4, 4, -1).mean(1))
+
+
+def test_a_model_that_refuses_the_sliced_probe_is_probed_with_the_whole_batch(cache_dir: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    for attempt in ("profiled", "from the cache"):
+        model = GroupedNet()
+        reference = copy.deepcopy(model)
+        remat.client.checkpoint(model, x, cache_dir=cache_dir)
+        assert applied_plan(model) is not None, attempt
+        for net in (reference, model):
+            loss = net(x).square().mean()
+            loss.backward()
+        for (name, a), b in zip(reference.named_parameters(), model.parameters(), strict=True):
+            assert torch.equal(a.grad, b.grad), f"{attempt}: {name}"
