@@ -55,6 +55,13 @@ class Measurement:
     id: int | None = None
     created_at: datetime | None = None
 
+    def __post_init__(self) -> None:
+        # One JSON type per field, fresh or read back from a database: times and differences are floats.
+        for name in ("step_ms", "baseline_step_ms", "grad_max_abs_diff"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
+
     @property
     def prediction_error(self) -> float | None:
         """predicted / measured - 1, when both are known."""
@@ -62,16 +69,17 @@ class Measurement:
             return None
         return self.predicted_peak_bytes / self.measured_peak_bytes - 1.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, timelines: bool = True) -> dict[str, Any]:
         """JSON form: every field, ``prediction_error``, and the two names ``remat-client measure --json``
-        has always printed for the measured peaks (``activation_measured_bytes`` and its baseline)."""
+        has always printed for the measured peaks (``activation_measured_bytes`` and its baseline).
+        ``timelines=False`` leaves the ``TIMELINE_KEYS`` out of ``extra``."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "checkpoints" and value is not None:
                 value = list(value)
             elif f.name == "extra":
-                value = dict(value)
+                value = {k: v for k, v in value.items() if timelines or k not in TIMELINE_KEYS}
             elif f.name == "created_at" and value is not None:
                 value = value.isoformat()
             out[f.name] = value
@@ -89,6 +97,10 @@ class Measurement:
             values["checkpoints"] = tuple(values["checkpoints"])
         return cls(**values)
 
+
+TIMELINE_KEYS = ("timeline", "baseline_timeline")
+"""``extra`` entries holding memory over the measured step (CPU meter): hundreds of numbers each, so plan
+records served to training jobs leave them out and ``GET /v1/plans/{hash}/timeline`` serves them."""
 
 CONTEXT_FIELDS = ("algorithm", "grads", "dtype", "device")
 """Fields a stored measurement takes from the plan it belongs to, not from a column of its own."""

@@ -15,10 +15,11 @@ do in the prediction. On CPU both readings come from :class:`~remat.worker.memor
 peak reported beside it. ``absolute_peak_bytes`` adds the baseline back (what a device must hold).
 
 The loss is cross-entropy against fixed random labels for (N, C, ...) outputs (mean squared error against a
-fixed random target otherwise), so the gradient reaching the last stage is a real dense buffer, as in
-training. Its own few tensors (N x C log-probabilities) are inside the measured peak; they are tiny next to
-activations. No optimizer step is taken: an optimizer's state is not activation memory and the model must
-come back unchanged (buffers, gradients, mode and RNG are restored).
+fixed random target otherwise; main plus weighted auxiliary losses for a model with auxiliary outputs), so
+the gradient reaching the last stage is a real dense buffer, as in training. Its own few tensors (N x C
+log-probabilities) are inside the measured peak; they are tiny next to activations. No optimizer step is
+taken: an optimizer's state is not activation memory and the model must come back unchanged (buffers,
+gradients, mode and RNG are restored).
 """
 
 from __future__ import annotations
@@ -34,20 +35,16 @@ from torch import nn
 from remat.client.measurement import Measurement
 from remat.client.precision import autocast_context, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, Trace
+from remat.worker.model_output import AUX_LOSS_WEIGHT, output_tensors
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
 
 __all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "time_plans"]
 
-LossFn = Callable[[torch.Tensor], torch.Tensor]
+LossFn = Callable[[Any], torch.Tensor]
 
 
-def make_loss(output: torch.Tensor, *, seed: int = 0) -> LossFn:
-    """A loss over outputs shaped like ``output`` whose gradient is a real buffer (NOTE [ measured peak ]).
-
-    Labels/targets are drawn once from a fixed seed, before measuring, so they belong to the baseline.
-    """
-    gen = torch.Generator().manual_seed(seed)
+def _tensor_loss(output: torch.Tensor, gen: torch.Generator) -> Callable[[torch.Tensor], torch.Tensor]:
     if output.is_floating_point() and output.dim() >= 2 and output.shape[1] > 1:
         shape = (output.shape[0], *output.shape[2:])
         labels = torch.randint(0, output.shape[1], shape, generator=gen).to(output.device)
@@ -56,13 +53,51 @@ def make_loss(output: torch.Tensor, *, seed: int = 0) -> LossFn:
     return lambda out: F.mse_loss(out, target)
 
 
+def make_loss(output: Any, *, seed: int = 0) -> LossFn:
+    """A loss over outputs shaped like ``output`` whose gradient is a real buffer (NOTE [ measured peak ]).
+
+    Labels/targets are drawn once from a fixed seed, before measuring, so they belong to the baseline. A
+    model with auxiliary outputs (a tuple, main output first: GoogLeNet, Inception v3 in train mode) gets
+    the main loss plus ``AUX_LOSS_WEIGHT`` times each auxiliary loss (remat.worker.model_output).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    parts = [_tensor_loss(t, gen) for t in output_tensors(output)]
+    if isinstance(output, torch.Tensor):
+        return parts[0]
+
+    def loss(out: Any) -> torch.Tensor:
+        outs = output_tensors(out)
+        total = parts[0](outs[0])
+        for fn, t in zip(parts[1:], outs[1:], strict=True):
+            total = total + AUX_LOSS_WEIGHT * fn(t)
+        return total
+
+    return loss
+
+
 def _step(chain: StageChainLike, x: torch.Tensor, loss_fn: LossFn, checkpoints: Sequence[int],
-          precision: str) -> None:
+          precision: str, on_backward: Callable[[], None] | None = None) -> None:
     # Forward and loss under autocast for an autocast precision, backward outside it (the AMP recipe); one
     # expression, so that no Python name keeps the network output alive during backward.
     with autocast_context(precision, x.device.type):
         loss = loss_fn(chain.run(x, checkpoints))
+    if on_backward is not None:
+        on_backward()
     loss.backward()
+
+
+TIMELINE_POINTS = 400
+"""Samples kept of a step's memory timeline: enough for a plot, small enough to store with every measurement."""
+
+
+def _compact_timeline(samples: Sequence[int], backward_at: int) -> dict[str, Any]:
+    """At most ``TIMELINE_POINTS`` buckets of consecutive ops, each its highest level (the peak survives)."""
+    n = len(samples)
+    buckets = max(1, min(TIMELINE_POINTS, n))
+    edges = [round(k * n / buckets) for k in range(buckets + 1)]
+    spans = [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+    return {"ops": n, "backward_op": backward_at, "op_index": [a for a, _ in spans],
+            "bytes": [max(samples[a:b]) for a, b in spans]}
 
 
 def _baseline_bytes(model: nn.Module, tensors: Sequence[torch.Tensor]) -> int:
@@ -107,18 +142,27 @@ def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_
         torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved(backend.device)
     meter = backend.make_meter()
+    records_timeline = hasattr(meter, "start_timeline")  # the CPU meter; CUDA's allocator keeps no per-op level
+    backward_at = [0]
     gc.disable()
     try:
         with meter:
             base = meter.mark_baseline()
             requested_base = _requested_bytes(backend, "current")
-            _step(chain, x, loss_fn, checkpoints, precision)
+            if records_timeline:
+                meter.start_timeline()
+
+                def on_backward() -> None:
+                    backward_at[0] = len(meter.timeline)
+            _step(chain, x, loss_fn, checkpoints, precision, on_backward if records_timeline else None)
             backend.synchronize()
             peak = meter.peak_bytes
             requested_peak = _requested_bytes(backend, "peak")
     finally:
         gc.enable()
     out: dict[str, Any] = {"activation_bytes": peak - base}
+    if records_timeline and meter.timeline:
+        out["timeline"] = _compact_timeline(meter.timeline, backward_at[0])
     if backend.device.type == "cuda":
         out["absolute_peak_bytes"] = peak
         out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(backend.device)
@@ -182,6 +226,10 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
         base = (_measure_one(chain, model, x, loss_fn, (), backend=backend, grads=grads,
                              timing_repeats=timing_repeats, precision=precision) if baseline else None)
     extra: dict[str, Any] = {}
+    if "timeline" in plan:
+        extra["timeline"] = plan["timeline"]
+        if base and "timeline" in base:
+            extra["baseline_timeline"] = base["timeline"]
     if "reserved_before_bytes" in plan:
         extra["reserved_before_bytes"] = plan["reserved_before_bytes"]
         if base:

@@ -47,19 +47,23 @@ def storage_key(t: torch.Tensor) -> int | None:
 class _Ledger:
     """The counts, kept apart from the mode so that finalizers of storages that outlive it stay cheap."""
 
-    __slots__ = ("sizes", "current", "peak", "__weakref__")
+    __slots__ = ("sizes", "current", "peak", "high", "__weakref__")
 
     def __init__(self) -> None:
         self.sizes: dict[int, int] = {}
         """Followed storage key -> bytes booked for it (its size, or its growth for a pre-existing one)."""
         self.current = 0
         self.peak = 0
+        self.high = 0
+        """Highest level since the last timeline sample (so that the timeline's maximum is the peak)."""
 
     def add(self, key: int, nbytes: int) -> None:
         self.sizes[key] = self.sizes.get(key, 0) + nbytes
         self.current += nbytes
         if self.current > self.peak:
             self.peak = self.current
+        if self.current > self.high:
+            self.high = self.current
 
     def release(self, key: int) -> None:
         self.current -= self.sizes.pop(key, 0)
@@ -102,6 +106,8 @@ class MemoryMeter(TorchDispatchMode):
         self.peak_label: str | None = None
         self.peak_op: str | None = None
         """The aten op whose outputs set the current peak: where the peak is, for diagnostics."""
+        self.timeline: list[int] | None = None
+        """After ``start_timeline``: per aten op, the highest level above the baseline since the op before."""
 
     # -- readings ---------------------------------------------------------------------------------------
     @property
@@ -137,6 +143,11 @@ class MemoryMeter(TorchDispatchMode):
         self._ledger.peak = self._ledger.current
         self.peak_label = self.label
         self.peak_op = None
+
+    def start_timeline(self) -> None:
+        """Record memory over time from now on: one sample per aten op (``timeline``)."""
+        self.timeline = []
+        self._ledger.high = self._ledger.current
 
     def mark_baseline(self) -> int:
         """Take the current level as the baseline and reset the peak; returns the baseline in bytes."""
@@ -213,4 +224,7 @@ class MemoryMeter(TorchDispatchMode):
         if ledger.peak > peak_before:
             self.peak_op = str(func)
             self.peak_label = self.label
+        if self.timeline is not None:
+            self.timeline.append(ledger.high - self._baseline)
+            ledger.high = ledger.current
         return out

@@ -19,7 +19,7 @@ from remat.service.keys import (
     MODEL_HASH_PATTERN,
     TORCH_VERSION_PATTERN,
 )
-from remat.service.schemas import ErrorOut, PlanRecordOut, PlansPage
+from remat.service.schemas import ErrorOut, PlanRecordOut, PlansPage, TimelineOut
 from remat.worker.planners import DEFAULT_PLANNER, PLANNERS
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_reader)])
@@ -42,29 +42,40 @@ def _json(content: object) -> bytes:
     return json.dumps(content, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-@router.get("/{model_hash}", response_model=PlanRecordOut,
-            responses={404: {"model": ErrorOut, "description": "No plan is stored for this key."},
-                       **READ_RESPONSES},
-            openapi_extra=OPTIONAL_AUTH)
-def read_plan(
-    state: StateDep,
+def _plan_key(
     model_hash: ModelHashPath,
     input_shape: InputShapeQuery,
     dtype: DtypeQuery,
     device: DeviceQuery,
     mode: Literal["train", "eval"] = "train",
     grads: Literal["none", "kept"] = "none",
+    torch_version: TorchVersionQuery = UNKNOWN,
+) -> PlanKey:
+    """The plan key of a ``/v1/plans/{model_hash}…`` request, from its path and query: one definition for
+    every route that reads one key."""
+    return PlanKey(model_hash=model_hash, input_shape=input_shape, dtype=dtype, device=device, mode=mode,
+                   grads=grads, torch_version=torch_version)
+
+
+KeyDep = Annotated[PlanKey, Depends(_plan_key)]
+
+
+@router.get("/{model_hash}", response_model=PlanRecordOut,
+            responses={404: {"model": ErrorOut, "description": "No plan is stored for this key."},
+                       **READ_RESPONSES},
+            openapi_extra=OPTIONAL_AUTH)
+def read_plan(
+    state: StateDep,
+    key: KeyDep,
+    model_hash: ModelHashPath,
     algorithm: Algorithm = DEFAULT_PLANNER,
     budget: Annotated[int | None, Query(ge=1, le=MAX_FIELD_BYTES, description="Bytes; omit for min peak.")] = None,
-    torch_version: TorchVersionQuery = UNKNOWN,
 ) -> Response:
     """The plan for one key, algorithm and budget, with its prediction, provenance and measurements.
 
     Served from Redis when cached (header ``X-Remat-Cache: hit``); a miss reads the database and fills the
     cache.
     """
-    key = PlanKey(model_hash=model_hash, input_shape=input_shape, dtype=dtype, device=device, mode=mode,
-                  grads=grads, torch_version=torch_version)
     name = state.cache.key_name(key, algorithm, budget)
     cached = state.cache.get(name)
     if cached is not None:
@@ -76,12 +87,38 @@ def read_plan(
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,
             detail=f"model_hash: no {algorithm} plan ({budget_text}) for {model_hash} with input_shape "
-                   f"{key.input_shape_text or '()'}, dtype {key.dtype}, device {key.device}, mode {mode}, "
-                   f"grads {grads}, torch {key.torch_version}; POST its trace to /v1/traces or a profiling job "
+                   f"{key.input_shape_text or '()'}, dtype {key.dtype}, device {key.device}, mode {key.mode}, "
+                   f"grads {key.grads}, torch {key.torch_version}; POST its trace to /v1/traces or a profiling job "
                    f"to /v1/jobs")
     body = _json(record.to_dict())
     state.cache.set(name, body)
     return Response(content=body, media_type=JSON_MEDIA, headers={"X-Remat-Cache": "miss"})
+
+
+@router.get("/{model_hash}/timeline", response_model=TimelineOut,
+            responses={404: {"model": ErrorOut, "description": "No plan, or no measured timeline, for this key."},
+                       **READ_RESPONSES},
+            openapi_extra=OPTIONAL_AUTH)
+def read_timeline(state: StateDep, key: KeyDep, model_hash: ModelHashPath,
+                  algorithm: Algorithm = DEFAULT_PLANNER) -> Response:
+    """Memory over one measured training step with this plan (its newest measurement): the level after every
+    aten op, bucketed to at most 400 points that keep each bucket's highest level, and where backward
+    starts. CPU measurements record one; a CUDA measurement has none (404)."""
+    with state.db.read_session() as session:
+        record = repository.get_plan(session=session, key=key, algorithm=algorithm)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND,
+                            detail=f"model_hash: no {algorithm} plan for {model_hash} with input_shape "
+                                   f"{key.input_shape_text or '()'} and these conventions")
+    measured = next((m for m in record.measurements if (m.extra or {}).get("timeline")), None)
+    if measured is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND,
+                            detail=f"algorithm: the {algorithm} plan's measurements carry no timeline (measured "
+                                   f"on CUDA, or before timelines were recorded)")
+    body = {"key": record.key.to_dict(), "algorithm": algorithm, "checkpoints": list(record.plan.checkpoints),
+            "predicted_peak_bytes": record.plan.predicted_peak_bytes,
+            "measured_peak_bytes": measured.measured_peak_bytes, "timeline": measured.extra["timeline"]}
+    return Response(content=_json(body), media_type=JSON_MEDIA)
 
 
 @router.get("", response_model=PlansPage, responses=READ_RESPONSES, openapi_extra=OPTIONAL_AUTH)

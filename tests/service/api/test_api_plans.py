@@ -136,3 +136,23 @@ def test_cached_values_are_json(cached_client: TestClient, redis_prefix: str) ->
         assert client.get(name).startswith(b'{"plan_id":')
     finally:
         client.close()
+
+
+def test_a_measured_timeline_is_served_apart_from_the_plan(client: TestClient) -> None:
+    client.post("/v1/traces", json=trace_dict(), headers=AUTH)
+    plain = client.get("/v1/plans/arch-1/timeline", params=QUERY)
+    assert plain.status_code == 404 and plain.json()["detail"].startswith("algorithm: the linear plan's")
+    timeline = {"ops": 10, "backward_op": 4, "op_index": [0, 5], "bytes": [100, 123456]}
+    posted = client.post("/v1/measurements", json={**MEASURED, "extra": {"timeline": timeline, "note": "x"}},
+                         headers=AUTH)
+    assert posted.status_code == 201, posted.text
+    response = client.get("/v1/plans/arch-1/timeline", params=QUERY)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["timeline"] == timeline and body["measured_peak_bytes"] == 123456
+    assert body["algorithm"] == "linear" and body["key"]["model_hash"] == "arch-1"
+    assert body["predicted_peak_bytes"] > 0
+    served = client.get("/v1/plans/arch-1", params=QUERY).json()["measurements"][0]["extra"]
+    assert served == {"note": "x"}, "a plan fetch leaves the timeline out"
+    missing = client.get("/v1/plans/arch-2/timeline", params=QUERY)
+    assert missing.status_code == 404 and missing.json()["detail"].startswith("model_hash: no linear plan")

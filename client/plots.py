@@ -1,0 +1,88 @@
+"""Pictures of a model's plans: ``remat-client show MODEL --plot memory.png``.
+
+Two panels, from a ``ModelReport`` whose measurements carry a timeline (CPU measurements do):
+
+1. activation memory over one training step (forward, then backward), for no checkpointing and for the
+   chosen plan, each beside its predicted peak (dashed) — the measured curve is the meter's level after every
+   aten op, bucketed to at most 400 points keeping each bucket's highest level, so the peak is exact;
+2. step-time overhead against measured peak for every algorithm: what each plan trades.
+
+matplotlib with the Agg backend (no display needed); imported only here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from remat.client.errors import RematError
+from remat.client.report import ModelReport
+
+__all__ = ["plot_report"]
+
+MIB = 1024 * 1024
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise RematError("--plot needs matplotlib: `uv sync --extra plot` (or `pip install matplotlib`)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "linear") -> Path:
+    """Write the two-panel figure of ``report`` to ``path`` (PNG, SVG or PDF by its suffix).
+
+    Raises:
+        RematError: matplotlib missing, or the report has no measured timeline for ``none`` and ``algorithm``
+            (stored before timelines were recorded, or measured on CUDA): the message says what to run.
+    """
+    base, chosen = report.row("none"), report.row(algorithm)
+    if base is None or chosen is None or base.timeline is None or chosen.timeline is None:
+        raise RematError(f"no memory timeline stored for {report.request.name}'s none and {algorithm} plans "
+                         f"(CPU measurements record one): `remat-client plan {report.request.name} --refresh` "
+                         f"measures them again")
+    plt = _pyplot()
+    fig, (memory, trade) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.7, 1]})
+    for row, colour, label in ((base, "tab:red", "no checkpointing"), (chosen, "tab:blue", f"{algorithm} plan")):
+        timeline = row.timeline
+        ops = max(timeline["ops"], 1)
+        x = [i / ops for i in timeline["op_index"]]
+        y = [b / MIB for b in timeline["bytes"]]
+        memory.step(x, y, where="post", color=colour, label=f"{label}: measured")
+        memory.axhline(row.plan.predicted_peak_bytes / MIB, color=colour, linestyle="--", linewidth=1,
+                       label=f"{label}: predicted peak {row.plan.predicted_peak_bytes / MIB:.1f} MiB")
+        memory.axvline(timeline["backward_op"] / ops, color=colour, linestyle=":", linewidth=1)
+    n_marks = len(chosen.plan.checkpoints)
+    memory.set_xlabel("progress through one training step (aten ops, forward then backward; dotted: backward "
+                      "starts)")
+    memory.set_ylabel("activation memory (MiB)")
+    memory.set_title(f"{report.request.name}, input {list(report.request.input_shape)}, grads={report.request.grads}"
+                     f" — {algorithm} keeps {n_marks} of {report.num_stages - 1} boundaries")
+    memory.set_ylim(bottom=0)
+    memory.set_xlim(0, 1)
+    memory.legend(loc="upper left", fontsize=8)
+    memory.grid(alpha=0.3)
+
+    none_ms = base.step_ms
+    for row in report.rows:
+        if row.measured_peak_bytes is None or row.step_ms is None or not none_ms:
+            continue
+        overhead = 100 * (row.step_ms / none_ms - 1)
+        trade.scatter(row.measured_peak_bytes / MIB, overhead, s=40,
+                      color="tab:blue" if row.plan.algorithm == algorithm else "tab:gray")
+        trade.annotate(row.plan.algorithm, (row.measured_peak_bytes / MIB, overhead), textcoords="offset points",
+                       xytext=(5, 4), fontsize=8)
+    trade.set_xlabel("measured activation peak (MiB)")
+    trade.set_ylabel("step-time overhead vs no checkpointing (%)")
+    trade.set_title("what each algorithm trades")
+    trade.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
