@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from remat.client.trace import TRACE_FORMAT, Trace, make_trace, parse_trace
@@ -147,3 +147,37 @@ def test_a_long_chain_matches_the_reference() -> None:
     saved = [(i * 104729) % 2003 for i in range(600)]
     tables = PytorchTables(make_trace(sizes, saved))
     assert linear.optimal_suffix_peaks(tables) == linear.quadratic_suffix_peaks(tables)[0]
+
+
+def _scaled(trace: Trace, k: int) -> Trace:
+    """The trace with every byte count multiplied by ``k`` (flags and names unchanged)."""
+    def scale(value: object) -> object:
+        return value * k if isinstance(value, int) and not isinstance(value, bool) else value
+
+    data = trace.to_dict()
+    data["input_bytes"] = scale(data.get("input_bytes", 0))
+    data["stages"] = [{key: scale(v) for key, v in stage.items()} for stage in data["stages"]]
+    return parse_trace(data)
+
+
+def _table_max(trace: Trace) -> int:
+    tables = PytorchTables(trace)
+    return max(abs(v) for name in linear._TABLE_NAMES for v in getattr(tables, name))
+
+
+@settings(max_examples=60, deadline=None)
+@given(traces(min_n=2, max_n=40, full=True), st.sampled_from([1, 2, 32]))
+def test_the_int64_path_is_exact_at_its_limit_and_the_integer_path_just_past_it(trace: Trace, leaf: int) -> None:
+    """Scaled so that the largest table entry is the last value the int64 batches accept, then one step past
+    it (the tables are homogeneous in the byte counts, so scaling moves every entry together)."""
+    m = _table_max(trace)
+    assume(m > 0)
+    k = (linear._INT64_LIMIT - 1) // m
+    for scale, kind in ((k, "i"), (k + 1, "O")):
+        big = _scaled(trace, scale)
+        assert _table_max(big) == scale * m
+        tables = PytorchTables(big)
+        assert linear._as_arrays([getattr(tables, n) for n in linear._TABLE_NAMES])["U"].dtype.kind == kind
+        reference, _ = linear.quadratic_suffix_peaks(tables)
+        assert linear.optimal_suffix_peaks(tables, leaf) == reference
+        assert pytorch_peak(big, linear.plan(big), tables) == reference[0]
