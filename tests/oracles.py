@@ -35,3 +35,20 @@ def exhaustive_min(trace: Trace, cost_fn: CostFn) -> tuple[int, tuple[int, ...]]
                 best = (cost, plan)
     assert best is not None  # size 0 always yields the empty plan
     return best
+
+
+def exhaustive_frontier(trace: Trace, peak_fn: CostFn, time_fn: CostFn) -> list[tuple[int, int]]:
+    """Every (peak, time) pair not dominated by another plan's, by peak ascending, from all 2^(n-1) plans.
+
+    A plan dominates another when neither figure is larger and one is smaller; equal pairs count once.
+    """
+    n = trace.num_stages
+    if n > MAX_EXHAUSTIVE_STAGES:
+        raise ValueError(f"exhaustive search over 2^{n - 1} plans is too slow; n ≤ {MAX_EXHAUSTIVE_STAGES}")
+    pairs = {(peak_fn(trace, plan), time_fn(trace, plan))
+             for size in range(max(n, 1)) for plan in combinations(range(1, n), size)}
+    front: list[tuple[int, int]] = []
+    for peak, time in sorted(pairs):
+        if not front or time < front[-1][1]:
+            front.append((peak, time))
+    return front

@@ -12,22 +12,11 @@ from remat.client.plan import COST_MODELS, Plan
 from remat.client.trace import Trace
 from remat.worker.cost_models import peak
 from remat.worker.planners import PLANNERS, get_planner
+from remat.worker.recompute_time import recompute_ms
 
 STORED_COST_MODEL = "pytorch"
 """The model every stored plan is reported under, whatever its planner optimises: its prediction is then
 comparable with the peak a validation step measures (the classic model counts no saved tensors)."""
-
-
-def recompute_ms(trace: Trace, checkpoints: Sequence[int]) -> float | None:
-    """Extra forward time per step: every stage of every segment but the last is run twice.
-
-    The last stage of a checkpointed segment is counted whole although non-reentrant checkpointing stops at
-    its last saved tensor; this errs on the side of overhead. None when the trace has no forward times.
-    """
-    if not trace.has_times:
-        return None
-    last_start = checkpoints[-1] if checkpoints else 0
-    return sum(s.forward_ms or 0.0 for s in trace.stages[:last_start])
 
 
 def step_ms(trace: Trace) -> float | None:

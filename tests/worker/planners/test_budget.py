@@ -1,0 +1,117 @@
+"""The ``budget`` planner and the Pareto frontier, judged by exhaustive search.
+
+The oracle scores every plan with the step simulator (tests/step_simulator.py, written from
+docs/cost-model.md and not from ``PytorchTables``) and with ``recompute_cost``; the planner's frontier must
+be exactly the non-dominated set, and a budget must get the cheapest plan that fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remat.client.trace import Trace, make_trace
+from remat.worker.cost_models import pytorch_peak
+from remat.worker.planners import budget, linear
+from remat.worker.planners.budget import BudgetInfeasibleError, pareto_frontier
+from remat.worker.recompute_time import recompute_cost, recompute_ms
+from tests.oracles import exhaustive_frontier
+from tests.step_simulator import simulate_peak
+from tests.strategies import traces
+
+
+@st.composite
+def timed_traces(draw: st.DrawFn, max_n: int = 11) -> Trace:
+    """Traces with every optional field, and forward times with ties (equal, tiny integers) or without."""
+    trace = draw(traces(min_n=1, max_n=max_n, full=True))
+    n = trace.num_stages
+    shape = draw(st.sampled_from(("none", "equal", "tiny", "random")))
+    if shape == "none":
+        return trace
+    if shape == "equal":
+        times = [draw(st.sampled_from([0.0, 1.0, 0.37]))] * n
+    elif shape == "tiny":
+        times = [float(x) for x in draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))]
+    else:
+        times = draw(st.lists(st.floats(0.0, 500.0, allow_nan=False), min_size=n, max_size=n))
+    stages = tuple(dataclasses.replace(s, forward_ms=t, backward_ms=2 * t) for s, t in zip(trace.stages, times,
+                                                                                          strict=True))
+    return dataclasses.replace(trace, stages=stages)
+
+
+@settings(max_examples=250, deadline=None)
+@given(trace=timed_traces())
+def test_frontier_is_exactly_the_non_dominated_plans(trace: Trace) -> None:
+    frontier = pareto_frontier(trace)
+    expected = exhaustive_frontier(trace, simulate_peak, recompute_cost)
+    assert [(p.peak_bytes, p.recompute_cost) for p in frontier] == expected
+    for point in frontier:  # each point's plan really has the figures it is listed with
+        assert simulate_peak(trace, point.checkpoints) == point.peak_bytes
+        assert recompute_cost(trace, point.checkpoints) == point.recompute_cost
+
+
+@settings(max_examples=250, deadline=None)
+@given(trace=timed_traces(), data=st.data())
+def test_a_budget_gets_the_cheapest_plan_that_fits(trace: Trace, data: st.DataObject) -> None:
+    front = exhaustive_frontier(trace, simulate_peak, recompute_cost)
+    min_peak, max_peak = front[0][0], front[-1][0]
+    chosen = data.draw(st.sampled_from([p for p, _ in front]) | st.integers(min_peak, max_peak + 10)
+                       | st.integers(0, max_peak + 10), label="budget")
+    fitting = [time for peak, time in front if peak <= chosen]
+    if not fitting:
+        with pytest.raises(BudgetInfeasibleError) as info:
+            budget.plan(trace, budget_bytes=chosen)
+        assert info.value.min_peak_bytes == min_peak
+        assert f"{min_peak} bytes" in str(info.value)
+        return
+    checkpoints = budget.plan(trace, budget_bytes=chosen)
+    assert simulate_peak(trace, checkpoints) <= chosen
+    assert recompute_cost(trace, checkpoints) == min(fitting)
+
+
+@settings(max_examples=100, deadline=None)
+@given(trace=timed_traces(max_n=30))
+def test_frontier_ends_at_no_checkpointing_and_at_the_linear_peak(trace: Trace) -> None:
+    """Its cheapest point costs nothing and its smallest peak is linear's optimum (n up to 30)."""
+    frontier = pareto_frontier(trace)
+    assert frontier[-1].recompute_cost == 0
+    assert frontier[0].peak_bytes == pytorch_peak(trace, linear.plan(trace))
+    assert [p.peak_bytes for p in frontier] == sorted({p.peak_bytes for p in frontier})
+    costs = [p.recompute_cost for p in frontier]
+    assert costs == sorted(costs, reverse=True) and len(set(costs)) == len(costs)
+
+
+def test_recompute_cost_is_the_forward_time_before_the_last_checkpoint() -> None:
+    stages = [{"name": "a", "output_bytes": 100, "saved_bytes": 100, "forward_ms": 5.0},
+              {"name": "view", "output_bytes": 100, "saved_bytes": 0, "saves_nothing": True, "forward_ms": 1.0},
+              {"name": "b", "output_bytes": 100, "saved_bytes": 100, "forward_ms": 5.0},
+              {"name": "c", "output_bytes": 100, "saved_bytes": 100, "forward_ms": 0.25}]
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+    assert recompute_ms(trace, ()) == 0.0
+    assert recompute_ms(trace, (1, 3)) == pytest.approx(11.0)
+    assert recompute_ms(trace, (3,)) == pytest.approx(11.0)
+    assert recompute_ms(trace, (2,)) == pytest.approx(6.0)  # the view is charged: see recompute_time
+    costs = [recompute_cost(trace, budget.plan(trace, budget_bytes=b))
+             for b in sorted({p.peak_bytes for p in pareto_frontier(trace)})]
+    assert costs == sorted(costs, reverse=True)
+
+
+def test_without_times_the_cost_is_the_number_of_rerun_stages() -> None:
+    trace = make_trace([10, 10, 10, 10])
+    frontier = pareto_frontier(trace)
+    for point in frontier:
+        assert point.recompute_cost == (point.checkpoints[-1] if point.checkpoints else 0)
+    assert recompute_ms(trace, frontier[0].checkpoints) is None
+
+
+def test_an_infeasible_budget_names_the_smallest_feasible_peak() -> None:
+    trace = make_trace([1000, 1000, 1000, 1000])
+    smallest = pareto_frontier(trace)[0].peak_bytes
+    with pytest.raises(BudgetInfeasibleError, match=rf"budget: {smallest - 1} bytes is below the smallest "
+                                                    rf"feasible peak, {smallest} bytes"):
+        budget.plan(trace, budget_bytes=smallest - 1)

@@ -1,0 +1,161 @@
+"""``budget``: the plan of least recompute time whose ``pytorch``-model peak fits a byte budget.
+
+``linear`` finds the smallest peak and re-runs whatever it takes to get there; most users want the fastest
+plan that fits their GPU. This module computes the whole **Pareto frontier** of a trace — every plan not
+dominated in (predicted peak, recompute cost) — exactly, and a budget picks from it: the frontier point
+with the largest peak ≤ budget is the least-cost plan that fits (points are sorted by peak, cost falling).
+
+**Why one number per position is enough.** A plan's recompute cost is the forward time of every stage
+before its last checkpoint (:mod:`remat.worker.recompute_time`), so it depends on that position c alone,
+and the frontier is found among n candidates: for each c, the smallest peak of any plan whose last
+checkpoint is c, kept if no smaller-or-equal c reaches a smaller-or-equal peak.
+
+**Recurrence.** As in ``linear`` (whose docstring derives it), the peak of a plan for stages i+1..n counted
+above the checkpoints kept before boundary i is, for a first segment (i, j],
+
+    d_i + max(local(i, j), r_j)                  (an ordinary segment: x_i is kept)
+    max(local_frameless(i, j), r_j)               (a frameless one: x_i is not kept)
+
+with r_j the same quantity for the rest of the plan. So, with r_i[c] the smallest such peak over the plans
+from i whose last checkpoint is c (r_i[i] = d_i + local(i, n): no checkpoint after i),
+
+    r_i[c] = min over j in (i, c] of  d_i + max(local(i, j), r_j[c])   (or the frameless form),
+
+a minimum of non-decreasing functions of r_j[c], exact; r_0[c] is the answer for c (d_0 = 0). Each pair
+(i, j) updates the vector r_i[j..n-1] in one numpy operation, local(i, j) comes from running maxima, so the
+work is O(n²) vector steps of O(n): n = 500 in about half a second (docs/benchmarks.md, "Budgets"). Peaks
+are exact integers (int64, or Python integers past 2^59 as in ``linear``); costs integer nanoseconds.
+
+Deterministic: among equal peaks for one c the smallest j wins (strict <), and among frontier points of
+equal (peak, cost) the smallest c, so a stored frontier does not depend on luck.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from remat.client.errors import PlanError
+from remat.client.trace import Trace
+from remat.worker.cost_models import PytorchTables
+from remat.worker.recompute_time import cost_before
+
+_INT64_LIMIT = 1 << 59
+
+
+class BudgetInfeasibleError(PlanError):
+    """No plan's predicted peak fits the budget; carries the smallest feasible peak."""
+
+    def __init__(self, budget_bytes: int, min_peak_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.min_peak_bytes = min_peak_bytes
+        super().__init__(f"budget: {budget_bytes} bytes is below the smallest feasible peak, {min_peak_bytes} "
+                         f"bytes ({min_peak_bytes / 2**20:.2f} MiB, the linear plan's); raise the budget or "
+                         f"shrink the batch")
+
+
+@dataclass(frozen=True, slots=True)
+class FrontierPoint:
+    """One non-dominated plan: its checkpoints, ``pytorch``-model peak and recompute cost (stage_costs units)."""
+
+    checkpoints: tuple[int, ...]
+    peak_bytes: int
+    recompute_cost: int
+
+
+def _min_peaks_by_last_checkpoint(t: PytorchTables) -> tuple[list[int], np.ndarray]:
+    """r_0[c] for c = 0..n-1 (the recurrence of the module docstring) and the first-segment ends chosen.
+
+    Returns:
+        (peaks, parent): peaks[c] is the smallest peak of a plan whose last checkpoint is c; parent[i, c]
+        is the end j of the first segment of the best plan from boundary i with last checkpoint c.
+    """
+    n = t.n
+    values = [v for name in PytorchTables.__slots__ if name not in ("n", "frameless_end") for v in getattr(t, name)]
+    inf = 2 * (sum(t.d) + 2 * max(map(abs, values))) + 1  # above every peak a plan can have
+    dtype: object = np.int64 if inf < _INT64_LIMIT else object
+    d, U, delta = t.d, t.U, t.delta
+    back_ck, rec, rec_first, rec_last = t.back_ck, t.rec, t.rec_first, t.rec_last
+    fwd_first, fwd_mid = t.fwd_first, t.fwd_mid
+    r = np.full((n, n), inf, dtype=dtype)  # r[i, c], c ≥ i
+    parent = np.full((n, n), -1, dtype=np.int32 if n < 2**31 else np.int64)
+    for i in range(n - 1, -1, -1):
+        row, prow = r[i], parent[i]
+        row[i] = d[i] + t.local(i, n)
+        prow[i] = n
+        max_back = max_fwd_mid_all = max_fwd_mid = max_rec_inner = 0
+        frameless_end = t.frameless_end[i]
+        for j in range(i + 1, n):
+            max_back = max(max_back, back_ck[j]) if j > i + 1 else back_ck[j]
+            max_fwd_mid_all = max(max_fwd_mid_all, fwd_mid[j]) if j > i + 1 else fwd_mid[j]
+            if j >= i + 2:
+                max_fwd_mid = max(max_fwd_mid, fwd_mid[j])
+            if j >= i + 3:
+                max_rec_inner = max(max_rec_inner, rec[j - 1])
+            if j <= frameless_end:
+                base, local = 0, max(max_back - U[i], max_fwd_mid_all)
+            else:
+                forward = max(fwd_first[i + 1], max_fwd_mid)
+                recompute = t.rec_last_first[j] if j == i + 1 else max(rec_first[i + 1], rec_last[j], max_rec_inner)
+                base, local = d[i], max(max_back - U[i], recompute + delta[j] - U[i], forward)
+            rest = r[j, j:]
+            cand = np.maximum(rest, local) + base
+            better = np.asarray(cand < row[j:], dtype=bool)  # object arrays compare to objects
+            if better.any():
+                row[j:][better] = cand[better]
+                prow[j:][better] = j
+    return [int(v) for v in r[0]], parent
+
+
+def _rebuild(parent: np.ndarray, last: int) -> tuple[int, ...]:
+    """The checkpoints of the best plan from boundary 0 whose last checkpoint is ``last``."""
+    out: list[int] = []
+    i = 0
+    while i != last:
+        i = int(parent[i, last])
+        out.append(i)
+    return tuple(out)
+
+
+def pareto_frontier(trace: Trace) -> list[FrontierPoint]:
+    """Every plan not dominated in (``pytorch`` peak, recompute cost), by peak ascending and cost descending.
+
+    Costs are :func:`remat.worker.recompute_time.recompute_cost` units (nanoseconds, or stages re-run).
+    """
+    if trace.num_stages <= 1:
+        return [FrontierPoint((), PytorchTables(trace).local(0, 1) if trace.num_stages else 0, 0)]
+    t = PytorchTables(trace)
+    peaks, parent = _min_peaks_by_last_checkpoint(t)
+    costs = cost_before(trace)
+    front: list[tuple[int, int, int]] = []  # (peak, cost, last checkpoint), best first by cost then peak
+    for c in sorted(range(t.n), key=lambda c: (costs[c], peaks[c], c)):
+        if not front or peaks[c] < front[-1][0]:
+            front.append((peaks[c], costs[c], c))
+    return [FrontierPoint(_rebuild(parent, c), peak, cost) for peak, cost, c in reversed(front)]
+
+
+def pick(frontier: list[FrontierPoint], budget_bytes: int) -> FrontierPoint:
+    """The least-cost frontier point whose peak fits the budget.
+
+    Raises:
+        BudgetInfeasibleError: the budget is below the smallest peak on the frontier.
+    """
+    if not frontier:
+        raise ValueError("pick: the frontier is empty")
+    fitting = [p for p in frontier if p.peak_bytes <= budget_bytes]
+    if not fitting:
+        raise BudgetInfeasibleError(budget_bytes, min(p.peak_bytes for p in frontier))
+    return fitting[-1]
+
+
+def plan(trace: Trace, *, cost_model: str = "pytorch", budget_bytes: int) -> tuple[int, ...]:
+    """Checkpoints of least recompute cost whose ``pytorch`` peak is at most ``budget_bytes``.
+
+    ``cost_model`` is accepted for the registry's uniform signature and ignored: budgets are bytes of the
+    model a validation step measures.
+
+    Raises:
+        BudgetInfeasibleError: no plan fits; the error names the smallest feasible peak.
+    """
+    return pick(pareto_frontier(trace), budget_bytes).checkpoints
