@@ -89,13 +89,17 @@ def cli() -> None:
               help="Report every plan under this model (default: each planner's own).")
 @_model_options
 @_model_kwargs_option
+@click.option("--budget", "budget_text", default=None, metavar="SIZE",
+              help="The fastest plan whose activation peak fits: bytes, 6GiB, 6GB, 512MiB, 70% (of the "
+                   "no-checkpoint peak) or fit (CUDA: the device's free room).")
 @click.option("--refresh", is_flag=True, help="Profile and measure again even if the store has the answer.")
 @click.option("--server", envvar="REMAT_SERVER", default=None, metavar="URL",
               help="Fetch MODEL's plans from this remat service (env REMAT_SERVER) instead of the local store.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost_model: str | None,
                  batch_size: int | None, input_shape: str | None, device: str, grads: str, dtype: str,
-                 model_kwargs: str | None, refresh: bool, server: str | None, as_json: bool) -> None:
+                 model_kwargs: str | None, budget_text: str | None, refresh: bool, server: str | None,
+                 as_json: bool) -> None:
     """Plan checkpoints for MODEL (a zoo name such as resnet152) or for a trace file.
 
     For MODEL: profile on this machine, plan with every algorithm, measure each plan with a real training
@@ -106,12 +110,18 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
     \b
     Example:
       remat-client plan resnet152
+      remat-client plan resnet152 --budget 70%
       remat-client plan mypkg.nets:build_unet --input-shape 3,256,256 --model-kwargs '{"depth": 5}'
       remat-client plan resnet50 --server http://plans:8000 --json
       remat-client plan --trace examples/toy-trace.json
     """
     if model is not None and trace_path is not None:
         _fail_input("give either MODEL or --trace FILE, not both")
+    budget = _budget_or_fail(budget_text) if budget_text is not None else None
+    if budget is not None and (algorithm != "all" or cost_model is not None):
+        _fail_input("--budget picks its own plan under the pytorch model: drop --algorithm and --cost-model")
+    if budget is not None and server:
+        _fail_input("--budget is planned here for now: drop --server (the service stores what it measures)")
     if trace_path is None:
         if model is None:
             _fail_input("give a zoo MODEL or --trace FILE")
@@ -119,7 +129,9 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
             _fail_input("--algorithm and --cost-model apply to --trace; MODEL is planned with every algorithm "
                         "under the pytorch model")
         request = _request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
-        if server:
+        if budget is not None:
+            _plan_model_for_budget(request, budget, refresh=refresh, as_json=as_json)
+        elif server:
             _plan_model_from_server(request, server, refresh=refresh, as_json=as_json)
         else:
             _plan_model(request, refresh=refresh, as_json=as_json)
@@ -127,6 +139,10 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
     if server:
         _fail_input("--server applies to MODEL; plans from a --trace file are computed here")
     trace = _load_trace_or_fail(trace_path)
+    if budget is not None:
+        _plan_trace_for_budget(trace, budget, label=trace.metadata.get("model") or Path(trace_path).name,
+                               as_json=as_json)
+        return
     names = _algorithms(algorithm)
     from remat.worker.planning import plan_all
 
@@ -136,6 +152,50 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
     else:
         label = trace.metadata.get("model") or Path(trace_path).name
         _print_plan_table(plans, f"{label}: {trace.num_stages} stages")
+
+
+def _budget_or_fail(text: str) -> Any:
+    from remat.client.budget_spec import BudgetError, parse_budget
+
+    try:
+        return parse_budget(text)
+    except BudgetError as exc:
+        _fail_input(f"--{exc}")
+
+
+def _plan_trace_for_budget(trace: Trace, budget: Any, *, label: str, as_json: bool) -> None:
+    """``plan --trace FILE --budget X``: the budget plan beside none and linear, all predicted."""
+    from remat.client.budget_spec import BudgetError
+    from remat.worker.planners.budget import BudgetInfeasibleError
+    from remat.worker.planning import make_budget_plan, plan_all
+
+    plans = plan_all(trace, cost_model="pytorch", algorithms=["none", "linear"])
+    try:
+        budget_bytes = budget.resolve(baseline_peak_bytes=plans[0].predicted_peak_bytes)
+        chosen = make_budget_plan(trace, budget_bytes)
+    except (BudgetError, BudgetInfeasibleError) as exc:
+        _fail_input(f"--{exc}")
+    if as_json:
+        _emit_json(chosen.to_dict())
+    else:
+        _print_plan_table([*plans, chosen], f"{label}: {trace.num_stages} stages, budget {budget.text} = "
+                                            f"{_format_bytes(budget_bytes)}")
+
+
+def _plan_model_for_budget(request: Any, budget: Any, *, refresh: bool, as_json: bool) -> None:
+    from remat.client import embedded
+    from remat.client.budget_spec import BudgetError
+    from remat.worker.planners.budget import BudgetInfeasibleError
+
+    try:
+        report = _run_with_progress(lambda progress: embedded.budget_report(request, budget, progress,
+                                                                            refresh=refresh), as_json)
+    except (BudgetError, BudgetInfeasibleError) as exc:
+        _fail_input(f"--{exc}")
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        _print_model_table(report, source=f"budget {budget.text}")
 
 
 def _print_model_table(report: Any, source: str | None = None) -> None:

@@ -74,7 +74,8 @@ def _report_from_records(request: ModelRequest, records: list[Any]) -> ModelRepo
     if not records:
         return None
     newest_trace = max(records, key=lambda r: r.updated_at).trace.trace_id
-    by_algorithm = {r.plan.algorithm: r for r in records if r.trace.trace_id == newest_trace}
+    by_algorithm = {r.plan.algorithm: r for r in records  # budget plans are one per budget: not in this set
+                    if r.trace.trace_id == newest_trace and r.plan.algorithm in PLANNERS and not r.plan.budget_bytes}
     if set(by_algorithm) != set(PLANNERS) or not all(r.measurements for r in by_algorithm.values()):
         return None
     first = next(iter(by_algorithm.values()))
@@ -119,6 +120,74 @@ def profile_and_plan(request: ModelRequest, progress: Any = None, *, refresh: bo
         store.close()
     return ModelReport.from_measured(request, key.to_dict(), list(result.plans), dict(result.measurements),
                                      from_store=False, device_name=result.device_name)
+
+
+def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, refresh: bool = False) -> ModelReport:
+    """``plan MODEL --budget X``: the least-recompute plan that fits, measured, beside none and linear.
+
+    The model's full report comes first (from the store, or profiled and measured now); its stored trace is
+    planned for the budget, and the budget plan is measured with a real step beside ``none`` and stored under
+    its budget, so asking again answers from the store.
+
+    Args:
+        budget: a :class:`remat.client.budget_spec.BudgetSpec`.
+
+    Raises:
+        remat.worker.planners.budget.BudgetInfeasibleError: no plan fits (names the smallest feasible peak).
+        remat.client.budget_spec.BudgetError: ``fit`` without a CUDA device.
+    """
+    from remat.client.plan_key import PlanKey
+    from remat.worker.planning import BUDGET_ALGORITHM, make_budget_plan
+
+    report = None if refresh else cached_report(request)
+    if report is None:
+        report = profile_and_plan(request, progress, refresh=refresh)
+    key = PlanKey.from_dict(report.key)
+    none_row, linear_row = report.row("none"), report.row("linear")
+    assert none_row is not None and linear_row is not None  # a full report has every registered planner
+    fit_bytes = _fit_bytes(request) if budget.fit else None
+    budget_bytes = budget.resolve(baseline_peak_bytes=none_row.plan.predicted_peak_bytes, fit_bytes=fit_bytes)
+    store = _open_store()
+    try:
+        stored = None if refresh else store.get_plan(key, algorithm=BUDGET_ALGORITHM, budget_bytes=budget_bytes)
+        if stored is not None and stored.measurements:
+            row = PlanRow.from_measurement(stored.plan, stored.measurements[0])
+        else:
+            records = store.find_plan_records(key)
+            trace = store.load_trace(max(records, key=lambda r: r.updated_at).trace.trace_id)
+            plan = make_budget_plan(trace, budget_bytes)
+            from remat.worker import pipeline
+
+            built = pipeline.build(request)
+            measured = pipeline.validate(built, trace, [none_row.plan, plan], progress=progress, timing_rounds=1)
+            store.save_profile(trace, [plan], {BUDGET_ALGORITHM: measured[BUDGET_ALGORITHM]})
+            row = PlanRow.from_measurement(plan, measured[BUDGET_ALGORITHM])
+    finally:
+        store.close()
+    out = ModelReport(request=request, key=report.key, num_stages=report.num_stages, from_store=report.from_store,
+                      device_name=report.device_name)
+    out.rows.extend([none_row, linear_row, row])
+    return out
+
+
+def _fit_bytes(request: ModelRequest) -> int | None:
+    """``--budget fit``: the CUDA device's room for activations once the model, its gradients and the batch
+    are on it (None on CPU, where ``fit`` has no meaning)."""
+    if request.device != "cuda":
+        return None
+    import torch
+
+    from remat.client.budget_spec import fit_bytes
+    from remat.worker import pipeline
+
+    built = pipeline.build(request)
+    torch.cuda.synchronize()
+    static = torch.cuda.memory_allocated()
+    if request.grads == "kept":
+        static += sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad)
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    del built
+    return fit_bytes(total, static)
 
 
 def profile_trace(request: ModelRequest, progress: Any = None) -> Any:

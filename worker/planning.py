@@ -49,3 +49,42 @@ def plan_all(trace: Trace, *, cost_model: str | None = None,
              algorithms: Sequence[str] | None = None) -> list[Plan]:
     """Plans from every registered algorithm (or those named), in registry order."""
     return [make_plan(trace, name, cost_model=cost_model) for name in (algorithms or list(PLANNERS))]
+
+
+BUDGET_ALGORITHM = "budget"
+"""The algorithm name of plans chosen for a byte budget (``remat.worker.planners.budget``). Not in the
+registry of planners that need only a trace: a budget plan is one per (trace, budget), stored under its
+budget in the plan key."""
+
+
+def _budget_plan(trace: Trace, checkpoints: Sequence[int], budget_bytes: int | None) -> Plan:
+    return Plan(
+        algorithm=BUDGET_ALGORITHM,
+        cost_model=STORED_COST_MODEL,
+        checkpoints=tuple(checkpoints),
+        predicted_peak_bytes=peak(trace, checkpoints, STORED_COST_MODEL),
+        baseline_peak_bytes=peak(trace, (), STORED_COST_MODEL),
+        num_stages=trace.num_stages,
+        recompute_ms=recompute_ms(trace, checkpoints),
+        step_ms=step_ms(trace),
+        budget_bytes=budget_bytes,
+    )
+
+
+def make_budget_plan(trace: Trace, budget_bytes: int) -> Plan:
+    """The least-recompute plan whose ``pytorch`` peak fits ``budget_bytes``.
+
+    Raises:
+        remat.worker.planners.budget.BudgetInfeasibleError: no plan fits; it names the smallest peak.
+    """
+    from remat.worker.planners import budget
+
+    return _budget_plan(trace, budget.plan(trace, budget_bytes=budget_bytes), budget_bytes)
+
+
+def frontier_plans(trace: Trace) -> list[Plan]:
+    """The Pareto frontier as plans, tightest peak first; each plan's ``budget_bytes`` is its own peak (the
+    smallest budget it answers)."""
+    from remat.worker.planners import budget
+
+    return [_budget_plan(trace, p.checkpoints, p.peak_bytes) for p in budget.pareto_frontier(trace)]

@@ -1,0 +1,85 @@
+"""What a user may write for a memory budget, and the bytes it means.
+
+``--budget`` and ``budget=`` accept a byte count (``6442450944``), a size with a unit (``6GiB``, ``6GB``,
+``512MiB``, ``512MB``, ``64KiB``; binary units are powers of 1024, decimal ones of 1000), a share of the
+activation peak without checkpointing (``70%``), or ``fit`` on CUDA: what the device has left for
+activations, its total memory less a safety margin and the static memory (weights, gradients, optimizer
+state, the batch) measured before the step. All budgets count activation memory, the quantity every plan's
+peak predicts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from remat.client.errors import RematError
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+FIT_MARGIN = 0.05
+"""Share of the device's total memory ``fit`` leaves free: the caching allocator's rounding and
+fragmentation (0–3% above the requested bytes on the H100, docs/cost-model.md) and the CUDA context."""
+_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*|%)\s*$")
+
+
+class BudgetError(RematError):
+    """A budget that is malformed or cannot be resolved here; the message names ``budget``."""
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpec:
+    """A parsed budget: exactly one of bytes, a fraction of the no-checkpoint peak, or ``fit``."""
+
+    text: str
+    bytes: int | None = None
+    fraction: float | None = None
+    fit: bool = False
+
+    def resolve(self, *, baseline_peak_bytes: int, fit_bytes: int | None = None) -> int:
+        """The budget in bytes, given the plan's no-checkpoint peak and (for ``fit``) the device's room."""
+        if self.bytes is not None:
+            return self.bytes
+        if self.fraction is not None:
+            return max(1, int(baseline_peak_bytes * self.fraction))
+        if fit_bytes is None:
+            raise BudgetError("budget: fit needs a CUDA device (use --device cuda), or give bytes or a percentage")
+        if fit_bytes <= 0:
+            raise BudgetError("budget: fit leaves no room for activations on this device: the static memory "
+                              "(weights, gradients, optimizer state, batch) already fills it")
+        return fit_bytes
+
+
+def parse_budget(text: str) -> BudgetSpec:
+    """Parse ``6GiB``, ``6 GB``, ``123456``, ``70%`` or ``fit``; a bad one is a one-line BudgetError.
+
+    Example:
+        >>> parse_budget("1.5GiB").bytes
+        1610612736
+        >>> parse_budget("70%").fraction
+        0.7
+    """
+    raw = text.strip()
+    if raw.lower() == "fit":
+        return BudgetSpec(text=raw, fit=True)
+    match = _PATTERN.match(raw)
+    if not match:
+        raise BudgetError(f"budget: {text!r} is not a size; write bytes (6442450944), a size (6GiB, 6GB, 512MiB), "
+                          f"a share of the no-checkpoint peak (70%) or fit")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise BudgetError(f"budget: {text!r} must be a percentage in (0, 100]")
+        return BudgetSpec(text=raw, fraction=number / 100)
+    if unit not in UNITS:
+        raise BudgetError(f"budget: unit {match.group(2)!r} in {text!r} is unknown; use B, KB, MB, GB, TB, KiB, MiB, "
+                          f"GiB or TiB")
+    value = int(number * UNITS[unit])
+    if value < 1:
+        raise BudgetError(f"budget: {text!r} is less than one byte")
+    return BudgetSpec(text=raw, bytes=value)
+
+
+def fit_bytes(device_total_bytes: int, static_bytes: int, margin: float = FIT_MARGIN) -> int:
+    """Activation room of ``fit``: total memory less the margin and the static memory."""
+    return int(device_total_bytes * (1 - margin)) - static_bytes

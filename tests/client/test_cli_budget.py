@@ -1,0 +1,104 @@
+"""``--budget``: sizes as users write them, the fastest plan that fits, measured, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from remat.client.budget_spec import BudgetError, fit_bytes, parse_budget
+from remat.client.trace import load_trace
+from remat.worker.cost_models import pytorch_peak
+from remat.worker.planners.budget import pareto_frontier
+from remat.worker.recompute_time import recompute_cost
+from tests.utils.cli import run_cli
+
+SMALL = ["resnet18", "--batch-size", "2", "--input-shape", "3,32,32", "--grads", "kept"]
+TOY = Path(__file__).resolve().parents[2] / "examples" / "toy-trace.json"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("6442450944", 6 * 2**30), ("6GiB", 6 * 2**30), ("6 GB", 6 * 10**9), ("512MiB", 512 * 2**20),
+    ("512mb", 512 * 10**6), ("1.5GiB", 3 * 2**29), ("64KiB", 65536), ("7B", 7), ("2TiB", 2 * 2**40),
+])
+def test_sizes_in_every_unit(text: str, expected: int) -> None:
+    assert parse_budget(text).bytes == expected
+
+
+def test_a_percentage_is_of_the_no_checkpoint_peak_and_fit_needs_cuda() -> None:
+    assert parse_budget("70%").resolve(baseline_peak_bytes=1000) == 700
+    assert parse_budget("100%").resolve(baseline_peak_bytes=1000) == 1000
+    with pytest.raises(BudgetError, match="fit needs a CUDA device"):
+        parse_budget("fit").resolve(baseline_peak_bytes=1000)
+    assert parse_budget("FIT").resolve(baseline_peak_bytes=1, fit_bytes=5000) == 5000
+    assert fit_bytes(100 * 2**30, 10 * 2**30) == int(95 * 2**30) - 10 * 2**30
+    with pytest.raises(BudgetError, match="no room for activations"):
+        parse_budget("fit").resolve(baseline_peak_bytes=1, fit_bytes=-5)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("abc", "is not a size"), ("", "is not a size"), ("-5GiB", "is not a size"), ("0%", "percentage in"),
+    ("150%", "percentage in"), ("3XB", "unit 'XB'"), ("0.2", "less than one byte"), ("5 % %", "is not a size"),
+])
+def test_malformed_budgets_are_named(text: str, message: str) -> None:
+    with pytest.raises(BudgetError, match=message):
+        parse_budget(text)
+
+
+def test_plan_trace_with_a_budget_is_the_cheapest_frontier_point_that_fits(capsys) -> None:
+    trace = load_trace(TOY)
+    frontier = pareto_frontier(trace)
+    target = frontier[len(frontier) // 2]
+    code, out, err = run_cli(capsys, "plan", "--trace", str(TOY), "--budget", str(target.peak_bytes + 1), "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["algorithm"] == "budget" and plan["budget_bytes"] == target.peak_bytes + 1
+    assert pytorch_peak(trace, plan["checkpoints"]) <= target.peak_bytes + 1
+    assert recompute_cost(trace, plan["checkpoints"]) == target.recompute_cost
+
+
+@pytest.mark.parametrize(("budget", "message"), [
+    ("1", "--budget: 1 bytes is below the smallest feasible peak"),
+    ("9QB", "--budget: unit 'QB'"),
+    ("fit", "--budget: fit needs a CUDA device"),
+])
+def test_refusals_are_one_line_and_exit_2(capsys, budget: str, message: str) -> None:
+    code, out, err = run_cli(capsys, "plan", "--trace", str(TOY), "--budget", budget)
+    assert code == 2 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_budget_with_algorithm_is_refused(capsys) -> None:
+    code, _, err = run_cli(capsys, "plan", "--trace", str(TOY), "--budget", "50%", "--algorithm", "cubic")
+    assert code == 2 and "drop --algorithm" in err
+
+
+def test_plan_model_with_a_budget_is_measured_within_it_and_stored(capsys, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'plans.sqlite'}")
+    code, out, err = run_cli(capsys, "plan", *SMALL, "--json")
+    assert code == 0, err
+    full = {p["algorithm"]: p["predicted_peak_bytes"] for p in json.loads(out)["plans"]}
+    budget_bytes = (full["none"] + full["linear"]) // 2  # between the two: the budget plan is neither
+    code, out, err = run_cli(capsys, "plan", *SMALL, "--budget", str(budget_bytes), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    rows = {p["algorithm"]: p for p in report["plans"]}
+    assert list(rows) == ["none", "linear", "budget"]
+    chosen = rows["budget"]
+    assert chosen["budget_bytes"] == budget_bytes
+    assert chosen["predicted_peak_bytes"] <= budget_bytes
+    # Judged by a real step: the measured peak fits too (CPU predictions are exact to 0.5%).
+    assert chosen["measured_peak_bytes"] == pytest.approx(chosen["predicted_peak_bytes"], rel=0.005)
+    assert chosen["measured_peak_bytes"] <= rows["none"]["measured_peak_bytes"]
+    assert chosen["recompute_ms"] <= rows["linear"]["recompute_ms"]
+
+    code, out, err = run_cli(capsys, "plan", *SMALL, "--budget", str(budget_bytes), "--json")  # from the store
+    assert code == 0, err
+    again = {p["algorithm"]: p for p in json.loads(out)["plans"]}
+    assert again["budget"]["checkpoints"] == chosen["checkpoints"]
+    assert again["budget"]["measured_peak_bytes"] == chosen["measured_peak_bytes"]
+    # The budget row does not spoil the stored full report: plain `plan` still answers from the store.
+    code, out, _ = run_cli(capsys, "plan", *SMALL, "--json")
+    assert code == 0 and json.loads(out)["from_store"] is True
