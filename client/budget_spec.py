@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from remat.client.errors import RematError
+from remat.client.errors import PlanError
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -23,8 +23,9 @@ fragmentation (0–3% above the requested bytes on the H100, docs/cost-model.md)
 _PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*|%)\s*$")
 
 
-class BudgetError(RematError):
-    """A budget that is malformed or cannot be resolved here; the message names ``budget``."""
+class BudgetError(PlanError):
+    """A budget that is malformed or cannot be resolved here; the message names ``budget``. A PlanError: a
+    bad argument, like every other one of ``checkpoint()``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,8 +120,6 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
     budget = _budget_or_fail(budget_text) if budget_text is not None else None
     if budget is not None and (algorithm != "all" or cost_model is not None):
         _fail_input("--budget picks its own plan under the pytorch model: drop --algorithm and --cost-model")
-    if budget is not None and server:
-        _fail_input("--budget is planned here for now: drop --server (the service stores what it measures)")
     if trace_path is None:
         if model is None:
             _fail_input("give a zoo MODEL or --trace FILE")
@@ -130,7 +128,7 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
                         "under the pytorch model")
         request = _request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
         if budget is not None:
-            _plan_model_for_budget(request, budget, refresh=refresh, as_json=as_json)
+            _plan_model_for_budget(request, budget, refresh=refresh, as_json=as_json, server=server)
         elif server:
             _plan_model_from_server(request, server, refresh=refresh, as_json=as_json)
         else:
@@ -182,14 +180,18 @@ def _plan_trace_for_budget(trace: Trace, budget: Any, *, label: str, as_json: bo
                                             f"{_format_bytes(budget_bytes)}")
 
 
-def _plan_model_for_budget(request: Any, budget: Any, *, refresh: bool, as_json: bool) -> None:
+def _plan_model_for_budget(request: Any, budget: Any, *, refresh: bool, as_json: bool, server: str | None) -> None:
+    """``plan MODEL --budget X``: embedded, or with ``--server`` picked by the service from its frontier."""
     from remat.client import embedded
     from remat.client.budget_spec import BudgetError
     from remat.worker.planners.budget import BudgetInfeasibleError
 
     try:
-        report = _run_with_progress(lambda progress: embedded.budget_report(request, budget, progress,
-                                                                            refresh=refresh), as_json)
+        if server:
+            report = _budget_report_from_server(request, budget, server, refresh=refresh, as_json=as_json)
+        else:
+            report = _run_with_progress(lambda progress: embedded.budget_report(request, budget, progress,
+                                                                                refresh=refresh), as_json)
     except (BudgetError, BudgetInfeasibleError) as exc:
         _fail_input(f"--{exc}")
     if as_json:
@@ -239,6 +241,27 @@ def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
         _emit_json(report.to_dict())
     else:
         _print_model_table(report)
+
+
+def _budget_report_from_server(request: Any, budget: Any, server: str, *, refresh: bool, as_json: bool) -> Any:
+    """The service's answer for a budget; service failures exit 1 as in ``_plan_model_from_server``."""
+    from remat.client.budget_spec import BudgetError
+    from remat.client.errors import PlanError, ServiceError
+    from remat.client.fetch import budget_report_from_service
+    from remat.client.service_client import PlanServiceClient
+
+    if refresh:
+        _fail_input("--refresh with --budget --server: refresh the model's plans first (plan MODEL --refresh)")
+    token = os.environ.get("REMAT_API_TOKEN") or None
+    with PlanServiceClient(server, token=token) as client:
+        try:
+            client.health()
+            return _run_with_progress(lambda progress: budget_report_from_service(
+                request, client, budget, upload=token is not None, progress=progress), as_json)
+        except BudgetError:
+            raise  # input (exit 2), handled by the caller
+        except (ServiceError, PlanError) as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json: bool) -> None:

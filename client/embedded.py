@@ -55,7 +55,7 @@ def cached_report(request: ModelRequest) -> ModelReport | None:
     try:
         with store.db.read_session() as session:
             records, _ = repository.list_plans(session=session, model=request.name, device=request.device,
-                                               dtype=request.dtype, limit=10_000)
+                                               dtype=request.dtype, limit=10_000, include_frontier=True)
     finally:
         store.close()
     torch_version = current_torch_version()
@@ -79,10 +79,11 @@ def _report_from_records(request: ModelRequest, records: list[Any]) -> ModelRepo
     if set(by_algorithm) != set(PLANNERS) or not all(r.measurements for r in by_algorithm.values()):
         return None
     first = next(iter(by_algorithm.values()))
+    frontier = [r for r in records if r.trace.trace_id == newest_trace and r.plan.budget_bytes]
     return ModelReport.from_measured(
-        request, first.key.to_dict(), [by_algorithm[name].plan for name in PLANNERS],
-        {name: by_algorithm[name].measurements[0] for name in PLANNERS},  # the repository lists newest first
-        from_store=True, device_name=first.trace.device_name)
+        request, first.key.to_dict(), [by_algorithm[name].plan for name in PLANNERS] + [r.plan for r in frontier],
+        {r.plan.label: r.measurements[0] for r in [*by_algorithm.values(), *frontier] if r.measurements},
+        from_store=True, device_name=first.trace.device_name)  # the repository lists measurements newest first
 
 
 class _AlreadyStored(Exception):
@@ -125,9 +126,9 @@ def profile_and_plan(request: ModelRequest, progress: Any = None, *, refresh: bo
 def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, refresh: bool = False) -> ModelReport:
     """``plan MODEL --budget X``: the least-recompute plan that fits, measured, beside none and linear.
 
-    The model's full report comes first (from the store, or profiled and measured now); its stored trace is
-    planned for the budget, and the budget plan is measured with a real step beside ``none`` and stored under
-    its budget, so asking again answers from the store.
+    The model's full report comes first (from the store, or profiled and measured now) with its stored
+    Pareto frontier; the budget picks the frontier plan with the largest peak that fits (stored under that
+    peak, so every budget it answers finds it), and measures it with a real step if no profiling run did.
 
     Args:
         budget: a :class:`remat.client.budget_spec.BudgetSpec`.
@@ -136,8 +137,11 @@ def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, r
         remat.worker.planners.budget.BudgetInfeasibleError: no plan fits (names the smallest feasible peak).
         remat.client.budget_spec.BudgetError: ``fit`` without a CUDA device.
     """
+    from remat.client.plan import BUDGET_ALGORITHM
     from remat.client.plan_key import PlanKey
-    from remat.worker.planning import BUDGET_ALGORITHM, make_budget_plan
+    from remat.worker.pipeline import fit_bytes_for
+    from remat.worker.planners.budget import BudgetInfeasibleError
+    from remat.worker.planning import frontier_plans
 
     report = None if refresh else cached_report(request)
     if report is None:
@@ -145,23 +149,30 @@ def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, r
     key = PlanKey.from_dict(report.key)
     none_row, linear_row = report.row("none"), report.row("linear")
     assert none_row is not None and linear_row is not None  # a full report has every registered planner
-    fit_bytes = _fit_bytes(request) if budget.fit else None
+    fit_bytes = fit_bytes_for(request) if budget.fit else None
     budget_bytes = budget.resolve(baseline_peak_bytes=none_row.plan.predicted_peak_bytes, fit_bytes=fit_bytes)
     store = _open_store()
     try:
-        stored = None if refresh else store.get_plan(key, algorithm=BUDGET_ALGORITHM, budget_bytes=budget_bytes)
-        if stored is not None and stored.measurements:
-            row = PlanRow.from_measurement(stored.plan, stored.measurements[0])
-        else:
-            records = store.find_plan_records(key)
-            trace = store.load_trace(max(records, key=lambda r: r.updated_at).trace.trace_id)
-            plan = make_budget_plan(trace, budget_bytes)
+        trace = None
+        frontier = report.frontier
+        if not frontier:  # stored before frontiers were: compute and keep it now
+            trace = _stored_trace(store, key)
+            plans = frontier_plans(trace)
+            store.save_profile(trace, plans, {})
+            frontier = [PlanRow.from_measurement(p, None) for p in plans]
+        fitting = [r for r in frontier if r.plan.predicted_peak_bytes <= budget_bytes]
+        if not fitting:
+            raise BudgetInfeasibleError(budget_bytes, frontier[0].plan.predicted_peak_bytes)
+        row = fitting[-1]
+        if row.measured_peak_bytes is None:
             from remat.worker import pipeline
 
+            trace = trace or _stored_trace(store, key)
             built = pipeline.build(request)
-            measured = pipeline.validate(built, trace, [none_row.plan, plan], progress=progress, timing_rounds=1)
-            store.save_profile(trace, [plan], {BUDGET_ALGORITHM: measured[BUDGET_ALGORITHM]})
-            row = PlanRow.from_measurement(plan, measured[BUDGET_ALGORITHM])
+            measured = pipeline.validate(built, trace, [none_row.plan, row.plan], progress=progress,
+                                         timing_rounds=1)[row.plan.label]
+            store.save_measurement(key, measured, algorithm=BUDGET_ALGORITHM, budget_bytes=row.plan.budget_bytes)
+            row = PlanRow.from_measurement(row.plan, measured)
     finally:
         store.close()
     out = ModelReport(request=request, key=report.key, num_stages=report.num_stages, from_store=report.from_store,
@@ -170,24 +181,9 @@ def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, r
     return out
 
 
-def _fit_bytes(request: ModelRequest) -> int | None:
-    """``--budget fit``: the CUDA device's room for activations once the model, its gradients and the batch
-    are on it (None on CPU, where ``fit`` has no meaning)."""
-    if request.device != "cuda":
-        return None
-    import torch
-
-    from remat.client.budget_spec import fit_bytes
-    from remat.worker import pipeline
-
-    built = pipeline.build(request)
-    torch.cuda.synchronize()
-    static = torch.cuda.memory_allocated()
-    if request.grads == "kept":
-        static += sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad)
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    del built
-    return fit_bytes(total, static)
+def _stored_trace(store: Any, key: Any) -> Any:
+    records = store.find_plan_records(key)
+    return store.load_trace(max(records, key=lambda r: r.updated_at).trace.trace_id)
 
 
 def profile_trace(request: ModelRequest, progress: Any = None) -> Any:
@@ -278,33 +274,78 @@ def stored_plan(key: Any, algorithm: str) -> Any:
     return Plan.from_dict({**record.plan.to_dict(), "key": record.key.to_dict()})
 
 
-def plan_held_model(built: Any, algorithm: str, progress: Any = None) -> Any:
-    """Profile a model the caller holds, plan it with every algorithm, measure ``none`` and ``algorithm`` (one
-    training step each, gradient-checked) and store it all in the local plan store when there is one.
+def stored_frontier(key: Any) -> list[Any]:
+    """The local plan store's Pareto frontier for ``key`` (Plans carrying their key), tightest first; [] when
+    none is stored or there is no store (same rules as :func:`stored_plan`)."""
+    from pathlib import Path
+
+    try:
+        from remat.service import repository
+        from remat.service.config import ServiceSettings
+        from remat.service.store import PlanStore
+    except ImportError:
+        return []
+    settings = ServiceSettings()
+    url = settings.database_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return []
+    store = PlanStore(settings=settings)
+    try:
+        with store.db.read_session() as session:
+            records = repository.find_frontier(session=session, key=key)
+    finally:
+        store.close()
+    return [Plan.from_dict({**r.plan.to_dict(), "key": r.key.to_dict()}) for r in records]
+
+
+def plan_held_model(built: Any, algorithm: str, progress: Any = None, *, budget: Any = None) -> Any:
+    """Profile a model the caller holds, plan it with every algorithm and its frontier, measure ``none`` and
+    ``algorithm``'s plan — or, with ``budget``, the frontier plan it picks — (one training step each,
+    gradient-checked) and store it all in the local plan store when there is one.
 
     Only two plans are measured: this runs inside someone's training job, where every step counts; the
     other plans are stored unmeasured (``remat-client plan`` measures them all).
 
+    Args:
+        budget: a :class:`remat.client.budget_spec.BudgetSpec` in bytes or a share of this trace's
+            no-checkpoint peak (the caller turns ``fit`` into bytes: it knows the device).
+
     Returns:
-        ``remat.worker.pipeline.ProfileResult``; a store that refuses it is a warning, not an error.
+        ``(result, chosen)``: ``remat.worker.pipeline.ProfileResult`` and the plan to apply. A store that
+        refuses the result is a warning, not an error.
+
+    Raises:
+        remat.worker.planners.budget.BudgetInfeasibleError: no plan fits the budget.
     """
     import warnings
 
     from remat.worker import pipeline
-    from remat.worker.planning import STORED_COST_MODEL, plan_all
+    from remat.worker.planning import FRONTIER_MAX_STAGES, plans_to_store
 
     say = progress or (lambda message, fraction: None)
     say(f"profiling {built.chain.num_stages} stages", 0.1)
     trace = pipeline.profile(built)
-    plans = tuple(plan_all(trace, cost_model=STORED_COST_MODEL))
-    measured = [p for p in plans if p.algorithm in ("none", algorithm)]
+    plans = tuple(plans_to_store(trace, frontier=trace.num_stages <= FRONTIER_MAX_STAGES or budget is not None))
+    infeasible = None
+    if budget is not None:
+        from remat.worker.planners.budget import BudgetInfeasibleError
+
+        try:
+            chosen = pick_from_frontier([p for p in plans if p.budget_bytes], budget)
+        except BudgetInfeasibleError as exc:  # raised once the profile is stored: it is still worth keeping
+            chosen, infeasible = None, exc
+    else:
+        chosen = next((p for p in plans if p.algorithm == algorithm and not p.budget_bytes), None)
+    measured = [p for p in plans if p.algorithm == "none"] + ([chosen] if chosen is not None else [])
     measurements = pipeline.validate(built, trace, measured, progress=say, start=0.5, end=0.95, timing_rounds=1)
     result = pipeline.ProfileResult(request=built.request, key=built.key, trace=trace, plans=plans,
                                     measurements=measurements)
     try:
         from remat.service.store import PlanStore
     except ImportError:
-        return result
+        if infeasible is not None:
+            raise infeasible from None
+        return result, chosen
     try:
         store = PlanStore().open()
         try:
@@ -314,7 +355,25 @@ def plan_held_model(built: Any, algorithm: str, progress: Any = None) -> Any:
     except Exception as exc:  # noqa: BLE001 - the plan is good; only keeping a copy here failed
         warnings.warn(f"remat: the local plan store did not take the plan ({type(exc).__name__}: {exc}); "
                       f"it is kept in the plan cache only", RuntimeWarning, stacklevel=3)
-    return result
+    if infeasible is not None:
+        raise infeasible
+    return result, chosen
+
+
+def pick_from_frontier(frontier: list[Any], budget: Any) -> Any:
+    """The frontier plan answering ``budget`` (a BudgetSpec; a share resolves against the no-checkpoint peak).
+
+    Raises:
+        remat.worker.planners.budget.BudgetInfeasibleError: no plan fits; it names the smallest peak.
+    """
+    from remat.worker.planners.budget import BudgetInfeasibleError
+
+    frontier = sorted(frontier, key=lambda p: p.predicted_peak_bytes)
+    budget_bytes = budget.resolve(baseline_peak_bytes=frontier[-1].baseline_peak_bytes)
+    fitting = [p for p in frontier if p.predicted_peak_bytes <= budget_bytes]
+    if not fitting:
+        raise BudgetInfeasibleError(budget_bytes, frontier[0].predicted_peak_bytes)
+    return fitting[-1]
 
 
 # --- remat-client show ----------------------------------------------------------------------------------
@@ -334,11 +393,11 @@ def stored_reports(*, request: ModelRequest | None = None, model_hash: str | Non
     try:
         with store.db.read_session() as session:
             if model_hash is not None:
-                records, _ = repository.list_plans(session=session, limit=100_000)
+                records, _ = repository.list_plans(session=session, limit=100_000, include_frontier=True)
                 records = [r for r in records if r.key.model_hash.startswith(model_hash)]
             elif request.source in ("torchvision", "timm") and not request.model_kwargs:
                 records, _ = repository.list_plans(session=session, model=request.name, device=request.device,
-                                                   dtype=request.dtype, limit=100_000)
+                                                   dtype=request.dtype, limit=100_000, include_frontier=True)
                 records = [r for r in records if r.key.input_shape == request.input_shape
                            and r.key.grads == request.grads and r.key.mode == request.mode]
             else:
@@ -359,9 +418,11 @@ def stored_reports(*, request: ModelRequest | None = None, model_hash: str | Non
         shown = request or _request_of(key, newest.trace.model)
         report = ModelReport(request=shown, key=key.to_dict(), num_stages=rows[0].plan.num_stages,
                              from_store=True, device_name=newest.trace.device_name)
-        report.rows.extend(PlanRow.from_measurement(Plan.from_dict({**r.plan.to_dict(), "key": key.to_dict()}),
-                                                    r.measurements[0] if r.measurements else None)  # newest first
-                           for r in rows)
+        for r in rows:
+            row = PlanRow.from_measurement(Plan.from_dict({**r.plan.to_dict(), "key": key.to_dict()}),
+                                           r.measurements[0] if r.measurements else None)  # newest first
+            (report.frontier if r.plan.budget_bytes else report.rows).append(row)
+        report.frontier.sort(key=lambda row: row.plan.predicted_peak_bytes)
         reports.append((newest.updated_at, report))
     return [report for _, report in sorted(reports, key=lambda pair: pair[0], reverse=True)]
 

@@ -195,3 +195,45 @@ def report_from_service(request: ModelRequest, client: PlanServiceClient, *, upl
                            f"{describe_key(key)}")
     say("done", 1.0)
     return _report(request, key, records, from_store=False)
+
+
+def budget_report_from_service(request: ModelRequest, client: PlanServiceClient, budget: Any, *,
+                               upload: bool = False, progress: ProgressFn | None = None) -> ModelReport:
+    """``plan MODEL --budget X --server URL``: none and linear, and the service's frontier plan for X.
+
+    The percentage form resolves against the served ``none`` plan's predicted peak; ``fit`` against this
+    machine's CUDA device. The service picks from its stored frontier, so nothing is planned here.
+
+    Raises:
+        BudgetError: ``fit`` without a CUDA device, or the service refused the budget as infeasible.
+        PlanNotFoundError, ServiceError: as :func:`report_from_service`.
+    """
+    from remat.client.budget_spec import BudgetError
+    from remat.client.plan import BUDGET_ALGORITHM
+    from remat.client.service_client import ServiceResponseError
+
+    full = report_from_service(request, client, upload=upload, progress=progress)
+    none_row, linear_row = full.row("none"), full.row("linear")
+    key = PlanKey.from_dict(full.key)
+    if none_row is None or linear_row is None:
+        raise ServiceError(f"remat service {client.base_url}: no none or linear plan for {describe_key(key)}")
+    fit = None
+    if budget.fit and request.device == "cuda":
+        from remat.worker.pipeline import fit_bytes_for
+
+        fit = fit_bytes_for(request)
+    budget_bytes = budget.resolve(baseline_peak_bytes=none_row.plan.predicted_peak_bytes, fit_bytes=fit)
+    try:
+        record = client.get_plan(key, algorithm=BUDGET_ALGORITHM, budget=budget_bytes)
+    except ServiceResponseError as exc:
+        if exc.status_code == 422 and exc.detail.startswith("budget:"):
+            raise BudgetError(exc.detail) from None
+        raise
+    if record is None:
+        raise ServiceError(f"remat service {client.base_url}: no frontier stored for {request.name}; it is "
+                           f"computed when the trace is stored (upload again with --refresh)")
+    (row,) = _report(request, key, [record], from_store=True).rows
+    out = ModelReport(request=request, key=full.key, num_stages=full.num_stages, from_store=full.from_store,
+                      device_name=full.device_name)
+    out.rows.extend([none_row, linear_row, row])
+    return out

@@ -58,11 +58,15 @@ class LocalPlanCache:
     def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
 
-    def path(self, key: PlanKey, algorithm: str) -> Path:
-        text = json.dumps({"key": key.to_dict(), "algorithm": algorithm}, sort_keys=True, separators=(",", ":"))
+    def path(self, key: PlanKey, algorithm: str, variant: str = "") -> Path:
+        """The file of one (key, algorithm) plan; ``variant`` tells a budget plan's budget apart."""
+        fields: dict[str, Any] = {"key": key.to_dict(), "algorithm": algorithm}
+        if variant:
+            fields["variant"] = variant
+        text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return self.directory / f"{hashlib.sha256(text.encode('utf-8')).hexdigest()[:40]}.json"
 
-    def get(self, key: PlanKey, algorithm: str) -> CachedPlan | None:
+    def get(self, key: PlanKey, algorithm: str, *, variant: str = "") -> CachedPlan | None:
         """The cached plan for ``key``, or None.
 
         Raises:
@@ -70,7 +74,7 @@ class LocalPlanCache:
                 names the file, to be deleted.
             PlanMismatchError: the file's plan was made for another key (it says what differs).
         """
-        path = self.path(key, algorithm)
+        path = self.path(key, algorithm, variant)
         try:
             if path.stat().st_size > MAX_FILE_BYTES:
                 raise PlanError(f"plan cache file {path} is larger than {MAX_FILE_BYTES} bytes; delete it")
@@ -89,11 +93,11 @@ class LocalPlanCache:
             raise PlanMismatchError(f"plan cache file {path} holds a plan for another key ({detail}); delete it")
         return CachedPlan(plan=plan, source=str(data.get("source") or "unknown"), path=path)
 
-    def put(self, key: PlanKey, plan: Plan, *, source: str) -> Path:
+    def put(self, key: PlanKey, plan: Plan, *, source: str, variant: str = "") -> Path:
         """Store ``plan`` for ``key`` (replacing what was there), atomically."""
         body: dict[str, Any] = {"format": CACHE_FORMAT, "source": source,
                                 "plan": {**plan.to_dict(), "key": key.to_dict()}}
-        path = self.path(key, plan.algorithm)
+        path = self.path(key, plan.algorithm, variant)
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".tmp", dir=self.directory)
         try:

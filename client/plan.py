@@ -14,6 +14,9 @@ from remat.client.errors import PlanError
 
 PLAN_SCHEMA_VERSION = 1
 COST_MODELS = ("classic", "pytorch")
+BUDGET_ALGORITHM = "budget"
+"""The algorithm of plans chosen for a byte budget: points of a trace's Pareto frontier of (peak, recompute
+time), each stored under its own peak (``budget_bytes``). Not a registered planner: it needs a budget."""
 
 
 def validate_checkpoints(checkpoints: Iterable[int], num_stages: int) -> tuple[int, ...]:
@@ -45,6 +48,8 @@ class Plan:
     step_ms: float | None = None
     """Estimated forward + backward time of one step without checkpointing, None without times."""
     budget_bytes: int | None = None
+    """For a ``budget`` plan (a point of the Pareto frontier): the tightest budget it answers, its own
+    predicted peak; a request for any budget ≥ this and below the next point's peak gets this plan."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -56,6 +61,12 @@ class Plan:
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise PlanError(f"plan: {name} must be a number, got {value!r}")
                 object.__setattr__(self, name, float(value))
+
+    @property
+    def label(self) -> str:
+        """What names this plan among a trace's plans: its algorithm, and its budget when it has one
+        (``budget@123456``): a trace has one plan per registered planner but many frontier plans."""
+        return f"{self.algorithm}@{self.budget_bytes}" if self.budget_bytes else self.algorithm
 
     @property
     def saving(self) -> float:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from remat.client.budget_spec import BudgetSpec
     from remat.client.plan import Plan
     from remat.client.plan_key import PlanKey
 
@@ -49,8 +50,9 @@ ON_MISS = ("profile", "none", "raise")
 
 
 def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "none", algorithm: str = "linear",
-               server: str | None = None, token: str | None = None, on_miss: str = "profile",
-               cache_dir: str | os.PathLike[str] | None = None, timeout_s: float | None = None) -> nn.Module:
+               budget: str | int | None = None, server: str | None = None, token: str | None = None,
+               on_miss: str = "profile", cache_dir: str | os.PathLike[str] | None = None,
+               timeout_s: float | None = None) -> nn.Module:
     """Find or make ``model``'s plan for batches like ``example_input`` and apply it; returns ``model``.
 
     Args:
@@ -61,6 +63,11 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
         grads: ``"none"`` if gradients are set to None between steps (``zero_grad()``'s default) or
             ``"kept"`` if they stay allocated; the best plans differ.
         algorithm: which planner's plan (``linear``: least peak memory under the PyTorch-faithful model).
+        budget: instead of ``algorithm``, the fastest plan whose activation peak fits: bytes (an int, or
+            ``"6GiB"``, ``"6GB"``, ``"512MiB"``), ``"70%"`` of the no-checkpoint peak, or ``"fit"`` on CUDA (the
+            device's memory less 5% and what is allocated when this is called: build the optimizer after, and
+            leave room for its state). A budget no plan fits raises BudgetInfeasibleError naming the smallest
+            feasible peak: the job would not fit.
         server: a remat service URL; default ``REMAT_SERVER``; None and unset: no service.
         token: the service's write token, to upload a trace profiled here; default ``REMAT_API_TOKEN``.
         on_miss: ``"profile"``, ``"none"`` or ``"raise"`` (module docstring).
@@ -94,6 +101,7 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
                         f"{list(example_input.shape)}")
     if on_miss not in ON_MISS:
         raise PlanError(f"checkpoint: on_miss must be one of {', '.join(ON_MISS)}, got {on_miss!r}")
+    spec = _budget_spec(budget, algorithm, example_input) if budget is not None else None
     from remat.client.config import apply_to_environment
 
     apply_to_environment()
@@ -113,7 +121,11 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     built = _build_for_apply(pipeline, request, model, example, graph)
     cache = LocalPlanCache(cache_dir)
 
-    plan = _find(built.key, algorithm, cache, server, token, timeout_s)
+    if spec is not None:
+        plan = _find_for_budget(built.key, spec, cache, server, token, timeout_s)
+        algorithm = f"budget {spec.text}"  # for the messages below
+    else:
+        plan = _find(built.key, algorithm, cache, server, token, timeout_s)
     if plan is None:
         if on_miss == "raise":
             raise PlanNotFoundError(f"no {algorithm} plan for {type(model).__name__} at input "
@@ -126,7 +138,7 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
             return model
         if built.probe_batch is not None:  # profiling needs a chain probed with the whole batch
             built = pipeline.build_from_model(request, model, example, graph=graph)
-        plan = _profile_here(built, algorithm, cache, server, token, timeout_s)
+        plan = _profile_here(built, algorithm, cache, server, token, timeout_s, budget=spec)
     return apply_with_chain(model, plan, key=built.key, chain=built.chain)
 
 
@@ -175,6 +187,83 @@ def _find(key: PlanKey, algorithm: str, cache: LocalPlanCache, server: str | Non
     return None
 
 
+def _budget_spec(budget: str | int, algorithm: str, example: torch.Tensor) -> BudgetSpec:
+    """``budget=`` as a BudgetSpec in bytes or a share; ``fit`` measured on the example's CUDA device now."""
+    from remat.client.budget_spec import BudgetSpec, fit_bytes, parse_budget
+
+    if algorithm != "linear":
+        raise PlanError("checkpoint: give algorithm or budget, not both (a budget picks its own plan)")
+    if isinstance(budget, bool) or not isinstance(budget, (int, str)):
+        raise PlanError(f"checkpoint: budget must be bytes (an int), a size such as '6GiB', a share such as "
+                        f"'70%', or 'fit'; got {type(budget).__name__}")
+    if isinstance(budget, int):
+        if budget < 1:
+            raise PlanError(f"checkpoint: budget must be at least 1 byte, got {budget}")
+        return BudgetSpec(text=str(budget), bytes=budget)
+    spec = parse_budget(budget)
+    if not spec.fit:
+        return spec
+    if example.device.type != "cuda":
+        raise PlanError("checkpoint: budget='fit' needs the example on a CUDA device; give bytes or a share")
+    import torch
+
+    torch.cuda.synchronize(example.device)
+    total = torch.cuda.get_device_properties(example.device).total_memory
+    room = fit_bytes(total, torch.cuda.memory_allocated(example.device))
+    return BudgetSpec(text=f"fit ({room} bytes)", bytes=spec.resolve(baseline_peak_bytes=0, fit_bytes=room))
+
+
+def _find_for_budget(key: PlanKey, spec: BudgetSpec, cache: LocalPlanCache, server: str | None,
+                     token: str | None, timeout_s: float | None) -> Plan | None:
+    """Steps 1–3 for a budget: the disk cache (by the budget as written), the local store's frontier, the
+    service's frontier. A budget that fits nothing there raises: profiling again would not change it."""
+    from remat.client import embedded
+    from remat.client.plan import BUDGET_ALGORITHM
+
+    cached = cache.get(key, BUDGET_ALGORITHM, variant=spec.text)
+    if cached is not None:
+        return cached.plan
+    try:
+        frontier = embedded.stored_frontier(key)
+    except Exception as exc:  # noqa: BLE001 - a broken local database must not stop a training job
+        warnings.warn(f"remat: the local plan store is unreadable ({type(exc).__name__}: {exc}); skipping it",
+                      RuntimeWarning, stacklevel=3)
+        frontier = []
+    plan = embedded.pick_from_frontier(frontier, spec) if frontier else None
+    source = "the local plan store"
+    if plan is None and server:
+        plan, source = _budget_from_service(key, spec, server, token, timeout_s), f"service {server}"
+    if plan is not None:
+        cache.put(key, plan, source=source, variant=spec.text)
+    return plan
+
+
+def _budget_from_service(key: PlanKey, spec: BudgetSpec, server: str, token: str | None,
+                         timeout_s: float | None) -> Plan | None:
+    from remat.client.budget_spec import BudgetError
+    from remat.client.fetch import plan_from_record
+    from remat.client.plan import BUDGET_ALGORITHM
+    from remat.client.service_client import PlanServiceClient, ServiceResponseError
+
+    try:
+        with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
+            none = client.get_plan(key, algorithm="none")
+            if none is None:
+                return None
+            budget_bytes = spec.resolve(baseline_peak_bytes=int(none["plan"]["predicted_peak_bytes"]))
+            try:
+                record = client.get_plan(key, algorithm=BUDGET_ALGORITHM, budget=budget_bytes)
+            except ServiceResponseError as exc:
+                if exc.status_code == 422 and exc.detail.startswith("budget:"):
+                    raise BudgetError(exc.detail) from None
+                raise
+    except ServiceError as exc:
+        warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
+                      stacklevel=4)
+        return None
+    return plan_from_record(record, key) if record is not None else None
+
+
 def _from_service(key: PlanKey, algorithm: str, server: str, token: str | None,
                   timeout_s: float | None) -> Plan | None:
     from remat.client.fetch import plan_from_record
@@ -191,23 +280,22 @@ def _from_service(key: PlanKey, algorithm: str, server: str, token: str | None,
 
 
 def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,
-                  timeout_s: float | None) -> Plan:
+                  timeout_s: float | None, *, budget: BudgetSpec | None = None) -> Plan:
     """Step 4, ``on_miss="profile"``: plan here, keep it, share the trace when allowed."""
     from remat.client import embedded
     from remat.client.service_client import PlanServiceClient
 
     logger.info("remat: no stored plan for %s; profiling %d stages here", built.request.name, built.chain.num_stages)
-    result = embedded.plan_held_model(built, algorithm)
-    plan = next((p for p in result.plans if p.algorithm == algorithm), None)
+    result, plan = embedded.plan_held_model(built, algorithm, budget=budget)
     if plan is None:
         raise PlanError(f"checkpoint: algorithm {algorithm!r} is unknown; choose one of "
-                        f"{', '.join(p.algorithm for p in result.plans)}")
-    measured = result.measurements.get(algorithm)
+                        f"{', '.join(p.algorithm for p in result.plans if not p.budget_bytes)}")
+    measured = result.measurements.get(plan.label)
     if measured is not None and measured.grad_check_passed is False:
         raise RematError(f"remat: the {algorithm} plan for {built.request.name} changed the gradients "
                          f"(max difference {measured.grad_max_abs_diff}); not applying it — please report this")
     plan = type(plan).from_dict({**plan.to_dict(), "key": built.key.to_dict()})
-    cache.put(built.key, plan, source="profiled here")
+    cache.put(built.key, plan, source="profiled here", variant=budget.text if budget is not None else "")
     if server and token:
         try:
             with PlanServiceClient(server, token=token, timeout=timeout_s) as client:

@@ -5,7 +5,9 @@ Two panels, from a ``ModelReport`` whose measurements carry a timeline (CPU meas
 1. activation memory over one training step (forward, then backward), for no checkpointing and for the
    chosen plan, each beside its predicted peak (dashed) — the measured curve is the meter's level after every
    aten op, bucketed to at most 400 points keeping each bucket's highest level, so the peak is exact;
-2. step-time overhead against measured peak for every algorithm: what each plan trades.
+2. step-time overhead against measured peak for every algorithm: what each plan trades; with the Pareto
+   frontier stored, its curve of (predicted peak, estimated recompute time) and its measured points — the
+   plans ``--budget`` chooses from.
 
 matplotlib with the Agg backend (no display needed); imported only here.
 """
@@ -77,9 +79,21 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
                       color="tab:blue" if row.plan.algorithm == algorithm else "tab:gray")
         trade.annotate(row.plan.algorithm, (row.measured_peak_bytes / MIB, overhead), textcoords="offset points",
                        xytext=(5, 4), fontsize=8)
-    trade.set_xlabel("measured activation peak (MiB)")
+    if report.frontier and none_ms:
+        est_x = [r.plan.predicted_peak_bytes / MIB for r in report.frontier if r.plan.recompute_ms is not None]
+        est_y = [100 * r.plan.recompute_ms / none_ms for r in report.frontier if r.plan.recompute_ms is not None]
+        if est_x:
+            trade.step(est_x, est_y, where="post", color="tab:green", linewidth=1,
+                       label="budget frontier: predicted peak, estimated recompute")
+        measured = [r for r in report.frontier if r.measured_peak_bytes is not None and r.step_ms is not None]
+        if measured:
+            trade.scatter([r.measured_peak_bytes / MIB for r in measured],
+                          [100 * (r.step_ms / none_ms - 1) for r in measured], s=60, facecolors="none",
+                          edgecolors="tab:green", label="budget frontier: measured")
+        trade.legend(loc="upper right", fontsize=7)
+    trade.set_xlabel("activation peak (MiB)")
     trade.set_ylabel("step-time overhead vs no checkpointing (%)")
-    trade.set_title("what each algorithm trades")
+    trade.set_title("what each plan trades")
     trade.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(path)

@@ -44,6 +44,10 @@ class ModelReport:
     key: dict[str, Any]
     num_stages: int
     rows: list[PlanRow] = field(default_factory=list)
+    """One per registered planner (plans without a budget)."""
+    frontier: list[PlanRow] = field(default_factory=list)
+    """The Pareto frontier of (peak, recompute time), tightest peak first: ``budget`` plans, each stored
+    under its own peak; a handful are measured (docs/cost-model.md, "Budgets")."""
     from_store: bool = False
     device_name: str | None = None
 
@@ -56,13 +60,17 @@ class ModelReport:
             "model": self.request.name, "key": self.key, "num_stages": self.num_stages,
             "from_store": self.from_store, "device_name": self.device_name, "plans": [],
         }
-        for r in self.rows:
-            entry = r.plan.to_dict()
-            entry["key"] = self.key  # so that apply() can refuse the plan for another model, input or torch
-            entry.update(measured_peak_bytes=r.measured_peak_bytes, step_ms=r.step_ms,
-                         baseline_measured_peak_bytes=base.measured_peak_bytes if base else None,
-                         baseline_step_ms=base.step_ms if base else None)
-            out["plans"].append(entry)
+        for rows, name in ((self.rows, "plans"), (self.frontier, "frontier")):
+            if name == "frontier" and not rows:
+                continue
+            out[name] = []
+            for r in rows:
+                entry = r.plan.to_dict()
+                entry["key"] = self.key  # so that apply() can refuse the plan for another model, input or torch
+                entry.update(measured_peak_bytes=r.measured_peak_bytes, step_ms=r.step_ms,
+                             baseline_measured_peak_bytes=base.measured_peak_bytes if base else None,
+                             baseline_step_ms=base.step_ms if base else None)
+                out[name].append(entry)
         return out
 
     @classmethod
@@ -71,7 +79,10 @@ class ModelReport:
                       device_name: str | None) -> ModelReport:
         report = cls(request=request, key=key, num_stages=plans[0].num_stages if plans else 0,
                      from_store=from_store, device_name=device_name)
-        report.rows.extend(PlanRow.from_measurement(plan, measurements.get(plan.algorithm)) for plan in plans)
+        for plan in plans:
+            row = PlanRow.from_measurement(plan, measurements.get(plan.label))
+            (report.frontier if plan.budget_bytes else report.rows).append(row)
+        report.frontier.sort(key=lambda r: r.plan.predicted_peak_bytes)
         return report
 
 
@@ -79,9 +90,9 @@ class ModelReport:
     def from_job(cls, job: dict[str, Any]) -> ModelReport:
         """The report of a finished profiling job of the service (``GET /v1/jobs/{id}``'s ``result``)."""
         result = job["result"]
-        entries = result["plans"]
+        entries = [*result["plans"], *result.get("frontier", [])]
         plans = [Plan.from_dict(e["plan"]) for e in entries]
-        measurements = {e["plan"]["algorithm"]: Measurement.from_dict(e["measurement"])
-                        for e in entries if e.get("measurement")}
+        measurements = {plan.label: Measurement.from_dict(e["measurement"])
+                        for plan, e in zip(plans, entries, strict=True) if e.get("measurement")}
         return cls.from_measured(ModelRequest.from_dict(job["request"]), dict(result["key"]), plans, measurements,
                                  from_store=bool(result.get("reused")), device_name=result.get("device_name"))

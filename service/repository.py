@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from remat.client.errors import InvalidKeyError
 from remat.client.measurement import STORED_FIELDS, Measurement
-from remat.client.plan import Plan
+from remat.client.plan import BUDGET_ALGORITHM, Plan
 from remat.client.plan_key import UNKNOWN, PlanKey, content_sha256, normalize_torch_version
 from remat.client.trace import STAGE_FIELDS, Trace, parse_trace
 from remat.service.keys import check_storable, trace_key
@@ -241,6 +241,30 @@ def get_plan(*, session: Session, key: PlanKey, algorithm: str, budget_bytes: in
     return _records(session, rows)[0] if rows else None
 
 
+def find_frontier(*, session: Session, key: PlanKey) -> list[PlanRecord]:
+    """The stored Pareto frontier of ``key`` (its ``budget`` plans, one per peak), tightest peak first.
+
+    Only the newest trace's points: a frontier is one trace's curve, never a mix of two profiles.
+    """
+    rows = session.execute(_plan_query(key).where(PlanRow.algorithm == BUDGET_ALGORITHM,
+                                                  PlanRow.budget_bytes != NO_BUDGET)).all()
+    if not rows:
+        return []
+    newest_trace = rows[0][1].id  # _plan_query orders newest first
+    points = sorted((r for r in rows if r[1].id == newest_trace), key=lambda r: r[0].budget_bytes)
+    return _records(session, points)
+
+
+def pick_budget_plan(*, session: Session, key: PlanKey, budget_bytes: int) -> tuple[PlanRecord | None, int | None]:
+    """The stored frontier plan answering ``budget_bytes`` (the largest peak that fits) and the frontier's
+    smallest peak; (None, None) without a stored frontier, (None, smallest) when nothing fits."""
+    frontier = find_frontier(session=session, key=key)
+    if not frontier:
+        return None, None
+    fitting = [r for r in frontier if r.plan.predicted_peak_bytes <= budget_bytes]
+    return (fitting[-1] if fitting else None), frontier[0].plan.predicted_peak_bytes
+
+
 def find_plans(*, session: Session, key: PlanKey) -> list[PlanRecord]:
     """Every plan stored for ``key`` (all algorithms and budgets), by algorithm then budget."""
     rows = session.execute(_plan_query(key).order_by(None).order_by(
@@ -256,8 +280,12 @@ def find_plans(*, session: Session, key: PlanKey) -> list[PlanRecord]:
 
 def list_plans(*, session: Session, model_hash: str | None = None, model: str | None = None,
                algorithm: str | None = None, device: str | None = None, dtype: str | None = None,
-               limit: int = 50, offset: int = 0) -> tuple[list[PlanRecord], int]:
-    """A page of plans matching the filters, newest first, and how many match in all."""
+               limit: int = 50, offset: int = 0, include_frontier: bool = False) -> tuple[list[PlanRecord], int]:
+    """A page of plans matching the filters, newest first, and how many match in all.
+
+    Frontier points (``budget`` plans, one per peak) are listed only when asked for by ``algorithm`` or
+    ``include_frontier``: a search for a model's plans would otherwise be mostly curve points.
+    """
     stmt = (select(PlanRow, TraceRow, Architecture)
             .join(Architecture, PlanRow.architecture_id == Architecture.id)
             .join(TraceRow, PlanRow.trace_id == TraceRow.id))
@@ -265,6 +293,8 @@ def list_plans(*, session: Session, model_hash: str | None = None, model: str | 
                           (PlanRow.algorithm, algorithm), (PlanRow.device_class, device), (PlanRow.dtype, dtype)):
         if value is not None:
             stmt = stmt.where(column == value)
+    if algorithm is None and not include_frontier:
+        stmt = stmt.where(PlanRow.algorithm != BUDGET_ALGORITHM)
     total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
     page = stmt.order_by(PlanRow.updated_at.desc(), PlanRow.id.desc()).limit(limit).offset(offset)
     return _records(session, session.execute(page).all()), total
@@ -300,7 +330,7 @@ def store_profile(*, session: Session, trace: Trace, plans: Sequence[Plan],
     stored = store_trace(session=session, trace=trace)
     store_plans(session=session, trace_id=stored.trace_id, plans=plans)
     for plan in plans:
-        measurement = measurements.get(plan.algorithm)
+        measurement = measurements.get(plan.label)
         if measurement is not None:
             store_measurement(session=session, key=stored.key, algorithm=plan.algorithm, measurement=measurement,
                               budget_bytes=plan.budget_bytes)

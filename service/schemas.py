@@ -171,6 +171,13 @@ class PlanRecordOut(BaseModel):
     updated_at: datetime
 
 
+class FrontierOut(BaseModel):
+    """``GET /v1/plans/{model_hash}/frontier``: the key's Pareto frontier, tightest peak first."""
+
+    key: PlanKeyOut
+    points: list[PlanRecordOut]
+
+
 class PlansPage(BaseModel):
     data: list[PlanRecordOut]
     count: int
@@ -195,7 +202,10 @@ class TraceStoredOut(BaseModel):
     created: bool
     """False when the same trace content was stored before."""
     plans: list[PlanOut]
-    """The plans computed inside the request."""
+    """The registered planners' plans computed inside the request, one per algorithm."""
+    frontier: list[PlanOut]
+    """The Pareto frontier computed inside the request (``budget`` plans, tightest peak first; empty when
+    deferred or skipped): ``GET /v1/plans/{hash}?algorithm=budget&budget=BYTES`` picks from it."""
     deferred: list[DeferredPlanOut]
     """Planners run as a job on the ``plan`` queue (too slow for a request at this stage count)."""
     skipped: list[SkippedPlanOut]

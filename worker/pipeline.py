@@ -186,7 +186,8 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
 
     Step times come from interleaved rounds (every plan once per round, fastest kept): timing the plans one
     after another put a busy minute of the machine on whichever plan ran then (overheads of +3000% seen).
-    Each measurement's baseline fields are those of the ``none`` plan when it is among ``plans``.
+    Each measurement's baseline fields are those of the ``none`` plan when it is among ``plans``. Keyed by
+    :attr:`Plan.label <remat.client.plan.Plan.label>` (the algorithm, and the budget of a frontier plan).
     """
     from remat.worker.measure import gradient_check, measure_step, time_plans
 
@@ -199,7 +200,7 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
     try:
         for k, plan in enumerate(plans):
             say(f"measuring {plan.algorithm}", start + (end - start) * k / steps)
-            out[plan.algorithm] = measure_step(built.model, built.example, plan.checkpoints, trace=trace,
+            out[plan.label] = measure_step(built.model, built.example, plan.checkpoints, trace=trace,
                                                algorithm=plan.algorithm, baseline=False, timing_repeats=0,
                                                **common)
         checks: list[tuple[bool, float]] | None = None
@@ -212,12 +213,12 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
     except RuntimeError as exc:
         _guard_memory(request, exc)
         raise
-    names = [p.algorithm for p in plans]
+    names = [p.label for p in plans]
     base_k = names.index("none") if "none" in names else None
     for k, plan in enumerate(plans):
         passed, diff = checks[k] if checks is not None else (None, None)
-        out[plan.algorithm] = replace(
-            out[plan.algorithm], step_ms=times[k], grad_check_passed=passed, grad_max_abs_diff=diff,
+        out[plan.label] = replace(
+            out[plan.label], step_ms=times[k], grad_check_passed=passed, grad_max_abs_diff=diff,
             baseline_measured_peak_bytes=out["none"].measured_peak_bytes if base_k is not None else None,
             baseline_step_ms=times[base_k] if base_k is not None else None)
     return out
@@ -231,7 +232,7 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rou
     ``on_key`` is called with the plan key as soon as the model is built (seconds, before the minutes of
     profiling): the worker records it on the job and stops here, by raising, when the key already has plans.
     """
-    from remat.worker.planning import STORED_COST_MODEL, plan_all
+    from remat.worker.planning import FRONTIER_MAX_STAGES, frontier_to_validate, plans_to_store
 
     say = progress or _silent
     say(f"building {request.name}", 0.0)
@@ -241,11 +242,40 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rou
     say(f"profiling {built.chain.num_stages} stages", 0.05)
     trace = profile(built)
     say("planning", 0.4)
-    plans = tuple(plan_all(trace, cost_model=STORED_COST_MODEL, algorithms=list(algorithms) if algorithms else None))
-    measurements = validate(built, trace, plans, progress=say, start=0.42, end=0.98, timing_rounds=timing_rounds,
+    plans = tuple(plans_to_store(trace, algorithms=list(algorithms) if algorithms else None,
+                                 frontier=trace.num_stages <= FRONTIER_MAX_STAGES))
+    measured = [p for p in plans if not p.budget_bytes] + frontier_to_validate(plans)
+    measurements = validate(built, trace, measured, progress=say, start=0.42, end=0.98, timing_rounds=timing_rounds,
                             check_gradients=check_gradients)
+    measurements.update(_shared_measurements(plans, measurements))
     say("done", 1.0)
     return ProfileResult(request=request, key=built.key, trace=trace, plans=plans, measurements=measurements)
+
+
+def _shared_measurements(plans: Sequence[Plan], measurements: Mapping[str, Measurement]) -> dict[str, Measurement]:
+    """Frontier plans whose checkpoints a measured plan has get that measurement too: the same step."""
+    by_checkpoints = {p.checkpoints: measurements[p.label] for p in plans if p.label in measurements}
+    return {p.label: replace(by_checkpoints[p.checkpoints], algorithm=p.algorithm) for p in plans
+            if p.label not in measurements and p.checkpoints in by_checkpoints}
+
+
+def fit_bytes_for(request: ModelRequest) -> int | None:
+    """``--budget fit``: the CUDA device's room for activations once the model, its gradients and the batch
+    are on it (None on CPU, where ``fit`` has no meaning)."""
+    if request.device != "cuda":
+        return None
+    import torch
+
+    from remat.client.budget_spec import fit_bytes
+
+    built = build(request)
+    torch.cuda.synchronize()
+    static = torch.cuda.memory_allocated()
+    if request.grads == "kept":
+        static += sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad)
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    del built
+    return fit_bytes(total, static)
 
 
 def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: ProgressFn | None = None) -> Measurement:

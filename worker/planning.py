@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from remat.client.plan import COST_MODELS, Plan
+from remat.client.plan import BUDGET_ALGORITHM, COST_MODELS, Plan
 from remat.client.trace import Trace
 from remat.worker.cost_models import peak
 from remat.worker.planners import PLANNERS, get_planner
@@ -51,10 +51,6 @@ def plan_all(trace: Trace, *, cost_model: str | None = None,
     return [make_plan(trace, name, cost_model=cost_model) for name in (algorithms or list(PLANNERS))]
 
 
-BUDGET_ALGORITHM = "budget"
-"""The algorithm name of plans chosen for a byte budget (``remat.worker.planners.budget``). Not in the
-registry of planners that need only a trace: a budget plan is one per (trace, budget), stored under its
-budget in the plan key."""
 
 
 def _budget_plan(trace: Trace, checkpoints: Sequence[int], budget_bytes: int | None) -> Plan:
@@ -72,14 +68,16 @@ def _budget_plan(trace: Trace, checkpoints: Sequence[int], budget_bytes: int | N
 
 
 def make_budget_plan(trace: Trace, budget_bytes: int) -> Plan:
-    """The least-recompute plan whose ``pytorch`` peak fits ``budget_bytes``.
+    """The least-recompute plan whose ``pytorch`` peak fits ``budget_bytes``: the frontier plan it picks,
+    stored (like every frontier plan) under its own peak, the tightest budget it answers.
 
     Raises:
         remat.worker.planners.budget.BudgetInfeasibleError: no plan fits; it names the smallest peak.
     """
     from remat.worker.planners import budget
 
-    return _budget_plan(trace, budget.plan(trace, budget_bytes=budget_bytes), budget_bytes)
+    point = budget.pick(budget.pareto_frontier(trace), budget_bytes)
+    return _budget_plan(trace, point.checkpoints, point.peak_bytes)
 
 
 def frontier_plans(trace: Trace) -> list[Plan]:
@@ -88,3 +86,40 @@ def frontier_plans(trace: Trace) -> list[Plan]:
     from remat.worker.planners import budget
 
     return [_budget_plan(trace, p.checkpoints, p.peak_bytes) for p in budget.pareto_frontier(trace)]
+
+
+FRONTIER_INLINE_STAGES = 500
+"""Up to this many stages the frontier is computed with the other plans (about 0.7 s at 500 stages on the
+2-core CI machine, docs/benchmarks.md "Budgets"); a service upload defers larger traces to a plan job."""
+FRONTIER_MAX_STAGES = 2000
+"""Above this the frontier is not computed at all: O(n²) vector steps, tens of seconds at 2,000 stages."""
+VALIDATED_SHARES = (0.9, 0.7, 0.5)
+"""Budgets, as shares of the no-checkpoint peak, whose frontier plans a profiling run measures: the stored
+curve is measured at the points users ask for most, not only estimated."""
+
+
+def plans_to_store(trace: Trace, *, algorithms: Sequence[str] | None = None,
+                   frontier: bool | None = None) -> list[Plan]:
+    """Every registered planner's plan (or those named) and, unless too large or told not to, the frontier."""
+    plans = plan_all(trace, cost_model=STORED_COST_MODEL, algorithms=algorithms)
+    if frontier if frontier is not None else trace.num_stages <= FRONTIER_INLINE_STAGES:
+        plans += frontier_plans(trace)
+    return plans
+
+
+def frontier_to_validate(plans: Sequence[Plan]) -> list[Plan]:
+    """The frontier plans a profiling run measures: the one answering each of :data:`VALIDATED_SHARES`,
+    once each, leaving out plans whose checkpoints a registered planner's plan already has (measured
+    anyway)."""
+    frontier = sorted((p for p in plans if p.algorithm == BUDGET_ALGORITHM and p.budget_bytes),
+                      key=lambda p: p.predicted_peak_bytes)
+    if not frontier:
+        return []
+    base = frontier[-1].baseline_peak_bytes
+    measured_elsewhere = {p.checkpoints for p in plans if not p.budget_bytes}
+    chosen: list[Plan] = []
+    for share in VALIDATED_SHARES:
+        fitting = [p for p in frontier if p.predicted_peak_bytes <= share * base]
+        if fitting and fitting[-1] not in chosen and fitting[-1].checkpoints not in measured_elsewhere:
+            chosen.append(fitting[-1])
+    return chosen

@@ -248,21 +248,27 @@ def profile_model(task: Task, job_id: str) -> str:
             records = [r for r in repository.find_plans(session=session, key=stored.key)
                        if r.trace.trace_id == stored.trace_id]
             return {"key": stored.key.to_dict(), "trace_id": stored.trace_id, "reused": False,
-                    "device_name": result.device_name, "plans": _plan_entries(records)}
+                    "device_name": result.device_name,
+                    "plans": _plan_entries([r for r in records if not r.plan.budget_bytes]),
+                    "frontier": _plan_entries(sorted((r for r in records if r.plan.budget_bytes),
+                                                     key=lambda r: r.plan.predicted_peak_bytes))}
 
+        registered = [p for p in result.plans if not p.budget_bytes]
         if _finish(store, job_id, owner, state="succeeded", write=write, plan_key=beat.recorded_key,
-                   message=f"done: {len(result.plans)} plans validated"):
+                   message=f"done: {len(registered)} plans validated, "
+                           f"{len(result.plans) - len(registered)} frontier points"):
             store.invalidate(result.key, result.plans)
             return "succeeded"
         return "lease lost"
 
 
 def plan_trace(task: Task, job_id: str) -> str:
-    """Run the planners an upload deferred (``cubic`` on a large trace) and store their plans."""
+    """Run the planners an upload deferred (``cubic``, the frontier on a large trace) and store their plans."""
     settings, store, owner, claim = _start(task, job_id)
     if claim.outcome != "run" or claim.job is None:
         return claim.outcome
-    from remat.worker.planning import STORED_COST_MODEL, make_plan
+    from remat.client.plan import BUDGET_ALGORITHM
+    from remat.worker.planning import STORED_COST_MODEL, frontier_plans, make_plan
 
     request = claim.job.request
     with Heartbeat(store, job_id, owner, settings.job_lease_s) as beat:
@@ -275,7 +281,10 @@ def plan_trace(task: Task, job_id: str) -> str:
             algorithms = list(request["algorithms"])
             for k, algorithm in enumerate(algorithms):
                 beat.progress(f"planning {algorithm} ({trace.num_stages} stages)", k / len(algorithms))
-                plans.append(make_plan(trace, algorithm, cost_model=STORED_COST_MODEL))
+                if algorithm == BUDGET_ALGORITHM:  # the Pareto frontier: many plans, one per peak
+                    plans.extend(frontier_plans(trace))
+                else:
+                    plans.append(make_plan(trace, algorithm, cost_model=STORED_COST_MODEL))
         except LeaseLost:
             return "lease lost"
         except DatabaseUnreachable:

@@ -280,3 +280,50 @@ def test_a_model_that_refuses_the_sliced_probe_is_probed_with_the_whole_batch(ca
             loss.backward()
         for (name, a), b in zip(reference.named_parameters(), model.parameters(), strict=True):
             assert torch.equal(a.grad, b.grad), f"{attempt}: {name}"
+
+
+def test_a_budget_gets_the_fastest_fitting_plan_that_trains_exactly_like_the_unmodified_model(
+        cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from remat.worker.planners.budget import BudgetInfeasibleError
+
+    batches = _batches(3)
+    reference = _model()
+    planned = copy.deepcopy(reference)
+    remat.client.checkpoint(planned, batches[0][0], grads="kept", budget="90%", cache_dir=cache_dir)
+    plan = applied_plan(planned)
+    assert plan is not None and plan.algorithm == "budget"
+    frontier = embedded.stored_frontier(PlanKey.from_dict(plan.extra["key"]))
+    assert frontier, "profiling here stores the frontier"
+    none_peak = frontier[-1].baseline_peak_bytes
+    fitting = [p for p in frontier if p.predicted_peak_bytes <= 0.9 * none_peak]
+    assert plan.checkpoints == fitting[-1].checkpoints and plan.recompute_ms == min(p.recompute_ms for p in fitting)
+    assert plan.predicted_peak_bytes < none_peak
+    for step, (a, b) in enumerate(zip(_train(reference, batches), _train(planned, batches), strict=True)):
+        assert torch.equal(a, b), f"step {step}"
+
+    refuse = lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled again"))  # noqa: E731
+    monkeypatch.setattr(embedded, "plan_held_model", refuse)
+    again = _model()
+    remat.client.checkpoint(again, batches[0][0], grads="kept", budget="90%", cache_dir=cache_dir)
+    assert applied_plan(again) == plan  # from the disk cache
+    tighter = _model()  # another budget: picked from the stored frontier, no profiling
+    remat.client.checkpoint(tighter, batches[0][0], grads="kept", budget=frontier[0].predicted_peak_bytes,
+                            cache_dir=cache_dir)
+    assert applied_plan(tighter).checkpoints == frontier[0].checkpoints
+    assert applied_plan(tighter).predicted_peak_bytes == frontier[0].predicted_peak_bytes
+    with pytest.raises(BudgetInfeasibleError, match=f"smallest feasible peak, {frontier[0].predicted_peak_bytes}"):
+        remat.client.checkpoint(_model(), batches[0][0], grads="kept", budget=frontier[0].predicted_peak_bytes - 1,
+                                cache_dir=cache_dir)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"budget": "70%", "algorithm": "cubic"}, "give algorithm or budget, not both"),
+    ({"budget": "fit"}, "budget='fit' needs the example on a CUDA device"),
+    ({"budget": "7 parsecs"}, "budget: unit 'parsecs' in '7 parsecs' is unknown"),
+    ({"budget": "seven"}, "budget: 'seven' is not a size"),
+    ({"budget": 0}, "budget must be at least 1 byte"),
+    ({"budget": 1.5}, "budget must be bytes"),
+])
+def test_bad_budgets_are_one_line_errors(cache_dir: Path, kwargs: dict, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        remat.client.checkpoint(_model(), _batches(1)[0][0], cache_dir=cache_dir, **kwargs)

@@ -53,7 +53,7 @@ def test_plan_trace_with_a_budget_is_the_cheapest_frontier_point_that_fits(capsy
     code, out, err = run_cli(capsys, "plan", "--trace", str(TOY), "--budget", str(target.peak_bytes + 1), "--json")
     assert code == 0, err
     plan = json.loads(out)
-    assert plan["algorithm"] == "budget" and plan["budget_bytes"] == target.peak_bytes + 1
+    assert plan["algorithm"] == "budget" and plan["budget_bytes"] == plan["predicted_peak_bytes"] == target.peak_bytes
     assert pytorch_peak(trace, plan["checkpoints"]) <= target.peak_bytes + 1
     assert recompute_cost(trace, plan["checkpoints"]) == target.recompute_cost
 
@@ -87,8 +87,11 @@ def test_plan_model_with_a_budget_is_measured_within_it_and_stored(capsys, tmp_p
     rows = {p["algorithm"]: p for p in report["plans"]}
     assert list(rows) == ["none", "linear", "budget"]
     chosen = rows["budget"]
-    assert chosen["budget_bytes"] == budget_bytes
-    assert chosen["predicted_peak_bytes"] <= budget_bytes
+    assert chosen["budget_bytes"] == chosen["predicted_peak_bytes"] <= budget_bytes  # stored under its own peak
+    frontier = json.loads(run_cli(capsys, "plan", *SMALL, "--json")[1])["frontier"]
+    fitting = [p for p in frontier if p["predicted_peak_bytes"] <= budget_bytes]
+    assert chosen["checkpoints"] == fitting[-1]["checkpoints"]
+    assert chosen["recompute_ms"] == min(p["recompute_ms"] for p in fitting)
     # Judged by a real step: the measured peak fits too (CPU predictions are exact to 0.5%).
     assert chosen["measured_peak_bytes"] == pytest.approx(chosen["predicted_peak_bytes"], rel=0.005)
     assert chosen["measured_peak_bytes"] <= rows["none"]["measured_peak_bytes"]
@@ -102,3 +105,23 @@ def test_plan_model_with_a_budget_is_measured_within_it_and_stored(capsys, tmp_p
     # The budget row does not spoil the stored full report: plain `plan` still answers from the store.
     code, out, _ = run_cli(capsys, "plan", *SMALL, "--json")
     assert code == 0 and json.loads(out)["from_store"] is True
+
+
+def test_plan_model_with_a_budget_from_the_service(capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Profiled here and uploaded once; the service picks the budget's plan from the frontier it stored."""
+    from tests.service.factories import TOKEN
+    from tests.utils.live_service import live_service
+
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'local.sqlite'}")
+    with live_service(tmp_path) as url:
+        monkeypatch.setenv("REMAT_API_TOKEN", TOKEN)
+        code, out, err = run_cli(capsys, "plan", *SMALL, "--server", url, "--budget", "95%", "--json")
+        assert code == 0, err
+        rows = {p["algorithm"]: p for p in json.loads(out)["plans"]}
+        assert list(rows) == ["none", "linear", "budget"]
+        budget_bytes = int(rows["none"]["predicted_peak_bytes"] * 0.95)
+        assert rows["budget"]["predicted_peak_bytes"] <= budget_bytes
+        assert rows["budget"]["recompute_ms"] <= rows["linear"]["recompute_ms"]
+        monkeypatch.delenv("REMAT_API_TOKEN")
+        code, _, err = run_cli(capsys, "plan", *SMALL, "--server", url, "--budget", "1")  # served, not planned
+        assert code == 2 and "--budget: 1 bytes is below the smallest feasible peak" in err

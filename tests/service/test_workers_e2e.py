@@ -223,6 +223,13 @@ def test_a_job_goes_from_submission_to_plans_that_train_identically(cluster_work
         m = entry["measurement"]
         assert m["grad_check_passed"] is True and m["measured_peak_bytes"] > 0
         assert abs(m["measured_peak_bytes"] - entry["plan"]["predicted_peak_bytes"]) <= 0.01 * m["measured_peak_bytes"]
+    frontier = done["result"]["frontier"]  # the time-memory curve, tightest first, a handful measured
+    assert [e["plan"]["budget_bytes"] for e in frontier] == sorted(e["plan"]["predicted_peak_bytes"] for e in frontier)
+    measured_points = [e for e in frontier if e["measurement"]]
+    assert len(measured_points) >= 3
+    for entry in measured_points:
+        assert entry["measurement"]["measured_peak_bytes"] == pytest.approx(entry["plan"]["predicted_peak_bytes"],
+                                                                            rel=0.01)
 
     torch.manual_seed(0)
     reference = torchvision.models.resnet18(weights=None)
@@ -242,7 +249,7 @@ def test_a_job_goes_from_submission_to_plans_that_train_identically(cluster_work
 
     again = cluster.wait_finished(cluster.submit(_request(2, 64))["id"], 120)  # same key: answered at once
     assert again["state"] == "succeeded" and again["result"]["reused"] is True
-    assert cluster.counts(done["plan_key"]) == (1, 6, 6)
+    assert cluster.counts(done["plan_key"]) == (1, 6 + len(frontier), 6 + len(measured_points))
 
     # The CLI: submit prints the job id; status shows the plans; status --wait --json the finished job.
     cli = [sys.executable, "-m", "remat.client.cli"]

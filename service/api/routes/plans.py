@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import Response
 
+from remat.client.plan import BUDGET_ALGORITHM
 from remat.client.plan_key import UNKNOWN, PlanKey, normalize_device, normalize_dtype
 from remat.service import repository
 from remat.service.api.deps import OPTIONAL_AUTH, READ_RESPONSES, StateDep, require_reader
@@ -19,12 +20,12 @@ from remat.service.keys import (
     MODEL_HASH_PATTERN,
     TORCH_VERSION_PATTERN,
 )
-from remat.service.schemas import ErrorOut, PlanRecordOut, PlansPage, TimelineOut
+from remat.service.schemas import ErrorOut, FrontierOut, PlanRecordOut, PlansPage, TimelineOut
 from remat.worker.planners import DEFAULT_PLANNER, PLANNERS
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_reader)])
 
-Algorithm = Literal[tuple(PLANNERS)]  # type: ignore[valid-type]  # the registry is the one list of names
+Algorithm = Literal[(*PLANNERS, BUDGET_ALGORITHM)]  # type: ignore[valid-type]  # the registry is the one list
 ModelHashPath = Annotated[str, Path(pattern=f"^{MODEL_HASH_PATTERN}$", description="Architecture hash.")]
 InputShapeQuery = Annotated[str, Query(
     pattern=r"^([0-9]{1,10}(,[0-9]{1,10}){0,7})?$", examples=["32,3,224,224"],
@@ -62,6 +63,8 @@ KeyDep = Annotated[PlanKey, Depends(_plan_key)]
 
 @router.get("/{model_hash}", response_model=PlanRecordOut,
             responses={404: {"model": ErrorOut, "description": "No plan is stored for this key."},
+                       422: {"model": ErrorOut, "description": "A malformed query, or (algorithm=budget) a budget "
+                                                               "below the smallest feasible peak."},
                        **READ_RESPONSES},
             openapi_extra=OPTIONAL_AUTH)
 def read_plan(
@@ -74,8 +77,12 @@ def read_plan(
     """The plan for one key, algorithm and budget, with its prediction, provenance and measurements.
 
     Served from Redis when cached (header ``X-Remat-Cache: hit``); a miss reads the database and fills the
-    cache.
+    cache. ``algorithm=budget&budget=BYTES``: the fastest plan whose predicted peak fits, picked from the
+    key's stored Pareto frontier (its ``budget_bytes`` is its own peak, the tightest budget it answers);
+    read from the database every time, as any write to the frontier changes which budgets it answers.
     """
+    if algorithm == BUDGET_ALGORITHM:
+        return _read_budget_plan(state, key, budget)
     name = state.cache.key_name(key, algorithm, budget)
     cached = state.cache.get(name)
     if cached is not None:
@@ -93,6 +100,40 @@ def read_plan(
     body = _json(record.to_dict())
     state.cache.set(name, body)
     return Response(content=body, media_type=JSON_MEDIA, headers={"X-Remat-Cache": "miss"})
+
+
+def _read_budget_plan(state: StateDep, key: PlanKey, budget: int | None) -> Response:
+    if budget is None:
+        raise HTTPException(422,
+                            detail="budget: required with algorithm=budget (bytes of activation memory)")
+    with state.db.read_session() as session:
+        record, smallest = repository.pick_budget_plan(session=session, key=key, budget_bytes=budget)
+    if smallest is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND,
+                            detail=f"model_hash: no frontier is stored for {key.model_hash} with input_shape "
+                                   f"{key.input_shape_text or '()'} and these conventions; it is computed when a "
+                                   f"trace is stored (POST /v1/traces or a profiling job)")
+    if record is None:
+        raise HTTPException(422,
+                            detail=f"budget: {budget} bytes is below the smallest feasible peak, {smallest} bytes")
+    return Response(content=_json(record.to_dict()), media_type=JSON_MEDIA)
+
+
+@router.get("/{model_hash}/frontier", response_model=FrontierOut,
+            responses={404: {"model": ErrorOut, "description": "No frontier is stored for this key."},
+                       **READ_RESPONSES},
+            openapi_extra=OPTIONAL_AUTH)
+def read_frontier(state: StateDep, key: KeyDep, model_hash: ModelHashPath) -> Response:
+    """Every plan not dominated in (predicted peak, estimated recompute time), tightest peak first, with the
+    measurements of those a validation step ran: the key's time–memory curve."""
+    with state.db.read_session() as session:
+        points = repository.find_frontier(session=session, key=key)
+    if not points:
+        raise HTTPException(status.HTTP_404_NOT_FOUND,
+                            detail=f"model_hash: no frontier is stored for {model_hash} with input_shape "
+                                   f"{key.input_shape_text or '()'} and these conventions")
+    body = {"key": points[0].key.to_dict(), "points": [p.to_dict() for p in points]}
+    return Response(content=_json(body), media_type=JSON_MEDIA)
 
 
 @router.get("/{model_hash}/timeline", response_model=TimelineOut,

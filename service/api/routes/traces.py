@@ -40,8 +40,12 @@ def split_algorithms(num_stages: int, settings: ServiceSettings) -> tuple[list[s
 
     Every planner but ``cubic`` is at most O(n log n) or a few seconds at ``max_stages``; ``cubic`` is O(n³):
     inline while it answers in under a second, as a job up to ``max_cubic_stages``, beyond that skipped.
+    The Pareto frontier (``budget``, O(n²) vector steps) likewise: inline up to FRONTIER_INLINE_STAGES, as a
+    job up to FRONTIER_MAX_STAGES.
     """
+    from remat.client.plan import BUDGET_ALGORITHM
     from remat.worker.planners import PLANNERS  # torch-free
+    from remat.worker.planning import FRONTIER_INLINE_STAGES, FRONTIER_MAX_STAGES
 
     inline = [a for a in PLANNERS if a != "cubic" or num_stages <= settings.inline_cubic_stages]
     deferred, skipped = [], {}
@@ -51,16 +55,25 @@ def split_algorithms(num_stages: int, settings: ServiceSettings) -> tuple[list[s
         else:
             skipped["cubic"] = (f"O(n^3): not run above {settings.max_cubic_stages} stages "
                                 f"(REMAT_MAX_CUBIC_STAGES); linear is exact under the pytorch cost model")
+    if num_stages <= FRONTIER_INLINE_STAGES:
+        inline.append(BUDGET_ALGORITHM)
+    elif num_stages <= FRONTIER_MAX_STAGES:
+        deferred.append(BUDGET_ALGORITHM)
+    else:
+        skipped[BUDGET_ALGORITHM] = (f"the Pareto frontier is O(n^2): not computed above {FRONTIER_MAX_STAGES} "
+                                     f"stages; linear's minimum-peak plan is stored")
     return inline, deferred, skipped
 
 
 def _store(state: ServiceState, body: bytes) -> JSONResponse:
     # planners are pure Python, but only this route needs them
-    from remat.worker.planning import STORED_COST_MODEL, plan_all
+    from remat.client.plan import BUDGET_ALGORITHM
+    from remat.worker.planning import plans_to_store
 
     trace = _parse(body, state.settings)
     inline, deferred, skipped = split_algorithms(trace.num_stages, state.settings)
-    plans = plan_all(trace, cost_model=STORED_COST_MODEL, algorithms=inline)
+    plans = plans_to_store(trace, algorithms=[a for a in inline if a != BUDGET_ALGORITHM],
+                           frontier=BUDGET_ALGORITHM in inline)
     job = None
     must_enqueue = False
     with state.db.write_session() as session:
@@ -75,7 +88,8 @@ def _store(state: ServiceState, body: bytes) -> JSONResponse:
     if job is not None and must_enqueue:
         job = send_job(state.db, state.queue, job)
     content = {"key": stored.key.to_dict(), "trace_id": stored.trace_id, "content_sha256": stored.content_sha256,
-               "created": stored.created, "plans": [p.to_dict() for p in plans],
+               "created": stored.created, "plans": [p.to_dict() for p in plans if not p.budget_bytes],
+               "frontier": [p.to_dict() for p in plans if p.budget_bytes],
                "deferred": [{"algorithm": a, "job_id": job.id if job else None} for a in deferred],
                "skipped": [{"algorithm": a, "reason": why} for a, why in skipped.items()]}
     return JSONResponse(status_code=status.HTTP_201_CREATED if stored.created else status.HTTP_200_OK,

@@ -156,3 +156,46 @@ def test_a_measured_timeline_is_served_apart_from_the_plan(client: TestClient) -
     assert served == {"note": "x"}, "a plan fetch leaves the timeline out"
     missing = client.get("/v1/plans/arch-2/timeline", params=QUERY)
     assert missing.status_code == 404 and missing.json()["detail"].startswith("model_hash: no linear plan")
+
+
+def test_a_budget_is_answered_from_the_stored_frontier(client: TestClient) -> None:
+    from remat.client.trace import parse_trace
+    from remat.worker.planners.budget import pareto_frontier
+
+    body = trace_dict(num_stages=12)
+    stored = client.post("/v1/traces", json=body, headers=AUTH).json()
+    expected = pareto_frontier(parse_trace(body))
+    assert [(p["checkpoints"], p["predicted_peak_bytes"]) for p in stored["frontier"]] == \
+        [(list(p.checkpoints), p.peak_bytes) for p in expected]
+    frontier = client.get("/v1/plans/arch-1/frontier", params=QUERY)
+    assert frontier.status_code == 200
+    points = frontier.json()["points"]
+    assert [p["plan"]["budget_bytes"] for p in points] == [p.peak_bytes for p in expected]
+    for point in expected:  # a budget at a point's peak, and just below the next one's, gets that point
+        above = next((q.peak_bytes for q in expected if q.peak_bytes > point.peak_bytes), point.peak_bytes + 1)
+        for budget in {point.peak_bytes, above - 1}:
+            got = client.get("/v1/plans/arch-1", params={**QUERY, "algorithm": "budget", "budget": budget})
+            assert got.status_code == 200, got.text
+            assert got.json()["plan"]["checkpoints"] == list(point.checkpoints)
+            assert got.json()["plan"]["budget_bytes"] == point.peak_bytes
+    smallest = expected[0].peak_bytes
+    below = client.get("/v1/plans/arch-1", params={**QUERY, "algorithm": "budget", "budget": smallest - 1})
+    assert below.status_code == 422
+    assert below.json()["detail"] == (f"budget: {smallest - 1} bytes is below the smallest feasible peak, "
+                                      f"{smallest} bytes")
+    missing = client.get("/v1/plans/arch-1", params={**QUERY, "algorithm": "budget"})
+    assert missing.status_code == 422 and missing.json()["detail"].startswith("budget: required")
+
+
+def test_no_frontier_is_a_404_naming_the_key(client: TestClient) -> None:
+    response = client.get("/v1/plans/arch-9", params={**QUERY, "algorithm": "budget", "budget": 10**9})
+    assert response.status_code == 404 and "no frontier is stored for arch-9" in response.json()["detail"]
+    assert client.get("/v1/plans/arch-9/frontier", params=QUERY).status_code == 404
+
+
+def test_a_large_trace_gets_its_frontier_from_a_plan_job(client: TestClient) -> None:
+    body = client.post("/v1/traces", json=trace_dict(num_stages=600), headers=AUTH).json()
+    assert body["frontier"] == []
+    assert {d["algorithm"] for d in body["deferred"]} == {"cubic", "budget"}
+    job = next(d for d in body["deferred"] if d["algorithm"] == "budget")
+    assert client.get(f"/v1/jobs/{job['job_id']}").json()["request"]["algorithms"] == ["cubic", "budget"]

@@ -74,7 +74,8 @@ def test_a_trace_at_the_stage_limit_is_planned_one_past_it_is_refused(client: Te
     assert at_limit.status_code == 201, at_limit.text
     body = at_limit.json()
     assert [p["algorithm"] for p in body["plans"]] == [a for a in PLANNERS if a != "cubic"]
-    assert body["deferred"] == [] and [s["algorithm"] for s in body["skipped"]] == ["cubic"]
+    assert body["deferred"] == [] and [s["algorithm"] for s in body["skipped"]] == ["cubic", "budget"]
+    assert body["frontier"] == [] and "not computed above 2000" in body["skipped"][1]["reason"]
     assert "REMAT_MAX_CUBIC_STAGES" in body["skipped"][0]["reason"]
     past = client.post("/v1/traces", json=trace_dict(num_stages=limit + 1), headers=AUTH)
     assert past.status_code == 422
