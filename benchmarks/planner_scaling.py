@@ -1,6 +1,7 @@
 """Wall time of the exact planners against the number of stages (not a timed test: a table to read).
 
-    uv run python benchmarks/planner_scaling.py            # cubic at 50..400, linear at 10^3..10^6
+    uv run python benchmarks/planner_scaling.py            # cubic at 50..400, linear at 10^3..10^6,
+                                                           # the budget frontier at 100..2000
     uv run python benchmarks/planner_scaling.py --quick    # smaller sizes, for a smoke run
 
 Traces are random (seeded): output and saved bytes drawn log-uniformly between 1 KiB and 64 MiB, so sizes
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from remat.client.trace import Stage, Trace
-from remat.worker.planners import cubic, linear
+from remat.worker.planners import budget, cubic, linear
 
 
 def random_trace(n: int, seed: int) -> Trace:
@@ -28,7 +29,7 @@ def random_trace(n: int, seed: int) -> Trace:
         return int(2 ** rng.uniform(10, 26))
 
     stages = tuple(Stage(name=f"s{i}", output_bytes=size(), saved_bytes=size(), saves_input=rng.random() < 0.5,
-                         saves_output=rng.random() < 0.3) for i in range(n))
+                         saves_output=rng.random() < 0.3, forward_ms=rng.uniform(0.05, 5.0)) for i in range(n))
     return Trace(input_bytes=size(), stages=stages)
 
 
@@ -65,6 +66,9 @@ def main() -> None:
     print_table("cubic", cubic.plan, cubic_sizes, args.repeat)
     print()
     print_table("linear", linear.plan, linear_sizes, args.repeat)
+    print()
+    frontier_sizes = [100, 200] if args.quick else [100, 200, 500, 1000, 2000]
+    print_table("budget (whole frontier)", budget.pareto_frontier, frontier_sizes, args.repeat)
 
 
 if __name__ == "__main__":

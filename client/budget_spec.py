@@ -28,6 +28,18 @@ class BudgetError(PlanError):
     bad argument, like every other one of ``checkpoint()``."""
 
 
+class BudgetInfeasibleError(BudgetError):
+    """No plan's predicted peak fits the budget; carries the smallest feasible peak (a BudgetError: the
+    input cannot be met, exit 2 on the CLI)."""
+
+    def __init__(self, budget_bytes: int, min_peak_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.min_peak_bytes = min_peak_bytes
+        super().__init__(f"budget: {budget_bytes} bytes is below the smallest feasible peak, {min_peak_bytes} "
+                         f"bytes ({min_peak_bytes / 2**20:.2f} MiB, the linear plan's); raise the budget or "
+                         f"shrink the batch")
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetSpec:
     """A parsed budget: exactly one of bytes, a fraction of the no-checkpoint peak, or ``fit``."""

@@ -164,14 +164,13 @@ def _budget_or_fail(text: str) -> Any:
 def _plan_trace_for_budget(trace: Trace, budget: Any, *, label: str, as_json: bool) -> None:
     """``plan --trace FILE --budget X``: the budget plan beside none and linear, all predicted."""
     from remat.client.budget_spec import BudgetError
-    from remat.worker.planners.budget import BudgetInfeasibleError
     from remat.worker.planning import make_budget_plan, plan_all
 
     plans = plan_all(trace, cost_model="pytorch", algorithms=["none", "linear"])
     try:
         budget_bytes = budget.resolve(baseline_peak_bytes=plans[0].predicted_peak_bytes)
         chosen = make_budget_plan(trace, budget_bytes)
-    except (BudgetError, BudgetInfeasibleError) as exc:
+    except BudgetError as exc:  # malformed, unresolvable here, or infeasible
         _fail_input(f"--{exc}")
     if as_json:
         _emit_json(chosen.to_dict())
@@ -184,7 +183,6 @@ def _plan_model_for_budget(request: Any, budget: Any, *, refresh: bool, as_json:
     """``plan MODEL --budget X``: embedded, or with ``--server`` picked by the service from its frontier."""
     from remat.client import embedded
     from remat.client.budget_spec import BudgetError
-    from remat.worker.planners.budget import BudgetInfeasibleError
 
     try:
         if server:
@@ -192,7 +190,7 @@ def _plan_model_for_budget(request: Any, budget: Any, *, refresh: bool, as_json:
         else:
             report = _run_with_progress(lambda progress: embedded.budget_report(request, budget, progress,
                                                                                 refresh=refresh), as_json)
-    except (BudgetError, BudgetInfeasibleError) as exc:
+    except BudgetError as exc:  # malformed, unresolvable here, or infeasible
         _fail_input(f"--{exc}")
     if as_json:
         _emit_json(report.to_dict())

@@ -137,10 +137,10 @@ def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, r
         remat.worker.planners.budget.BudgetInfeasibleError: no plan fits (names the smallest feasible peak).
         remat.client.budget_spec.BudgetError: ``fit`` without a CUDA device.
     """
+    from remat.client.budget_spec import BudgetInfeasibleError
     from remat.client.plan import BUDGET_ALGORITHM
     from remat.client.plan_key import PlanKey
     from remat.worker.pipeline import fit_bytes_for
-    from remat.worker.planners.budget import BudgetInfeasibleError
     from remat.worker.planning import frontier_plans
 
     report = None if refresh else cached_report(request)
@@ -328,7 +328,7 @@ def plan_held_model(built: Any, algorithm: str, progress: Any = None, *, budget:
     plans = tuple(plans_to_store(trace, frontier=trace.num_stages <= FRONTIER_MAX_STAGES or budget is not None))
     infeasible = None
     if budget is not None:
-        from remat.worker.planners.budget import BudgetInfeasibleError
+        from remat.client.budget_spec import BudgetInfeasibleError
 
         try:
             chosen = pick_from_frontier([p for p in plans if p.budget_bytes], budget)
@@ -366,7 +366,7 @@ def pick_from_frontier(frontier: list[Any], budget: Any) -> Any:
     Raises:
         remat.worker.planners.budget.BudgetInfeasibleError: no plan fits; it names the smallest peak.
     """
-    from remat.worker.planners.budget import BudgetInfeasibleError
+    from remat.client.budget_spec import BudgetInfeasibleError
 
     frontier = sorted(frontier, key=lambda p: p.predicted_peak_bytes)
     budget_bytes = budget.resolve(baseline_peak_bytes=frontier[-1].baseline_peak_bytes)

@@ -284,7 +284,7 @@ def test_a_model_that_refuses_the_sliced_probe_is_probed_with_the_whole_batch(ca
 
 def test_a_budget_gets_the_fastest_fitting_plan_that_trains_exactly_like_the_unmodified_model(
         cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from remat.worker.planners.budget import BudgetInfeasibleError
+    from remat.client.budget_spec import BudgetInfeasibleError
 
     batches = _batches(3)
     reference = _model()

@@ -36,23 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from remat.client.errors import PlanError
+from remat.client.budget_spec import BudgetInfeasibleError
 from remat.client.trace import Trace
 from remat.worker.cost_models import PytorchTables
 from remat.worker.recompute_time import cost_before
 
 _INT64_LIMIT = 1 << 59
-
-
-class BudgetInfeasibleError(PlanError):
-    """No plan's predicted peak fits the budget; carries the smallest feasible peak."""
-
-    def __init__(self, budget_bytes: int, min_peak_bytes: int) -> None:
-        self.budget_bytes = budget_bytes
-        self.min_peak_bytes = min_peak_bytes
-        super().__init__(f"budget: {budget_bytes} bytes is below the smallest feasible peak, {min_peak_bytes} "
-                         f"bytes ({min_peak_bytes / 2**20:.2f} MiB, the linear plan's); raise the budget or "
-                         f"shrink the batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,47 +53,59 @@ class FrontierPoint:
     recompute_cost: int
 
 
+def _first_segment_locals(a: dict[str, np.ndarray], t: PytorchTables, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """For every first segment (i, j], j = i+1..n-1: its local peak and what it keeps (d_i, or 0 if frameless).
+
+    The range maxima of ``PytorchTables.local`` and ``local_frameless`` as prefix maxima over j (numpy).
+    """
+    n = t.n
+    acc = np.maximum.accumulate
+    zeros = np.zeros(2, dtype=a["d"].dtype)
+    max_back = acc(a["back_ck"][i + 1:n]) - t.U[i]
+    max_fwd_mid_all = acc(a["fwd_mid"][i + 1:n])
+    max_fwd_mid = np.concatenate((zeros[:1], acc(a["fwd_mid"][i + 2:n])))  # over i+2..j; none for j = i+1
+    rec_inner = np.concatenate((zeros, acc(a["rec"][i + 2:n - 1])))[:n - i - 1]  # over i+2..j-1
+    ends = slice(i + 1, n)
+    recompute = np.maximum(np.maximum(a["rec_last"][ends], rec_inner), t.rec_first[i + 1])
+    recompute[0] = t.rec_last_first[i + 1]  # a one-stage segment stops at its last saved tensor
+    forward = np.maximum(max_fwd_mid, t.fwd_first[i + 1])
+    local = np.maximum(np.maximum(max_back, recompute + a["delta"][ends] - t.U[i]), forward)
+    base = np.full(n - i - 1, t.d[i], dtype=a["d"].dtype)
+    frameless = min(t.frameless_end[i], n - 1) - i  # j = i+1 .. frameless_end[i] are frameless
+    if frameless > 0:
+        local[:frameless] = np.maximum(max_back[:frameless], max_fwd_mid_all[:frameless])
+        base[:frameless] = 0
+    return local, base
+
+
 def _min_peaks_by_last_checkpoint(t: PytorchTables) -> tuple[list[int], np.ndarray]:
     """r_0[c] for c = 0..n-1 (the recurrence of the module docstring) and the first-segment ends chosen.
+
+    Each boundary i is one numpy step over the block r[j, c] (j, c in i+1..n-1): r[j, c] is "infinite" for
+    c < j, so the minimum over j needs no mask, and ``argmin`` takes the smallest j among equals.
 
     Returns:
         (peaks, parent): peaks[c] is the smallest peak of a plan whose last checkpoint is c; parent[i, c]
         is the end j of the first segment of the best plan from boundary i with last checkpoint c.
     """
     n = t.n
+    names = ("back_ck", "fwd_mid", "rec", "rec_last", "delta", "d")
     values = [v for name in PytorchTables.__slots__ if name not in ("n", "frameless_end") for v in getattr(t, name)]
     inf = 2 * (sum(t.d) + 2 * max(map(abs, values))) + 1  # above every peak a plan can have
     dtype: object = np.int64 if inf < _INT64_LIMIT else object
-    d, U, delta = t.d, t.U, t.delta
-    back_ck, rec, rec_first, rec_last = t.back_ck, t.rec, t.rec_first, t.rec_last
-    fwd_first, fwd_mid = t.fwd_first, t.fwd_mid
+    arrays = {name: np.array(getattr(t, name), dtype=dtype) for name in names}
     r = np.full((n, n), inf, dtype=dtype)  # r[i, c], c ≥ i
     parent = np.full((n, n), -1, dtype=np.int32 if n < 2**31 else np.int64)
     for i in range(n - 1, -1, -1):
-        row, prow = r[i], parent[i]
-        row[i] = d[i] + t.local(i, n)
-        prow[i] = n
-        max_back = max_fwd_mid_all = max_fwd_mid = max_rec_inner = 0
-        frameless_end = t.frameless_end[i]
-        for j in range(i + 1, n):
-            max_back = max(max_back, back_ck[j]) if j > i + 1 else back_ck[j]
-            max_fwd_mid_all = max(max_fwd_mid_all, fwd_mid[j]) if j > i + 1 else fwd_mid[j]
-            if j >= i + 2:
-                max_fwd_mid = max(max_fwd_mid, fwd_mid[j])
-            if j >= i + 3:
-                max_rec_inner = max(max_rec_inner, rec[j - 1])
-            if j <= frameless_end:
-                base, local = 0, max(max_back - U[i], max_fwd_mid_all)
-            else:
-                forward = max(fwd_first[i + 1], max_fwd_mid)
-                recompute = t.rec_last_first[j] if j == i + 1 else max(rec_first[i + 1], rec_last[j], max_rec_inner)
-                base, local = d[i], max(max_back - U[i], recompute + delta[j] - U[i], forward)
-            rest = r[j, j:]
-            cand = np.maximum(rest, local) + base
-            better = np.asarray(cand < row[j:], dtype=bool)  # object arrays compare to objects
-            if better.any():
-                row[j:][better] = cand[better]
-                prow[j:][better] = j
+        r[i, i] = t.d[i] + t.local(i, n)
+        parent[i, i] = n
+        if i == n - 1:
+            continue
+        local, base = _first_segment_locals(arrays, t, i)
+        block = np.maximum(r[i + 1:, i + 1:], local[:, None]) + base[:, None]
+        best = np.argmin(block, axis=0)
+        r[i, i + 1:] = block[best, np.arange(n - i - 1)]
+        parent[i, i + 1:] = best + i + 1
     return [int(v) for v in r[0]], parent
 
 

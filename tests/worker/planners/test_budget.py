@@ -115,3 +115,14 @@ def test_an_infeasible_budget_names_the_smallest_feasible_peak() -> None:
     with pytest.raises(BudgetInfeasibleError, match=rf"budget: {smallest - 1} bytes is below the smallest "
                                                     rf"feasible peak, {smallest} bytes"):
         budget.plan(trace, budget_bytes=smallest - 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(trace=timed_traces(max_n=8), scale=st.sampled_from([2**55, 2**60, 2**70]))
+def test_sizes_past_int64_are_exact(trace: Trace, scale: int) -> None:
+    """Past 2^59 the frontier runs on Python integers; it must still be the exhaustive one."""
+    stages = tuple(dataclasses.replace(s, output_bytes=s.output_bytes * scale + 1, saved_bytes=s.saved_bytes * scale)
+                   for s in trace.stages)
+    big = dataclasses.replace(trace, stages=stages)
+    expected = exhaustive_frontier(big, simulate_peak, recompute_cost)
+    assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(big)] == expected
