@@ -104,7 +104,7 @@ def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     base = measured["none"]
     rows = []
     for plan in plans:
-        m = measured[plan.algorithm]
+        m = measured[plan.label]
         est = plan.recompute_ms / base.step_ms if plan.recompute_ms is not None and base.step_ms else None
         rows.append({"model": name, "plan": plan.algorithm, "stages": trace.num_stages,
                      "frontier_points": len(frontier), "frontier_s": frontier_s,

@@ -327,3 +327,19 @@ def test_a_budget_gets_the_fastest_fitting_plan_that_trains_exactly_like_the_unm
 def test_bad_budgets_are_one_line_errors(cache_dir: Path, kwargs: dict, message: str) -> None:
     with pytest.raises(PlanError, match=message):
         remat.client.checkpoint(_model(), _batches(1)[0][0], cache_dir=cache_dir, **kwargs)
+
+
+@pytest.mark.cuda
+def test_budget_fit_on_cuda_picks_a_plan_within_the_free_room(cache_dir: Path) -> None:
+    from remat.client.budget_spec import FIT_MARGIN
+
+    model = _model().cuda()
+    x = _batches(1)[0][0].cuda()
+    torch.cuda.synchronize()
+    room = int(torch.cuda.get_device_properties(x.device).total_memory * (1 - FIT_MARGIN)) \
+        - torch.cuda.memory_allocated(x.device)
+    remat.client.checkpoint(model, x, budget="fit", cache_dir=cache_dir)
+    plan = applied_plan(model)
+    assert plan is not None and plan.algorithm == "budget"
+    assert plan.predicted_peak_bytes <= room
+    assert plan.checkpoints == (), "a small model fits a GPU without recomputing anything"
