@@ -234,7 +234,7 @@ def test_a_job_goes_from_submission_to_plans_that_train_identically(cluster_work
     frontier = done["result"]["frontier"]  # the time-memory curve, tightest first, a handful measured
     assert [e["plan"]["budget_bytes"] for e in frontier] == sorted(e["plan"]["predicted_peak_bytes"] for e in frontier)
     measured_points = [e for e in frontier if e["measurement"]]
-    assert len(measured_points) >= 3
+    assert len(measured_points) >= 2
     for entry in measured_points:
         assert entry["measurement"]["measured_peak_bytes"] == pytest.approx(entry["plan"]["predicted_peak_bytes"],
                                                                             rel=0.01)

@@ -126,3 +126,37 @@ def test_sizes_past_int64_are_exact(trace: Trace, scale: int) -> None:
     big = dataclasses.replace(trace, stages=stages)
     expected = exhaustive_frontier(big, simulate_peak, recompute_cost)
     assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(big)] == expected
+
+
+def test_a_one_stage_frameless_segment_is_priced_as_frameless() -> None:
+    """Found by mutation testing: a view stage as a segment of its own keeps no checkpoint, and the least
+    peak needs it ((2, 3] below); pricing it as an ordinary segment loses that frontier point."""
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+
+    stages = [{"name": "s1", "output_bytes": 1, "saved_bytes": 0, "saves_input": True},
+              {"name": "s2", "output_bytes": 1, "saved_bytes": 1, "saves_input": True},
+              {"name": "view", "output_bytes": 1, "saved_bytes": 0, "saves_nothing": True},
+              {"name": "s4", "output_bytes": 1, "saved_bytes": 1, "saves_input": True},
+              {"name": "s5", "output_bytes": 1, "saved_bytes": 0, "saves_input": True}]
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+    frontier = pareto_frontier(trace)
+    assert [(p.peak_bytes, p.recompute_cost) for p in frontier] == \
+        exhaustive_frontier(trace, simulate_peak, recompute_cost)
+    assert frontier[0].checkpoints == (2, 3, 4) and frontier[0].peak_bytes == 3
+
+
+def test_a_profiling_run_measures_two_frontier_points_besides_the_registered_plans() -> None:
+    from remat.worker.planning import VALIDATED_SHARES, frontier_to_validate, plans_to_store
+
+    trace = make_trace([100] * 24)
+    plans = plans_to_store(trace)
+    chosen = frontier_to_validate(plans)
+    registered = {p.checkpoints for p in plans if not p.budget_bytes}
+    assert 1 <= len(chosen) <= len(VALIDATED_SHARES)
+    assert all(p.algorithm == "budget" and p.checkpoints not in registered for p in chosen)
+    base = plans[0].baseline_peak_bytes
+    frontier = [p for p in plans if p.budget_bytes]
+    for share in VALIDATED_SHARES:  # the answer to each share is measured, here or as a registered plan
+        answer = max((p for p in frontier if p.predicted_peak_bytes <= share * base),
+                     key=lambda p: p.predicted_peak_bytes, default=None)
+        assert answer is None or answer in chosen or answer.checkpoints in registered
