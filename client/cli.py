@@ -226,6 +226,11 @@ def _print_model_table(report: Any, source: str | None = None) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
                "the step time's change against none is the recompute overhead.")
+    if report.frontier:
+        low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes
+        measured = sum(1 for r in report.frontier if r.measured_peak_bytes is not None)
+        click.echo(f"Time-memory frontier: {len(report.frontier)} plans from {_format_bytes(low)} to "
+                   f"{_format_bytes(high)} ({measured} measured); --budget SIZE picks the fastest that fits.")
 
 
 def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
