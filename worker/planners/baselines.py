@@ -54,20 +54,30 @@ def greedy_boundaries(output_bytes: list[int], budget: int) -> tuple[int, ...]:
     return tuple(checkpoints)
 
 
+SWEEP_STEPS = 64
+
+
+def sweep_budgets(output_bytes: list[int]) -> list[int]:
+    """The budgets ``chen-greedy`` tries, ascending: Chen et al.'s own √(Σd · max d) and 64 spread
+    geometrically from the largest single activation to the sum of all of them (both ends included)."""
+    d = output_bytes
+    lo, hi = max(max(d), 1), max(sum(d), 1)
+    geometric = {round(lo * (hi / lo) ** (k / (SWEEP_STEPS - 1))) for k in range(SWEEP_STEPS)}
+    return sorted(geometric | {math.isqrt(sum(d) * max(d))})
+
+
 def plan_chen_greedy(trace: Trace, *, cost_model: str = "pytorch") -> tuple[int, ...]:
     """Chen et al.'s greedy planner, with the budget swept and the best plan under ``cost_model`` kept.
 
-    The sweep tries Chen et al.'s own budget √(Σd · max d) and 64 budgets spread geometrically between the
-    largest single activation and the sum of all of them; ties go to the plan with fewer checkpoints.
+    The sweep tries :func:`sweep_budgets`; ties go to the plan with fewer checkpoints, then to the smaller
+    budget's plan.
 
     Notes:
         O(n · k) for k = 65 budgets, each plan evaluated in O(n).
     """
     d = trace.column("output_bytes")
-    lo, hi = max(max(d), 1), max(sum(d), 1)
-    budgets = {round(lo * (hi / lo) ** (k / 63)) for k in range(64)} | {math.isqrt(sum(d) * max(d))}
     best: tuple[int, tuple[int, ...]] | None = None
-    for budget in sorted(budgets):
+    for budget in sweep_budgets(d):
         candidate = greedy_boundaries(d, budget)
         score = (peak(trace, candidate, cost_model), len(candidate))
         if best is None or score < (best[0], len(best[1])):

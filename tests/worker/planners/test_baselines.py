@@ -82,3 +82,35 @@ def test_chen_greedy_is_a_greedy_plan_no_worse_than_chens_budget(cost_model: str
     assert chosen in {greedy_boundaries(d, b) for b in range(1, sum(d) + 1)}
     chen_budget = math.isqrt(sum(d) * max(d))
     assert peak(trace, chosen, cost_model) <= peak(trace, greedy_boundaries(d, chen_budget), cost_model)
+
+
+@pytest.mark.parametrize("sizes", [[1, 2, 3], [5] * 40, [1, 10**9, 7, 3], [2**40] * 3 + [1] * 20, [1000] * 1000])
+def test_the_greedy_sweep_spans_the_largest_activation_to_the_sum(sizes: list[int]) -> None:
+    """Found by mutation testing: nothing pinned which budgets chen-greedy tries."""
+    from remat.worker.planners.baselines import sweep_budgets
+
+    budgets = sweep_budgets(sizes)
+    lo, hi = max(sizes), sum(sizes)
+    assert budgets == sorted(set(budgets))
+    assert budgets[0] == lo and budgets[-1] == hi and math.isqrt(lo * hi) in budgets
+    assert all(lo <= b <= hi for b in budgets)
+    if hi > 64 * lo:  # wide enough that 64 geometric steps cannot collide after rounding
+        assert len(budgets) >= 64
+        ratios = [b / a for a, b in zip(budgets[:-1], budgets[1:], strict=True) if b != math.isqrt(lo * hi) != a]
+        step = (hi / lo) ** (1 / 63)
+        assert all(r <= step * 1.01 for r in ratios)
+
+
+def test_uniform_boundaries_of_no_stages_are_empty() -> None:
+    assert uniform_boundaries(0, 4) == () and uniform_boundaries(1, 4) == () and uniform_boundaries(5, 1) == ()
+
+
+def test_greedy_ties_go_to_the_smallest_budget() -> None:
+    """Budgets 1 and 2 give (2,) and (3,), both one checkpoint and peak 3: the first tried wins, so the plan
+    does not depend on set order (found by mutation testing: `<=` for `<` survived)."""
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+
+    stages = [{"name": f"s{i}", "output_bytes": 1, "saved_bytes": 0, "saves_input": True} for i in range(4)]
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+    assert peak(trace, (2,), "pytorch") == peak(trace, (3,), "pytorch") < peak(trace, (), "pytorch")
+    assert plan_chen_greedy(trace) == (2,)
