@@ -114,3 +114,14 @@ def test_greedy_ties_go_to_the_smallest_budget() -> None:
     trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
     assert peak(trace, (2,), "pytorch") == peak(trace, (3,), "pytorch") < peak(trace, (), "pytorch")
     assert plan_chen_greedy(trace) == (2,)
+
+
+def test_greedy_checkpoints_where_the_running_sum_passes_the_budget_and_restarts_from_zero() -> None:
+    # running sums 1, 2, 3 > 2 → checkpoint at 3, restart; 1, 2, 3 > 2 → checkpoint at 6; the last stage never
+    assert greedy_boundaries([1] * 8, 2) == (3, 6)
+    assert greedy_boundaries([5, 1, 1], 4) == (1,)
+    assert greedy_boundaries([4, 4], 4) == ()  # equal to the budget is not past it
+
+
+def test_uniform_with_no_or_one_segment_keeps_nothing() -> None:
+    assert uniform_boundaries(5, 0) == () and uniform_boundaries(5, 1) == ()
