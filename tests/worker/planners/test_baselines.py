@@ -84,7 +84,8 @@ def test_chen_greedy_is_a_greedy_plan_no_worse_than_chens_budget(cost_model: str
     assert peak(trace, chosen, cost_model) <= peak(trace, greedy_boundaries(d, chen_budget), cost_model)
 
 
-@pytest.mark.parametrize("sizes", [[1, 2, 3], [5] * 40, [1, 10**9, 7, 3], [2**40] * 3 + [1] * 20, [1000] * 1000])
+@pytest.mark.parametrize("sizes", [[1, 2, 3], [5] * 40, [1, 10**9, 7, 3], [2**40] * 3 + [1] * 20, [1000] * 1000,
+                                   [1] * 100])
 def test_the_greedy_sweep_spans_the_largest_activation_to_the_sum(sizes: list[int]) -> None:
     """Found by mutation testing: nothing pinned which budgets chen-greedy tries."""
     from remat.worker.planners.baselines import sweep_budgets
@@ -125,3 +126,8 @@ def test_greedy_checkpoints_where_the_running_sum_passes_the_budget_and_restarts
 
 def test_uniform_with_no_or_one_segment_keeps_nothing() -> None:
     assert uniform_boundaries(5, 0) == () and uniform_boundaries(5, 1) == ()
+
+
+@pytest.mark.parametrize(("n", "expected"), [(1, ()), (2, (1,)), (3, (1, 2)), (4, (2,)), (9, (3, 6)), (10, (3, 6, 9))])
+def test_chen_sqrt_checkpoints_every_floor_sqrt_n_stages(n: int, expected: tuple[int, ...]) -> None:
+    assert plan_chen_sqrt(make_trace([1] * n)) == expected
