@@ -95,7 +95,7 @@ def test_the_greedy_sweep_spans_the_largest_activation_to_the_sum(sizes: list[in
     assert budgets == sorted(set(budgets))
     assert budgets[0] == lo and budgets[-1] == hi and math.isqrt(lo * hi) in budgets
     assert all(lo <= b <= hi for b in budgets)
-    if hi > 64 * lo:  # wide enough that 64 geometric steps cannot collide after rounding
+    if hi > 64 * lo and lo * ((hi / lo) ** (1 / 63) - 1) >= 1:  # steps at least 1 apart: no rounding collisions
         assert len(budgets) >= 64
         ratios = [b / a for a, b in zip(budgets[:-1], budgets[1:], strict=True) if b != math.isqrt(lo * hi) != a]
         step = (hi / lo) ** (1 / 63)
