@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
-from remat.worker.planners.budget import pareto_frontier, pick
 from remat.worker.planning import frontier_plans, make_plan
 
 MIB = 2**20
@@ -86,19 +86,18 @@ def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     built = build(name, args.batch_size, args.image_size, args.seq_len, args.grads, args.tied)
     trace = pipeline.profile(built, timing_repeats=args.timing_repeats)
     started = time.process_time()
-    frontier = pareto_frontier(trace)
+    frontier = frontier_plans(trace)
     frontier_s = time.process_time() - started
     none = make_plan(trace, "none", cost_model="pytorch")
     plans = [none]
     for share in args.shares:
+        budget_bytes = int(none.predicted_peak_bytes * share)
         try:
-            point = pick(frontier, int(none.predicted_peak_bytes * share))
-        except ValueError as exc:
+            plan = pick_for_budget(frontier, budget_bytes, peak=lambda p: p.predicted_peak_bytes)
+        except BudgetInfeasibleError as exc:
             print(f"  {name} {share:.0%}: {exc}", file=sys.stderr)
             continue
-        plan = next(p for p in frontier_plans(trace) if p.checkpoints == point.checkpoints)
-        plans.append(dataclasses.replace(plan, algorithm=f"budget {share:.0%}", budget_bytes=int(
-            none.predicted_peak_bytes * share)))
+        plans.append(dataclasses.replace(plan, algorithm=f"budget {share:.0%}", budget_bytes=budget_bytes))
     plans.append(make_plan(trace, "linear", cost_model="pytorch"))
     measured = pipeline.validate(built, trace, plans, timing_rounds=args.timing_repeats, check_gradients=False)
     base = measured["none"]

@@ -11,7 +11,9 @@ peak predicts.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from remat.client.errors import PlanError
 
@@ -91,6 +93,26 @@ def parse_budget(text: str) -> BudgetSpec:
     if value < 1:
         raise BudgetError(f"budget: {text!r} is less than one byte")
     return BudgetSpec(text=raw, bytes=value)
+
+
+T = TypeVar("T")
+
+
+def pick_for_budget(frontier: Sequence[T], budget_bytes: int, peak: Callable[[T], int]) -> T:
+    """The frontier point a budget gets: the one with the largest peak that fits, which on a frontier (peaks
+    ascending, recompute falling) is the fastest plan that fits. ``peak`` reads a point's peak, so planner
+    points, plans, report rows and stored records are picked by this one rule.
+
+    Raises:
+        ValueError: the frontier is empty.
+        BudgetInfeasibleError: the budget is below the smallest peak on the frontier.
+    """
+    if not frontier:
+        raise ValueError("pick_for_budget: the frontier is empty")
+    fitting = [p for p in frontier if peak(p) <= budget_bytes]
+    if not fitting:
+        raise BudgetInfeasibleError(budget_bytes, peak(frontier[0]))
+    return fitting[-1]
 
 
 def fit_bytes(device_total_bytes: int, static_bytes: int, margin: float = FIT_MARGIN) -> int:

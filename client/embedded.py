@@ -134,10 +134,10 @@ def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, r
         budget: a :class:`remat.client.budget_spec.BudgetSpec`.
 
     Raises:
-        remat.worker.planners.budget.BudgetInfeasibleError: no plan fits (names the smallest feasible peak).
+        remat.client.budget_spec.BudgetInfeasibleError: no plan fits (names the smallest feasible peak).
         remat.client.budget_spec.BudgetError: ``fit`` without a CUDA device.
     """
-    from remat.client.budget_spec import BudgetInfeasibleError
+    from remat.client.budget_spec import pick_for_budget
     from remat.client.plan import BUDGET_ALGORITHM
     from remat.client.plan_key import PlanKey
     from remat.worker.pipeline import fit_bytes_for
@@ -160,10 +160,7 @@ def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, r
             plans = frontier_plans(trace)
             store.save_profile(trace, plans, {})
             frontier = [PlanRow.from_measurement(p, None) for p in plans]
-        fitting = [r for r in frontier if r.plan.predicted_peak_bytes <= budget_bytes]
-        if not fitting:
-            raise BudgetInfeasibleError(budget_bytes, frontier[0].plan.predicted_peak_bytes)
-        row = fitting[-1]
+        row = pick_for_budget(frontier, budget_bytes, peak=lambda r: r.plan.predicted_peak_bytes)
         if row.measured_peak_bytes is None:
             from remat.worker import pipeline
 
@@ -315,10 +312,8 @@ def plan_held_model(built: Any, algorithm: str, progress: Any = None, *, budget:
         refuses the result is a warning, not an error.
 
     Raises:
-        remat.worker.planners.budget.BudgetInfeasibleError: no plan fits the budget.
+        remat.client.budget_spec.BudgetInfeasibleError: no plan fits the budget.
     """
-    import warnings
-
     from remat.worker import pipeline
     from remat.worker.planning import FRONTIER_MAX_STAGES, plans_to_store
 
@@ -340,40 +335,42 @@ def plan_held_model(built: Any, algorithm: str, progress: Any = None, *, budget:
     measurements = pipeline.validate(built, trace, measured, progress=say, start=0.5, end=0.95, timing_rounds=1)
     result = pipeline.ProfileResult(request=built.request, key=built.key, trace=trace, plans=plans,
                                     measurements=measurements)
+    _keep_locally(result)
+    if infeasible is not None:
+        raise infeasible
+    return result, chosen
+
+
+def _keep_locally(result: Any) -> None:
+    """Store a profile in the local plan store when there is one; a store that refuses it is a warning."""
+    import warnings
+
     try:
         from remat.service.store import PlanStore
     except ImportError:
-        if infeasible is not None:
-            raise infeasible from None
-        return result, chosen
+        return  # a machine with torch alone (a GPU image) has no store
     try:
         store = PlanStore().open()
         try:
-            store.save_profile(trace, plans, measurements)
+            store.save_profile(result.trace, result.plans, result.measurements)
         finally:
             store.close()
     except Exception as exc:  # noqa: BLE001 - the plan is good; only keeping a copy here failed
         warnings.warn(f"remat: the local plan store did not take the plan ({type(exc).__name__}: {exc}); "
-                      f"it is kept in the plan cache only", RuntimeWarning, stacklevel=3)
-    if infeasible is not None:
-        raise infeasible
-    return result, chosen
+                      f"it is kept in the plan cache only", RuntimeWarning, stacklevel=4)
 
 
 def pick_from_frontier(frontier: list[Any], budget: Any) -> Any:
     """The frontier plan answering ``budget`` (a BudgetSpec; a share resolves against the no-checkpoint peak).
 
     Raises:
-        remat.worker.planners.budget.BudgetInfeasibleError: no plan fits; it names the smallest peak.
+        remat.client.budget_spec.BudgetInfeasibleError: no plan fits; it names the smallest peak.
     """
-    from remat.client.budget_spec import BudgetInfeasibleError
+    from remat.client.budget_spec import pick_for_budget
 
     frontier = sorted(frontier, key=lambda p: p.predicted_peak_bytes)
     budget_bytes = budget.resolve(baseline_peak_bytes=frontier[-1].baseline_peak_bytes)
-    fitting = [p for p in frontier if p.predicted_peak_bytes <= budget_bytes]
-    if not fitting:
-        raise BudgetInfeasibleError(budget_bytes, frontier[0].predicted_peak_bytes)
-    return fitting[-1]
+    return pick_for_budget(frontier, budget_bytes, peak=lambda p: p.predicted_peak_bytes)
 
 
 # --- remat-client show ----------------------------------------------------------------------------------

@@ -208,9 +208,6 @@ def budget_report_from_service(request: ModelRequest, client: PlanServiceClient,
         BudgetError: ``fit`` without a CUDA device, or the service refused the budget as infeasible.
         PlanNotFoundError, ServiceError: as :func:`report_from_service`.
     """
-    from remat.client.budget_spec import BudgetError
-    from remat.client.plan import BUDGET_ALGORITHM
-    from remat.client.service_client import ServiceResponseError
 
     full = report_from_service(request, client, upload=upload, progress=progress)
     none_row, linear_row = full.row("none"), full.row("linear")
@@ -223,12 +220,7 @@ def budget_report_from_service(request: ModelRequest, client: PlanServiceClient,
 
         fit = fit_bytes_for(request)
     budget_bytes = budget.resolve(baseline_peak_bytes=none_row.plan.predicted_peak_bytes, fit_bytes=fit)
-    try:
-        record = client.get_plan(key, algorithm=BUDGET_ALGORITHM, budget=budget_bytes)
-    except ServiceResponseError as exc:
-        if exc.status_code == 422 and exc.detail.startswith("budget:"):
-            raise BudgetError(exc.detail) from None
-        raise
+    record = client.get_budget_plan(key, budget_bytes)
     if record is None:
         raise ServiceError(f"remat service {client.base_url}: no frontier stored for {request.name}; it is "
                            f"computed when the trace is stored (upload again with --refresh)")

@@ -240,10 +240,8 @@ def _find_for_budget(key: PlanKey, spec: BudgetSpec, cache: LocalPlanCache, serv
 
 def _budget_from_service(key: PlanKey, spec: BudgetSpec, server: str, token: str | None,
                          timeout_s: float | None) -> Plan | None:
-    from remat.client.budget_spec import BudgetError
     from remat.client.fetch import plan_from_record
-    from remat.client.plan import BUDGET_ALGORITHM
-    from remat.client.service_client import PlanServiceClient, ServiceResponseError
+    from remat.client.service_client import PlanServiceClient
 
     try:
         with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
@@ -251,12 +249,7 @@ def _budget_from_service(key: PlanKey, spec: BudgetSpec, server: str, token: str
             if none is None:
                 return None
             budget_bytes = spec.resolve(baseline_peak_bytes=int(none["plan"]["predicted_peak_bytes"]))
-            try:
-                record = client.get_plan(key, algorithm=BUDGET_ALGORITHM, budget=budget_bytes)
-            except ServiceResponseError as exc:
-                if exc.status_code == 422 and exc.detail.startswith("budget:"):
-                    raise BudgetError(exc.detail) from None
-                raise
+            record = client.get_budget_plan(key, budget_bytes)
     except ServiceError as exc:
         warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
                       stacklevel=4)

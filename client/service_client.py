@@ -185,6 +185,24 @@ class PlanServiceClient:
             return None
         return self._checked(response)
 
+    def get_budget_plan(self, key: Any, budget_bytes: int) -> dict[str, Any] | None:
+        """The service's frontier plan for a budget (the fastest whose predicted peak fits), or None when it
+        stores no frontier for ``key``.
+
+        Raises:
+            BudgetInfeasibleError: the budget is below the smallest feasible peak (the service's 422).
+            ServiceError: as :meth:`get_plan`.
+        """
+        from remat.client.budget_spec import BudgetError
+        from remat.client.plan import BUDGET_ALGORITHM
+
+        try:
+            return self.get_plan(key, algorithm=BUDGET_ALGORITHM, budget=budget_bytes)
+        except ServiceResponseError as exc:
+            if exc.status_code == 422 and exc.detail.startswith("budget:"):
+                raise BudgetError(exc.detail) from None
+            raise
+
     def upload_trace(self, trace: Any) -> dict[str, Any]:
         """``POST /v1/traces``: store a trace; the service plans it with every algorithm and stores the plans.
 

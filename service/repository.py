@@ -22,6 +22,7 @@ from sqlalchemy import Select, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
 from remat.client.errors import InvalidKeyError
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
@@ -261,8 +262,11 @@ def pick_budget_plan(*, session: Session, key: PlanKey, budget_bytes: int) -> tu
     frontier = find_frontier(session=session, key=key)
     if not frontier:
         return None, None
-    fitting = [r for r in frontier if r.plan.predicted_peak_bytes <= budget_bytes]
-    return (fitting[-1] if fitting else None), frontier[0].plan.predicted_peak_bytes
+    smallest = frontier[0].plan.predicted_peak_bytes
+    try:
+        return pick_for_budget(frontier, budget_bytes, peak=lambda r: r.plan.predicted_peak_bytes), smallest
+    except BudgetInfeasibleError:
+        return None, smallest
 
 
 def find_plans(*, session: Session, key: PlanKey) -> list[PlanRecord]:

@@ -32,16 +32,22 @@ def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) ->
     model = cost_model or spec.native_cost_model
     if model not in COST_MODELS:
         raise ValueError(f"cost model {model!r} is unknown; choose one of {', '.join(COST_MODELS)}")
-    checkpoints = spec.fn(trace, cost_model=model)
+    return _reported(trace, algorithm, spec.fn(trace, cost_model=model), model)
+
+
+def _reported(trace: Trace, algorithm: str, checkpoints: Sequence[int], cost_model: str,
+              budget_bytes: int | None = None) -> Plan:
+    """A planner's checkpoints as a Plan with the figures every plan reports, under ``cost_model``."""
     return Plan(
         algorithm=algorithm,
-        cost_model=model,
+        cost_model=cost_model,
         checkpoints=tuple(checkpoints),
-        predicted_peak_bytes=peak(trace, checkpoints, model),
-        baseline_peak_bytes=peak(trace, (), model),
+        predicted_peak_bytes=peak(trace, checkpoints, cost_model),
+        baseline_peak_bytes=peak(trace, (), cost_model),
         num_stages=trace.num_stages,
         recompute_ms=recompute_ms(trace, checkpoints),
         step_ms=step_ms(trace),
+        budget_bytes=budget_bytes,
     )
 
 
@@ -53,31 +59,17 @@ def plan_all(trace: Trace, *, cost_model: str | None = None,
 
 
 
-def _budget_plan(trace: Trace, checkpoints: Sequence[int], budget_bytes: int | None) -> Plan:
-    return Plan(
-        algorithm=BUDGET_ALGORITHM,
-        cost_model=STORED_COST_MODEL,
-        checkpoints=tuple(checkpoints),
-        predicted_peak_bytes=peak(trace, checkpoints, STORED_COST_MODEL),
-        baseline_peak_bytes=peak(trace, (), STORED_COST_MODEL),
-        num_stages=trace.num_stages,
-        recompute_ms=recompute_ms(trace, checkpoints),
-        step_ms=step_ms(trace),
-        budget_bytes=budget_bytes,
-    )
-
-
 def make_budget_plan(trace: Trace, budget_bytes: int) -> Plan:
     """The least-recompute plan whose ``pytorch`` peak fits ``budget_bytes``: the frontier plan it picks,
     stored (like every frontier plan) under its own peak, the tightest budget it answers.
 
     Raises:
-        remat.worker.planners.budget.BudgetInfeasibleError: no plan fits; it names the smallest peak.
+        remat.client.budget_spec.BudgetInfeasibleError: no plan fits; it names the smallest peak.
     """
     from remat.worker.planners import budget
 
     point = budget.pick(budget.pareto_frontier(trace), budget_bytes)
-    return _budget_plan(trace, point.checkpoints, point.peak_bytes)
+    return _reported(trace, BUDGET_ALGORITHM, point.checkpoints, STORED_COST_MODEL, point.peak_bytes)
 
 
 def frontier_plans(trace: Trace) -> list[Plan]:
@@ -85,7 +77,8 @@ def frontier_plans(trace: Trace) -> list[Plan]:
     smallest budget it answers)."""
     from remat.worker.planners import budget
 
-    return [_budget_plan(trace, p.checkpoints, p.peak_bytes) for p in budget.pareto_frontier(trace)]
+    return [_reported(trace, BUDGET_ALGORITHM, p.checkpoints, STORED_COST_MODEL, p.peak_bytes)
+            for p in budget.pareto_frontier(trace)]
 
 
 FRONTIER_INLINE_STAGES = 500

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from remat.client.budget_spec import BudgetInfeasibleError
+from remat.client.budget_spec import pick_for_budget
 from remat.client.trace import Trace
 from remat.worker.cost_models import PytorchTables
 from remat.worker.recompute_time import cost_before
@@ -142,12 +142,7 @@ def pick(frontier: list[FrontierPoint], budget_bytes: int) -> FrontierPoint:
     Raises:
         BudgetInfeasibleError: the budget is below the smallest peak on the frontier.
     """
-    if not frontier:
-        raise ValueError("pick: the frontier is empty")
-    fitting = [p for p in frontier if p.peak_bytes <= budget_bytes]
-    if not fitting:
-        raise BudgetInfeasibleError(budget_bytes, min(p.peak_bytes for p in frontier))
-    return fitting[-1]
+    return pick_for_budget(frontier, budget_bytes, peak=lambda p: p.peak_bytes)
 
 
 def plan(trace: Trace, *, cost_model: str = "pytorch", budget_bytes: int) -> tuple[int, ...]:

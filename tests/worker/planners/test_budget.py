@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from remat.client.budget_spec import BudgetInfeasibleError
 from remat.client.trace import Trace, make_trace
 from remat.worker.cost_models import pytorch_peak
 from remat.worker.planners import budget, linear
-from remat.worker.planners.budget import BudgetInfeasibleError, pareto_frontier
+from remat.worker.planners.budget import pareto_frontier
 from remat.worker.recompute_time import recompute_cost, recompute_ms
 from tests.oracles import exhaustive_frontier
 from tests.step_simulator import simulate_peak
