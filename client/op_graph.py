@@ -245,41 +245,85 @@ class OpGraph:
             comps.setdefault(uf.find(str(v)), []).append(v)
         return sorted(comps.values())
 
+    def _convex_failure(self, members: Sequence[int]) -> int | str | None:
+        """A vertex outside ``members`` that reads them and feeds them (so no order runs them in one call)."""
+        node_vertex = self._node_vertex()
+        by_name = {n.name: n for n in self.graph_module.graph.nodes}
+        inside = {name for v in members for name in self.vertex_nodes[v]}
+        frontier = [u for name in inside for u in by_name[name].users if u.name not in inside]
+        seen: set[str] = set()
+        while frontier:
+            u = frontier.pop()
+            if u.name in seen:
+                continue
+            seen.add(u.name)
+            for w in u.users:
+                if w.name in inside:
+                    return node_vertex.get(u.name, u.name)
+                frontier.append(w)
+        return None
+
     def check(self, dropped: Sequence[int]) -> None:
         """Raise ``PlanError`` unless every group of ``dropped`` can run as one checkpointed call.
 
         A group can when no value leaves it and comes back: a kept op that reads the group and feeds it
         would have to run both before and after the call.
         """
-        node_vertex = self._node_vertex()
-        by_name = {n.name: n for n in self.graph_module.graph.nodes}
         for members in self.groups(dropped):
-            inside = {name for v in members for name in self.vertex_nodes[v]}
-            frontier = [u for name in inside for u in by_name[name].users if u.name not in inside]
-            seen: set[str] = set()
-            while frontier:
-                u = frontier.pop()
-                if u.name in seen:
-                    continue
-                seen.add(u.name)
-                for w in u.users:
-                    if w.name in inside:
-                        between = node_vertex.get(u.name, u.name)
-                        raise PlanError(f"dropped vertices {members} are no single checkpointable group: kept "
-                                        f"vertex {between} reads them and feeds them")
-                    frontier.append(w)
+            between = self._convex_failure(members)
+            if between is not None:
+                raise PlanError(f"dropped vertices {members} are no single checkpointable group: kept "
+                                f"vertex {between} reads them and feeds them")
+
+    def calls(self, dropped: Sequence[int]) -> list[list[int]]:
+        """The vertices each checkpointed call runs: a group of ``dropped`` vertices plus the kept vertices
+        that read nothing dropped but that group (its exit, in Feng & Huang's terms).
+
+        Running the exit's op inside the call is what makes the group's last tensor free: a conv or BN
+        that ran outside would save the group's output for its backward and keep it alive. A kept vertex
+        reading several groups (a concatenation of dropped branches) runs outside, so that the groups are
+        recomputed one at a time; the joins that do this (cat, add) save none of their inputs.
+        """
+        self.check(dropped)
+        drop = set(dropped)
+        groups = self.groups(dropped)
+        group_of = {v: gi for gi, members in enumerate(groups) for v in members}
+        readers: dict[int, set[int]] = {}
+        for u, v in self._value_edges():
+            if u in drop and v not in drop and v != 0:
+                readers.setdefault(v, set()).add(group_of[u])
+        calls = [list(members) for members in groups]
+        for v in sorted(readers):
+            if len(readers[v]) == 1 and self.vertex_nodes[v]:
+                gi = next(iter(readers[v]))
+                if self._convex_failure([*calls[gi], v]) is None:
+                    calls[gi].append(v)
+        return [sorted(c) for c in calls]
+
+    def _value_edges(self) -> set[tuple[int, int]]:
+        """Vertex pairs (u, v) where a node of v reads a value of a node of u (tensors and shapes)."""
+        node_vertex = self._node_vertex()
+        out = set()
+        for n in self.graph_module.graph.nodes:
+            v = node_vertex.get(n.name)
+            if v is None:
+                continue
+            for u in n.all_input_nodes:
+                w = node_vertex.get(u.name)
+                if w is not None and w != v:
+                    out.add((w, v))
+        return out
 
     def _node_vertex(self) -> dict[str, int]:
         return {name: v for v, names in enumerate(self.vertex_nodes) for name in names}
 
     def _build_executor(self, dropped: tuple[int, ...]) -> torch.fx.GraphModule:
-        self.check(dropped)
         gm = self.graph_module
         nodes = list(gm.graph.nodes)
         pos = {n: i for i, n in enumerate(nodes)}
         group_of: dict[torch.fx.Node, int] = {}
         groups: list[_Group] = []
-        for gi, members in enumerate(self.groups(dropped)):
+        for gi, members in enumerate(self.calls(dropped)):
             names = {name for v in members for name in self.vertex_nodes[v]}
             group_nodes = [n for n in nodes if n.name in names]
             for n in group_nodes:

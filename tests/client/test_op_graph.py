@@ -42,13 +42,13 @@ class CrossedDropout(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.l1, self.l2, self.l3 = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.l1, self.l2, self.l3, self.l4 = (nn.Linear(4, 4) for _ in range(4))
         self.d1, self.d2 = nn.Dropout(0.5), nn.Dropout(0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.l1(x)
         b = self.d2(self.l2(x))
-        return self.d1(self.l3(a)) + b
+        return self.l4(self.d1(self.l3(a))) + b
 
 
 def _vertex_of(graph: OpGraph, node: str) -> int:
@@ -150,9 +150,9 @@ def _same(a: list, b: list, rtol: float = 0.0) -> bool:
 
 
 def _contiguous(graph: OpGraph, dropped: list[int]) -> bool:
-    """Whether every group's nodes are consecutive in the traced order (so nothing is reordered)."""
+    """Whether every call's nodes are consecutive in the traced order (so nothing is reordered)."""
     order = {n.name: i for i, n in enumerate(graph.graph_module.graph.nodes)}
-    for group in graph.groups(dropped):
+    for group in graph.calls(dropped):
         spots = sorted(order[name] for v in group for name in graph.vertex_nodes[v])
         if spots[-1] - spots[0] + 1 != len(spots):
             return False
