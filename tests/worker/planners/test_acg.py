@@ -1,0 +1,481 @@
+"""acg attains the exhaustive minimum on every small DAG, cubic's optimum on chains, and a valid plan always.
+
+The oracle here is written independently of the planner: it enumerates every kept set, finds the dropped
+components by breadth-first search and checks the one-entry/one-exit rule itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remat.client.errors import PlanError
+from remat.client.trace import make_trace
+from remat.worker.cost_models import classic_peak
+from remat.worker.planners import acg, cubic
+from remat.worker.planners.acg import GraphPlan, Segment, chain_as_graph, graph_cost, plan_graph
+from tests.strategies import byte_columns, traces
+
+Edges = list[tuple[int, int]]
+
+
+# --- the oracle ---------------------------------------------------------------------------------------
+
+
+def oracle_components(n: int, edges: Edges, kept: set[int]) -> list[tuple[set[int], set[int], tuple[int, ...]]]:
+    """(entries, exits, sorted members) of each dropped component, by BFS over the undirected dropped edges."""
+    neighbours: dict[int, set[int]] = {v: set() for v in range(n)}
+    for u, v in edges:
+        neighbours[u].add(v)
+        neighbours[v].add(u)
+    seen: set[int] = set()
+    out = []
+    for start in range(n):
+        if start in kept or start in seen:
+            continue
+        members = {start}
+        queue = deque([start])
+        while queue:
+            u = queue.popleft()
+            for v in neighbours[u]:
+                if v not in kept and v not in members:
+                    members.add(v)
+                    queue.append(v)
+        seen |= members
+        entries = {u for u, v in edges if u in kept and v in members}
+        exits = {v for u, v in edges if u in members and v in kept}
+        out.append((entries, exits, tuple(sorted(members))))
+    return out
+
+
+def oracle_score(weights: Sequence[int], edges: Edges, kept: set[int]) -> tuple[int, int] | None:
+    """(cost, largest component) of a kept set, or None when some component has other than one entry and one
+    exit."""
+    n = len(weights)
+    largest = 0
+    for entries, exits, members in oracle_components(n, edges, kept):
+        if len(entries) != 1 or len(exits) != 1:
+            return None
+        largest = max(largest, sum(weights[v] for v in members))
+    return sum(weights[v] for v in kept if v not in (0, n - 1)) + largest, largest
+
+
+def oracle_cost(weights: Sequence[int], edges: Edges, kept: set[int]) -> int | None:
+    score = oracle_score(weights, edges, kept)
+    return None if score is None else score[0]
+
+
+def oracle_plans(weights: Sequence[int], edges: Edges) -> dict[frozenset[int], tuple[int, int]]:
+    """Every valid kept set and its (cost, largest component)."""
+    n = len(weights)
+    out = {}
+    for size in range(n - 1):
+        for chosen in combinations(range(1, n - 1), size):
+            kept = {0, n - 1, *chosen}
+            score = oracle_score(weights, edges, kept)
+            if score is not None:
+                out[frozenset(kept)] = score
+    return out
+
+
+def oracle_best(weights: Sequence[int], edges: Edges) -> tuple[int, int]:
+    """The least cost, and the least largest component among the plans of that cost."""
+    return min(oracle_plans(weights, edges).values())
+
+
+def oracle_min(weights: Sequence[int], edges: Edges) -> int:
+    return oracle_best(weights, edges)[0]
+
+
+def assert_consistent(weights: Sequence[int], edges: Edges, result: GraphPlan) -> None:
+    """The reported plan is what it says: its cost, its largest component and its segments."""
+    n = len(weights)
+    kept = set(result.kept)
+    assert list(result.kept) == sorted(kept) and {0, n - 1} <= kept
+    assert oracle_cost(weights, edges, kept) == result.value
+    assert graph_cost(weights, edges, result.kept) == result.value
+    components = oracle_components(n, edges, kept)
+    expected = sorted((Segment(entry=min(en), exit=min(ex), interior=members) for en, ex, members in components),
+                      key=lambda s: (s.exit, s.entry, s.interior))
+    assert list(result.segments) == expected
+    assert result.max_term == max((sum(weights[v] for v in s.interior) for s in result.segments), default=0)
+    assert result.value == sum(weights[v] for v in result.kept[1:-1]) + result.max_term
+
+
+# --- graphs -------------------------------------------------------------------------------------------
+
+
+@st.composite
+def dags(draw: st.DrawFn, min_n: int = 2, max_n: int = 12) -> tuple[list[int], Edges]:
+    """A DAG in the model's form: edges u < v of some density, then 0→v for every vertex without an in-edge
+    and v→n-1 for every vertex without an out-edge; a few duplicate edges, in any order; any weights."""
+    n = draw(st.integers(min_n, max_n))
+    pairs = [(u, v) for u in range(n) for v in range(u + 1, n)]
+    density = draw(st.integers(0, 10))
+    coins = draw(st.lists(st.integers(0, 9), min_size=len(pairs), max_size=len(pairs)))
+    edges = [pair for pair, coin in zip(pairs, coins, strict=True) if coin < density]
+    for v in range(1, n):
+        if not any(b == v for _, b in edges):
+            edges.append((0, v))
+    for v in range(n - 1):
+        if not any(a == v for a, _ in edges):
+            edges.append((v, n - 1))
+    edges += draw(st.lists(st.sampled_from(edges), max_size=3))
+    edges = list(draw(st.permutations(edges)))
+    return draw(byte_columns(n)), edges
+
+
+@st.composite
+def series_parallel(draw: st.DrawFn, max_n: int = 12) -> tuple[list[int], Edges]:
+    """A two-terminal series-parallel DAG: from one edge, repeatedly subdivide an edge or add a parallel path
+    u→x→v beside it. Such a graph never has a complicated region."""
+    edges = [(0, 1)]
+    count = 2
+    for _ in range(draw(st.integers(0, max_n - 2))):
+        u, v = draw(st.sampled_from(tuple(edges)))
+        x = count
+        count += 1
+        if draw(st.booleans()):
+            edges.remove((u, v))
+        edges += [(u, x), (x, v)]
+    return draw(byte_columns(count)), _topological(count, edges, source=0, sink=1)
+
+
+def _topological(n: int, edges: Edges, *, source: int, sink: int, priority: Sequence[int] | None = None) -> Edges:
+    """Relabel a DAG so that every edge goes up: source → 0, sink → n-1, ties by ``priority`` (default: id)."""
+    indegree = [0] * n
+    for _, v in edges:
+        indegree[v] += 1
+    rank = priority or list(range(n))
+    ready = [(rank[v], v) for v in range(n) if indegree[v] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, u = heapq.heappop(ready)
+        order.append(u)
+        for a, v in edges:
+            if a == u:
+                indegree[v] -= 1
+                if indegree[v] == 0:
+                    heapq.heappush(ready, (rank[v], v))
+    assert order[0] == source and order[-1] == sink
+    label = {v: i for i, v in enumerate(order)}
+    return [(label[u], label[v]) for u, v in edges]
+
+
+class _Builder:
+    """Appends vertices in topological order: ``add(*sources)`` returns the new vertex."""
+
+    def __init__(self) -> None:
+        self.n = 1  # vertex 0, the input
+        self.edges: Edges = []
+
+    def add(self, *sources: int) -> int:
+        v = self.n
+        self.n += 1
+        self.edges += [(s, v) for s in sources]
+        return v
+
+
+def residual_graph(blocks: int, ops: int = 2) -> tuple[int, Edges]:
+    """A stem, then blocks of ``ops`` ops whose sum with the block input is the next block's input, a head."""
+    g = _Builder()
+    x = g.add(0)
+    for _ in range(blocks):
+        h = x
+        for _ in range(ops):
+            h = g.add(h)
+        x = g.add(h, x)
+    g.add(x)
+    return g.n, g.edges
+
+
+def dense_graph(blocks: int, layers: int, ops: int) -> tuple[int, Edges]:
+    """DenseNet-like: each layer's first op reads the block input and every earlier layer's output (their
+    concatenation), a transition reads them all, a head closes."""
+    g = _Builder()
+    x = g.add(0)
+    for _ in range(blocks):
+        features = [x]
+        for _ in range(layers):
+            h = g.add(*features)
+            for _ in range(ops - 1):
+                h = g.add(h)
+            features.append(h)
+        x = g.add(*features)
+    g.add(x)
+    return g.n, g.edges
+
+
+def nas_cell_graph() -> tuple[int, Edges]:
+    """A NAS-like cell between a stem and a head: each node sums two earlier ones, edges cross, and the cell
+    output concatenates the nodes nobody else reads. One complicated region of 7 vertices."""
+    g = _Builder()
+    stem = g.add(0)
+    a = g.add(stem)
+    b = g.add(stem)
+    n1 = g.add(a, b)
+    n2 = g.add(a, n1)
+    n3 = g.add(b, n1)
+    n4 = g.add(n2, b)
+    n5 = g.add(n3, a)
+    out = g.add(n4, n5)
+    g.add(out)
+    return g.n, g.edges
+
+
+def nas_skip_cell_graph() -> tuple[int, Edges]:
+    """A cell whose input feeds every node and the output (a skip), with crossing edges: one complicated
+    region where the best plan drops a node with its own input op, which no in = out = 1 run can express."""
+    g = _Builder()
+    p1 = g.add(0)
+    p2 = g.add(0)
+    n1 = g.add(0, p1)
+    n2 = g.add(0, p2)
+    p3 = g.add(0)
+    n3 = g.add(0, p1, n2, p3)
+    g.add(0, n1, n3)
+    return g.n, g.edges
+
+
+STRUCTURES = {
+    "residual": residual_graph(2),
+    "residual-3ops": residual_graph(2, ops=3),
+    "dense": dense_graph(1, 3, 2),
+    "nas-cell": nas_cell_graph(),
+    "nas-skip-cell": nas_skip_cell_graph(),
+}
+
+
+# --- exactness ----------------------------------------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(dags(max_n=12))
+def test_attains_the_exhaustive_minimum(graph: tuple[list[int], Edges]) -> None:
+    """The least cost, and among plans of that cost one with the least largest component (the tie rule)."""
+    weights, edges = graph
+    result = plan_graph(weights, edges)
+    assert (result.value, result.max_term) == oracle_best(weights, edges)
+    assert_consistent(weights, edges, result)
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags(max_n=11))
+def test_restricted_family_is_valid_and_never_below_the_minimum(graph: tuple[list[int], Edges]) -> None:
+    """With no exhaustive enumeration every complicated region uses the restricted family: still valid."""
+    weights, edges = graph
+    result = plan_graph(weights, edges, exhaustive_limit=0)
+    assert result.value >= oracle_min(weights, edges)
+    assert_consistent(weights, edges, result)
+
+
+@settings(max_examples=150, deadline=None)
+@given(series_parallel(max_n=12))
+def test_series_parallel_graphs_are_exact_without_enumeration(graph: tuple[list[int], Edges]) -> None:
+    """Linear and branch levels alone are exact: series-parallel graphs need no complicated level."""
+    weights, edges = graph
+    result = plan_graph(weights, edges, exhaustive_limit=0)
+    assert result.value == oracle_min(weights, edges)
+    assert_consistent(weights, edges, result)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(sorted(STRUCTURES)), st.data())
+def test_network_shapes_attain_the_exhaustive_minimum(name: str, data: st.DataObject) -> None:
+    n, edges = STRUCTURES[name]
+    weights = data.draw(byte_columns(n))
+    best = oracle_min(weights, edges)
+    result = plan_graph(weights, edges)
+    assert result.value == best
+    assert_consistent(weights, edges, result)
+    restricted = plan_graph(weights, edges, exhaustive_limit=0)
+    assert restricted.value >= best
+    assert_consistent(weights, edges, restricted)
+
+
+# --- chains: the classic model of cubic -----------------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(traces(min_n=1, max_n=30, full=False))
+def test_chains_match_cubic(trace) -> None:
+    best = classic_peak(trace, cubic.plan(trace))
+    weights, edges = chain_as_graph([trace.input_bytes, *trace.column("output_bytes")])
+    assert plan_graph(weights, edges).value == best
+    checkpoints = acg.plan(trace)
+    assert list(checkpoints) == sorted(set(checkpoints))
+    assert classic_peak(trace, checkpoints) == best
+
+
+@pytest.mark.parametrize(("d", "expected"), [
+    ([0, 7], 0),
+    ([5, 1, 1], 1),
+    ([0, 1, 1, 1, 1, 1, 1, 1, 1, 1], 4),
+    ([0, 1, 1000, 1, 1, 1], 1002),
+    ([21, 7, 20, 4, 0, 5, 0, 2, 3, 7, 0], 30),  # the best bound lies one above a rung of the ladder
+])
+def test_small_chains_by_hand(d: list[int], expected: int) -> None:
+    assert plan_graph(*chain_as_graph(d)).value == expected
+
+
+def test_ties_go_to_the_least_largest_component() -> None:
+    """Keeping vertex 4 alone costs 2 + 10 (segments of 9 and 10), keeping 2 and 5 costs 2 + 4 + 6 (segments of
+    5, 4 and 6): the bisection must not skip an interval that can merely tie the best total."""
+    d = [1, 5, 2, 2, 2, 4, 6, 5]
+    result = plan_graph(*chain_as_graph(d))
+    assert (result.value, result.max_term) == (12, 6) == oracle_best(*chain_as_graph(d))
+
+
+def test_chain_as_graph() -> None:
+    assert chain_as_graph([4, 5, 6]) == ([4, 5, 6], [(0, 1), (1, 2)])
+
+
+def test_plan_ignores_the_cost_model_name() -> None:
+    trace = make_trace([1] * 9)
+    assert acg.plan(trace, cost_model="pytorch") == acg.plan(trace)
+    assert classic_peak(trace, acg.plan(trace)) == 4
+
+
+# --- examples -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arms", [2, 3, 5])
+def test_every_segment_a_single_vertex(arms: int) -> None:
+    """A diamond (or fan) of equal weights: each arm is its own segment, so the bound is one weight, never 0."""
+    edges = [(0, v) for v in range(1, arms + 1)] + [(v, arms + 1) for v in range(1, arms + 1)]
+    result = plan_graph([7] * (arms + 2), edges)
+    assert result.value == result.max_term == 7
+    assert result.kept == (0, arms + 1)
+    assert result.segments == tuple(Segment(entry=0, exit=arms + 1, interior=(v,)) for v in range(1, arms + 1))
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_complete_dag_only_keeps_all_or_drops_all(n: int) -> None:
+    """In the complete DAG every component but the whole interior has several entries or exits, so the only
+    plans are keeping everything (bound 0) and one segment of everything: both cost the interior's weight,
+    and the tie goes to the smaller largest component."""
+    weights = [3] * n
+    edges = [(u, v) for u in range(n) for v in range(u + 1, n)]
+    plans = oracle_plans(weights, edges)
+    assert set(plans) == {frozenset(range(n)), frozenset({0, n - 1})}
+    assert plans[frozenset(range(n))][0] == plans[frozenset({0, n - 1})][0]
+    result = plan_graph(weights, edges)
+    assert result.value == 3 * (n - 2) == graph_cost(weights, edges, [0, n - 1])
+    assert result.kept == tuple(range(n)) and result.max_term == 0 and result.segments == ()
+
+
+def test_residual_blocks_drop_whole_regions() -> None:
+    """Two residual blocks: keep the middle sum only; the stem with the first block, and the second block with
+    its sum, are each one segment (a whole region of the division tree dropped at once)."""
+    n, edges = residual_graph(2)
+    weights = [1, 1, 10, 10, 1, 10, 10, 1, 1]
+    result = plan_graph(weights, edges)
+    assert result.value == oracle_min(weights, edges) == 22
+    assert result.kept == (0, 4, 8)
+    assert result.segments == (Segment(entry=0, exit=4, interior=(1, 2, 3)),
+                               Segment(entry=4, exit=8, interior=(5, 6, 7)))
+
+
+def test_deep_residual_network_is_exact_without_enumeration() -> None:
+    """Residual networks are series-parallel: the exhaustive level is never needed."""
+    n, edges = residual_graph(20)
+    weights = [(v * 7919) % 97 + 1 for v in range(n)]
+    result = plan_graph(weights, edges)
+    assert plan_graph(weights, edges, exhaustive_limit=0).value == result.value
+    assert graph_cost(weights, edges, result.kept) == result.value
+
+
+def test_dense_blocks_beyond_the_limit_give_a_valid_plan() -> None:
+    """A 3-block, 8-layer dense network: each block is a complicated region of 16 vertices, over the limit."""
+    n, edges = dense_graph(3, 8, 2)
+    weights = [(v * 31) % 17 + 1 for v in range(n)]
+    result = plan_graph(weights, edges)
+    assert graph_cost(weights, edges, result.kept) == result.value
+    assert result.value <= sum(weights[1:-1])
+    assert result.value <= plan_graph(weights, edges, exhaustive_limit=0).value
+
+
+def test_nas_cell_needs_the_complicated_level() -> None:
+    """Enumerating the cell's subsets finds a plan the restricted family cannot express."""
+    n, edges = nas_skip_cell_graph()
+    weights = [7, 3, 2, 4, 6, 6, 8, 1]
+    result = plan_graph(weights, edges)
+    assert result.value == oracle_min(weights, edges) == 23
+    assert result.segments == (Segment(entry=0, exit=6, interior=(2, 4)), Segment(entry=0, exit=6, interior=(5,)))
+    assert plan_graph(weights, edges, exhaustive_limit=0).value == 27  # nodes kept, two ops dropped: 3 + 4 + 6 + 8 + 6
+
+
+def test_two_vertices() -> None:
+    assert plan_graph([3, 4], [(0, 1)]) == GraphPlan(value=0, max_term=0, kept=(0, 1), segments=())
+
+
+# --- bad input ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("weights", "edges", "message"), [
+    ([1], [], "at least 2 vertices"),
+    ([1, -1, 1], [(0, 1), (1, 2)], "weights[1]"),
+    ([1, 1.5, 1], [(0, 1), (1, 2)], "weights[1]"),
+    ([1, True, 1], [(0, 1), (1, 2)], "weights[1]"),
+    ([1, 1, 1], [(0, 1), (1, 1), (1, 2)], "self-loop"),
+    ([1, 1, 1], [(0, 2), (2, 1), (1, 2)], "goes backward"),
+    ([1, 1, 1], [(0, 1), (1, 3)], "out of range"),
+    ([1, 1, 1], [(0, 1), (-1, 2)], "out of range"),
+    ([1, 1, 1], [(0, 1, 2)], "pair"),
+    ([1, 1, 1, 1], [(0, 2), (1, 2), (2, 3)], "vertex 1 has no in-edge"),
+    ([1, 1, 1, 1], [(0, 1), (0, 2), (2, 3)], "vertex 1 has no out-edge"),
+])
+def test_bad_graphs_are_refused(weights: list, edges: list, message: str) -> None:
+    with pytest.raises(PlanError) as info:
+        plan_graph(weights, edges)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(PlanError):
+        graph_cost(weights, edges, [0, len(weights) - 1])
+
+
+@pytest.mark.parametrize(("kept", "message"), [
+    ([1, 3], "vertex 0 is missing"),
+    ([0, 1, 2], "vertex 3 is missing"),
+    ([0, 4, 3], "out of range"),
+    ([0, 1, 3], "2 entries"),
+])
+def test_bad_plans_are_refused(kept: list[int], message: str) -> None:
+    weights = [1, 1, 1, 1]
+    edges = [(0, 1), (1, 2), (2, 3), (0, 2)]
+    with pytest.raises(PlanError) as info:
+        graph_cost(weights, edges, kept)
+    assert message in str(info.value)
+
+
+def test_bad_exhaustive_limit_is_refused() -> None:
+    with pytest.raises(PlanError, match="exhaustive_limit"):
+        plan_graph([1, 1], [(0, 1)], exhaustive_limit=-1)
+
+
+# --- determinism --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags(max_n=12), st.data())
+def test_deterministic_and_relabel_invariant(graph: tuple[list[int], Edges], data: st.DataObject) -> None:
+    """The same input gives the same plan; another topological numbering of the same graph the same value."""
+    weights, edges = graph
+    n = len(weights)
+    first = plan_graph(weights, edges)
+    assert plan_graph(list(weights), list(edges)) == first
+    priority = data.draw(st.lists(st.integers(0, 1000), min_size=n, max_size=n))
+    relabelled = _topological(n, edges, source=0, sink=n - 1, priority=priority)
+    label = {}
+    for (u, v), (a, b) in zip(edges, relabelled, strict=True):
+        label[u], label[v] = a, b
+    new_weights = [0] * n
+    for v, w in enumerate(weights):
+        new_weights[label[v]] = w
+    assert plan_graph(new_weights, relabelled).value == first.value
