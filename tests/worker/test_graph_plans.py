@@ -1,0 +1,73 @@
+"""``acg`` plans on real op graphs: they run, train like the model, and where blocks branch they beat the
+best chain plan in measured memory (docs/benchmarks.md, "Graph plans")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+
+from remat.client.op_graph import build_op_graph
+from remat.client.stage_graph import build_stage_chain
+from remat.worker.measure import measure_step
+from remat.worker.planners.acg import graph_cost, plan_graph
+from remat.worker.planning import make_plan
+from remat.worker.profilers import profile
+from tests.utils.nas_cell import nas_net
+
+MODELS = {
+    "resnet18": (lambda: torchvision.models.resnet18(weights=None), (2, 3, 32, 32)),
+    "densenet121": (lambda: torchvision.models.densenet121(weights=None), (2, 3, 32, 32)),
+    "googlenet": (lambda: torchvision.models.googlenet(weights=None, aux_logits=True, init_weights=False),
+                  (2, 3, 64, 64)),
+    "nas_cells": (nas_net, (2, 3, 16, 16)),
+}
+
+
+def _grads(model: torch.nn.Module, x: torch.Tensor, forward) -> list[torch.Tensor | None]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    out = forward(x)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    sum(o.pow(2).mean() for o in outs).backward()
+    return [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_acg_plans_run_and_train_like_the_model(name: str) -> None:
+    make, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = make().train()
+    x = torch.randn(*shape)
+    graph = build_op_graph(model, x)
+    gp = plan_graph(graph.weights, graph.edges)
+    assert graph_cost(graph.weights, graph.edges, gp.kept) == gp.value
+    dropped = sorted(v for seg in gp.segments for v in seg.interior)
+    assert dropped, "the plan drops nothing"
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    reference = _grads(model, x, model)
+    model.load_state_dict(state)
+    planned = _grads(model, x, lambda t: graph.run(t, dropped))
+    for a, b in zip(planned, reference, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+    # One checkpointed call per segment, or fewer where a join reads several (they are merged only then).
+    assert 0 < len(graph.calls(dropped)) <= len(gp.segments)
+
+
+def test_on_branching_cells_acg_measures_below_the_best_chain_plan() -> None:
+    """The chain cannot cut inside cells that read the two previous cells; the graph plan can."""
+    torch.manual_seed(0)
+    model = nas_net().train()
+    x = torch.randn(2, 3, 16, 16)
+    chain = build_stage_chain(model, x)
+    trace = profile(model, x, chain=chain, grads="kept", timing_repeats=0)
+    linear = make_plan(trace, "linear", cost_model="pytorch")
+    chain_peak = measure_step(model, x, linear.checkpoints, grads="kept", chain=chain).measured_peak_bytes
+    graph = build_op_graph(model, x)
+    gp = plan_graph(graph.weights, graph.edges)
+    dropped = sorted(v for seg in gp.segments for v in seg.interior)
+    measured = measure_step(model, x, dropped, grads="kept", chain=graph)
+    assert measured.measured_peak_bytes < 0.6 * chain_peak
+    assert measured.measured_peak_bytes < 0.6 * measured.baseline_measured_peak_bytes
