@@ -77,7 +77,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"batch {args.batch_size}, {args.image_size}², grads {args.grads}, CPU, torch {torch.__version__}\n")
+    print(f"batch {args.batch_size}, {args.image_size}² (inception_v3: 299², which its auxiliary head needs), "
+          f"grads {args.grads}, CPU, torch {torch.__version__}\n")
     print("| model | plan | vertices | kept | measured peak MiB | cut | step ms | overhead | acg solve s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for spec in args.models.split(","):
