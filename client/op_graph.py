@@ -41,7 +41,7 @@ import heapq
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import torch
@@ -49,9 +49,11 @@ import torch.fx
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from remat.client.boundaries import _on_path_edges
 from remat.client.errors import ModelError, PlanError
 from remat.client.fx_trace import _training_mode, trace_model
 from remat.client.stage_chain import _recompute_contexts
+from remat.client.stage_graph import _module_path
 from remat.client.write_probe import (
     _buffer_owners,
     _RecordingInterpreter,
@@ -159,6 +161,25 @@ def _strongly_connected(nodes: list[str], succ: dict[str, set[str]]) -> list[lis
     return out
 
 
+def _topological(units: Sequence[Any], succ: dict[Any, set[Any]], priority: dict[Any, int]) -> list[Any]:
+    """Kahn's algorithm, the ready unit of least ``priority`` first; units left out mean a cycle."""
+    indeg = dict.fromkeys(units, 0)
+    for vs in succ.values():
+        for v in vs:
+            indeg[v] += 1
+    heap = [(priority[u], u) for u in units if indeg[u] == 0]
+    heapq.heapify(heap)
+    order: list[Any] = []
+    while heap:
+        _, unit = heapq.heappop(heap)
+        order.append(unit)
+        for v in succ.get(unit, ()):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, (priority[v], v))
+    return order
+
+
 @dataclass(eq=False)
 class _Group:
     """A connected set of dropped vertices, run as one checkpointed call."""
@@ -229,7 +250,7 @@ class OpGraph:
         """The connected groups of ``dropped`` vertices (over every value edge), each sorted."""
         drop = set(dropped)
         uf = _UnionFind()
-        node_vertex = self._node_vertex()
+        node_vertex = self._vertex_of_node
         for v in drop:
             uf.find(str(v))
         for n in self.graph_module.graph.nodes:
@@ -247,8 +268,7 @@ class OpGraph:
 
     def _convex_failure(self, members: Sequence[int]) -> int | str | None:
         """A vertex outside ``members`` that reads them and feeds them (so no order runs them in one call)."""
-        node_vertex = self._node_vertex()
-        by_name = {n.name: n for n in self.graph_module.graph.nodes}
+        node_vertex, by_name = self._vertex_of_node, self._node_by_name
         inside = {name for v in members for name in self.vertex_nodes[v]}
         frontier = [u for name in inside for u in by_name[name].users if u.name not in inside]
         seen: set[str] = set()
@@ -269,7 +289,10 @@ class OpGraph:
         A group can when no value leaves it and comes back: a kept op that reads the group and feeds it
         would have to run both before and after the call.
         """
-        for members in self.groups(dropped):
+        self._check_groups(self.groups(dropped))
+
+    def _check_groups(self, groups: list[list[int]]) -> None:
+        for members in groups:
             between = self._convex_failure(members)
             if between is not None:
                 raise PlanError(f"dropped vertices {members} are no single checkpointable group: kept "
@@ -284,9 +307,9 @@ class OpGraph:
         reading several groups (a concatenation of dropped branches) runs outside, so that the groups are
         recomputed one at a time; the joins that do this (cat, add) save none of their inputs.
         """
-        self.check(dropped)
         drop = set(dropped)
         groups = self.groups(dropped)
+        self._check_groups(groups)
         group_of = {v: gi for gi, members in enumerate(groups) for v in members}
         readers: dict[int, set[int]] = {}
         for u, v in self._value_edges():
@@ -302,7 +325,7 @@ class OpGraph:
 
     def _value_edges(self) -> set[tuple[int, int]]:
         """Vertex pairs (u, v) where a node of v reads a value of a node of u (tensors and shapes)."""
-        node_vertex = self._node_vertex()
+        node_vertex = self._vertex_of_node
         out = set()
         for n in self.graph_module.graph.nodes:
             v = node_vertex.get(n.name)
@@ -314,8 +337,13 @@ class OpGraph:
                     out.add((w, v))
         return out
 
-    def _node_vertex(self) -> dict[str, int]:
+    @cached_property
+    def _vertex_of_node(self) -> dict[str, int]:
         return {name: v for v, names in enumerate(self.vertex_nodes) for name in names}
+
+    @cached_property
+    def _node_by_name(self) -> dict[str, torch.fx.Node]:
+        return {n.name: n for n in self.graph_module.graph.nodes}
 
     def _build_executor(self, dropped: tuple[int, ...]) -> torch.fx.GraphModule:
         gm = self.graph_module
@@ -350,23 +378,11 @@ class OpGraph:
         for n in nodes:
             first.setdefault(unit_of[n], pos[n])
         succ: dict[tuple[str, int], set[tuple[str, int]]] = {}
-        indeg = dict.fromkeys(first, 0)
         for n in nodes:
             for u in n.all_input_nodes:
-                a, b = unit_of[u], unit_of[n]
-                if a != b and b not in succ.setdefault(a, set()):
-                    succ[a].add(b)
-                    indeg[b] += 1
-        heap = [(first[u], u) for u, d in indeg.items() if d == 0]
-        heapq.heapify(heap)
-        order: list[tuple[str, int]] = []
-        while heap:
-            _, unit = heapq.heappop(heap)
-            order.append(unit)
-            for b in succ.get(unit, ()):
-                indeg[b] -= 1
-                if indeg[b] == 0:
-                    heapq.heappush(heap, (first[b], b))
+                if unit_of[u] != unit_of[n]:
+                    succ.setdefault(unit_of[u], set()).add(unit_of[n])
+        order = _topological(list(first), succ, first)
         if len(order) != len(first):  # check() rules cycles out; kept as a guard
             raise PlanError(f"dropped vertices {list(dropped)} cannot be ordered into checkpointed groups")
         # Random ops must keep their order, or dropout masks differ from the model's (NOTE [RNG on recompute]).
@@ -419,11 +435,10 @@ class OpGraph:
 
 
 def _module_label(n: torch.fx.Node) -> str:
-    if n.op == "call_module":
-        return str(n.target)
-    stack = n.meta.get("nn_module_stack")
-    path = next(reversed(stack)) if stack else ""
-    return f"{path}:{n.name}" if path else n.name
+    path = _module_path(n)
+    if not path:
+        return n.name
+    return path if n.op == "call_module" else f"{path}:{n.name}"
 
 
 def _attr(root: nn.Module, target: str) -> Any:
@@ -511,22 +526,8 @@ def build_op_graph(model: nn.Module, example_input: torch.Tensor, *, train: bool
     members: dict[str, list[str]] = {}
     for n in compute:
         members.setdefault(uf.find(n.name), []).append(n.name)
-    # Topological order of vertices, ties broken by first node position (Kahn with a sorted frontier).
-    succ = vertex_edges()
-    indeg = dict.fromkeys(members, 0)
-    for vs in succ.values():
-        for v in vs:
-            indeg[v] += 1
-    heap = [(pos[members[r][0]], r) for r in members if indeg[r] == 0]
-    heapq.heapify(heap)
-    order: list[str] = []
-    while heap:
-        _, r = heapq.heappop(heap)
-        order.append(r)
-        for v in succ.get(r, ()):
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                heapq.heappush(heap, (pos[members[v][0]], v))
+    # Topological order of vertices, ties broken by first node position.
+    order = _topological(list(members), vertex_edges(), {r: pos[names[0]] for r, names in members.items()})
     source_root = uf.find(placeholders[0].name)
     if order[0] != source_root:
         raise ModelError(f"{type(model).__name__} computes tensors that do not depend on its input first; "
@@ -548,32 +549,17 @@ def build_op_graph(model: nn.Module, example_input: torch.Tensor, *, train: bool
     if virtual:
         for r in fed:
             tensor_succ.setdefault(r, set()).add(_SINK)
-    reach = {source_root}
-    stack = [source_root]
-    while stack:
-        for v in tensor_succ.get(stack.pop(), ()):
-            if v not in reach:
-                reach.add(v)
-                stack.append(v)
-    pred: dict[str, set[str]] = {}
-    for u, vs in tensor_succ.items():
-        for v in vs:
-            pred.setdefault(v, set()).add(u)
-    coreach = {sink}
-    stack = [sink]
-    while stack:
-        for u in pred.get(stack.pop(), ()):
-            if u not in coreach:
-                coreach.add(u)
-                stack.append(u)
-    if sink not in reach:
+    path_edges = _on_path_edges([*order, _SINK], {u: sorted(vs) for u, vs in tensor_succ.items()},
+                                source_root, sink)
+    if source_root not in path_edges:
         raise ModelError(f"the output of {type(model).__name__} does not depend on its input tensor")
-    on_path = [r for r in order if r in reach and r in coreach]
+    on_path = [r for r in path_edges if r != _SINK]
     if not virtual and on_path[-1] != sink:
         raise ModelError(f"{type(model).__name__}'s op graph has no single sink")
     # Off-path vertices (ops that do not lead to the output, or do not depend on the input) always run as
     # traced: they are not planned. They still belong to no group, so they are never dropped.
     index = {r: i for i, r in enumerate(on_path)}
+    index[_SINK] = len(on_path)
     vertex_nodes = [tuple(sorted(members[r], key=pos.__getitem__)) for r in on_path]
     weights = []
     for names in vertex_nodes:
@@ -583,12 +569,10 @@ def build_op_graph(model: nn.Module, example_input: torch.Tensor, *, train: bool
                 if first_owner.get(sid) == name:
                     seen[sid] = nbytes
         weights.append(sum(seen.values()))
-    edges = sorted({(index[u], index[v]) for u, vs in tensor_succ.items() if u in index
-                    for v in vs if v in index})
+    edges = sorted({(index[u], index[v]) for u, vs in path_edges.items() for v in vs})
     if virtual:
         vertex_nodes.append(())
         weights.append(0)
-        edges = sorted({*edges, *((index[r], len(on_path)) for r in fed if r in index)})
     by_name = {n.name: n for n in nodes}
     labels = [_module_label(by_name[names[0]]) if names else _SINK for names in vertex_nodes]
     labels[0] = "<input>"

@@ -7,33 +7,14 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 import torchvision
 from torch import nn
 
 from remat.client.errors import PlanError
 from remat.client.op_graph import OpGraph, build_op_graph
 from remat.client.stage_graph import build_stage_chain
+from tests.client.test_stage_graph import Tiny
 from tests.utils.nas_cell import nas_net
-
-
-class Tiny(nn.Module):
-    """conv → bn → in-place ReLU → a residual pair closed by an in-place ReLU → pool → flatten → fc."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(4)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
-        self.conv3 = nn.Conv2d(4, 4, 3, padding=1)
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.relu(self.bn1(self.conv1(x)))
-        y = F.relu(self.conv3(self.conv2(x)) + x, inplace=True)
-        return self.fc(torch.flatten(self.pool(y), 1))
 
 
 class CrossedDropout(nn.Module):

@@ -13,6 +13,7 @@ from remat.worker.measure import measure_step
 from remat.worker.planners.acg import graph_cost, plan_graph
 from remat.worker.planning import make_plan
 from remat.worker.profilers import profile
+from tests.client.test_op_graph import _step
 from tests.utils.nas_cell import nas_net
 
 MODELS = {
@@ -22,15 +23,6 @@ MODELS = {
                   (2, 3, 64, 64)),
     "nas_cells": (nas_net, (2, 3, 16, 16)),
 }
-
-
-def _grads(model: torch.nn.Module, x: torch.Tensor, forward) -> list[torch.Tensor | None]:
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(0)
-    out = forward(x)
-    outs = list(out) if isinstance(out, tuple) else [out]
-    sum(o.pow(2).mean() for o in outs).backward()
-    return [None if p.grad is None else p.grad.clone() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -45,9 +37,9 @@ def test_acg_plans_run_and_train_like_the_model(name: str) -> None:
     dropped = sorted(v for seg in gp.segments for v in seg.interior)
     assert dropped, "the plan drops nothing"
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    reference = _grads(model, x, model)
+    reference = _step(model, x, model)[1]
     model.load_state_dict(state)
-    planned = _grads(model, x, lambda t: graph.run(t, dropped))
+    planned = _step(model, x, lambda t: graph.run(t, dropped))[1]
     for a, b in zip(planned, reference, strict=True):
         assert (a is None) == (b is None)
         if a is not None:
