@@ -40,6 +40,13 @@ def _format_checkpoints(checkpoints: Sequence[int], limit: int = 12) -> str:
     return shown + (f",… ({len(checkpoints)})" if len(checkpoints) > limit else "")
 
 
+def _format_kept(plan: Plan) -> str:
+    """The checkpoints column: a chain plan's boundaries, or what a graph plan recomputes."""
+    if plan.dropped_vertices is not None:
+        return f"graph: recomputes {len(plan.dropped_vertices)} of {plan.num_vertices} vertices"
+    return _format_checkpoints(plan.checkpoints)
+
+
 def _print_plan_table(plans: Sequence[Plan], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -52,7 +59,7 @@ def _print_plan_table(plans: Sequence[Plan], title: str) -> None:
         recompute = "-" if p.recompute_ms is None else f"{p.recompute_ms:.1f} ms"
         if overhead is not None:
             recompute += f" (+{overhead:.0%})"
-        table.add_row(p.algorithm, _format_checkpoints(p.checkpoints), p.cost_model,
+        table.add_row(p.algorithm, _format_kept(p), p.cost_model,
                       _format_bytes(p.predicted_peak_bytes), f"{p.saving:.1%}", recompute)
     # A pipe gets no terminal width; 80 columns would truncate the checkpoint lists.
     Console(width=None if sys.stdout.isatty() else 140).print(table)
@@ -220,7 +227,7 @@ def _print_model_table(report: Any, source: str | None = None) -> None:
         step = "-" if row.step_ms is None else f"{row.step_ms:.0f} ms"
         if base and base.step_ms and row.step_ms is not None:
             step += f" ({row.step_ms / base.step_ms - 1:+.0%})"
-        table.add_row(row.plan.algorithm, _format_checkpoints(row.plan.checkpoints),
+        table.add_row(row.plan.algorithm, _format_kept(row.plan),
                       _format_bytes(row.plan.predicted_peak_bytes), _format_bytes(row.measured_peak_bytes),
                       saving, step)
     Console(width=None if sys.stdout.isatty() else 160).print(table)

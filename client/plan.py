@@ -1,4 +1,4 @@
-"""The plan: which stage boundaries to keep, and what that is predicted (and measured) to cost.
+"""The plan: which stage boundaries (or op-graph vertices) to keep, and what that is predicted (and measured) to cost.
 
 This is the wire form shared by the CLI's ``--json`` output, the service and the worker; it lives in the
 client package because training jobs read it without any of the heavy dependencies.
@@ -30,6 +30,19 @@ def validate_checkpoints(checkpoints: Iterable[int], num_stages: int) -> tuple[i
     return out
 
 
+def validate_dropped_vertices(dropped: Iterable[int], num_vertices: int) -> tuple[int, ...]:
+    """Return dropped op-graph vertices as a sorted tuple, checking each is in 1..num_vertices-2 and appears once
+    (the input and the output vertex are always kept)."""
+    out = tuple(sorted(dropped))
+    for v in out:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= num_vertices - 2:
+            raise PlanError(f"dropped_vertices: vertex {v!r} is not in 1..{num_vertices - 2} "
+                            f"({num_vertices} graph vertices)")
+    if len(set(out)) != len(out):
+        raise PlanError(f"dropped_vertices: a vertex is listed twice in {list(out)}")
+    return out
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Plan:
     """A checkpoint plan for one trace, as one algorithm chose it."""
@@ -50,9 +63,22 @@ class Plan:
     budget_bytes: int | None = None
     """For a ``budget`` plan (a point of the Pareto frontier): the tightest budget it answers, its own
     predicted peak; a request for any budget ≥ this and below the next point's peak gets this plan."""
+    dropped_vertices: tuple[int, ...] | None = None
+    """A graph plan (``acg`` on a trace with an op graph): the op-graph vertices recomputed in backward, all
+    others kept. ``checkpoints`` is then empty: the plan cuts inside the chain's stages, not between them.
+    None for a chain plan."""
+    num_vertices: int | None = None
+    """A graph plan's op-graph vertex count (input and output included), None for a chain plan."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if (self.dropped_vertices is None) != (self.num_vertices is None):
+            raise PlanError("plan: dropped_vertices and num_vertices go together (a graph plan has both)")
+        if self.dropped_vertices is not None:
+            if self.checkpoints:
+                raise PlanError("plan: a graph plan (dropped_vertices) has no chain checkpoints")
+            object.__setattr__(self, "dropped_vertices",
+                               validate_dropped_vertices(self.dropped_vertices, int(self.num_vertices or 0)))
         # One JSON type per field, wherever the plan came from: a planner's sum of no re-run stages is the
         # int 0, a stored plan reads back 0.0; both print as 0.0.
         for name in ("recompute_ms", "step_ms"):
@@ -67,6 +93,11 @@ class Plan:
         """What names this plan among a trace's plans: its algorithm, and its budget when it has one
         (``budget@123456``): a trace has one plan per registered planner but many frontier plans."""
         return f"{self.algorithm}@{self.budget_bytes}" if self.budget_bytes else self.algorithm
+
+    @property
+    def is_graph_plan(self) -> bool:
+        """True for a plan over the op graph (``dropped_vertices``), False for a chain plan (``checkpoints``)."""
+        return self.dropped_vertices is not None
 
     @property
     def saving(self) -> float:
@@ -101,6 +132,9 @@ class Plan:
             "budget_bytes": self.budget_bytes,
             "schema_version": PLAN_SCHEMA_VERSION,
         }
+        if self.dropped_vertices is not None:
+            out["dropped_vertices"] = list(self.dropped_vertices)
+            out["num_vertices"] = self.num_vertices
         out.update(self.extra)
         return out
 
@@ -110,7 +144,15 @@ class Plan:
         try:
             num_stages = int(obj["num_stages"])
             known = {"algorithm", "checkpoints", "predicted_peak_bytes", "baseline_peak_bytes", "cost_model",
-                     "num_stages", "recompute_ms", "step_ms", "budget_bytes", "schema_version"}
+                     "num_stages", "recompute_ms", "step_ms", "budget_bytes", "schema_version",
+                     "dropped_vertices", "num_vertices"}
+            dropped, num_vertices = obj.get("dropped_vertices"), obj.get("num_vertices")
+            if dropped is not None:
+                if isinstance(num_vertices, bool) or not isinstance(num_vertices, int):
+                    raise PlanError(f"plan: num_vertices must be an integer, got {num_vertices!r}")
+                if not isinstance(dropped, list | tuple):
+                    raise PlanError(f"plan: dropped_vertices must be a list, got {type(dropped).__name__}")
+                dropped = tuple(dropped)
             return cls(
                 algorithm=str(obj["algorithm"]),
                 cost_model=str(obj["cost_model"]),
@@ -121,6 +163,8 @@ class Plan:
                 recompute_ms=obj.get("recompute_ms"),
                 step_ms=obj.get("step_ms"),
                 budget_bytes=obj.get("budget_bytes"),
+                dropped_vertices=dropped,
+                num_vertices=num_vertices if dropped is not None else None,
                 extra={k: v for k, v in obj.items() if k not in known},
             )
         except KeyError as exc:

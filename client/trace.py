@@ -1,8 +1,10 @@
 """The ``remat-trace/1`` format: one validated, immutable in-memory form of a layer memory trace.
 
 A trace describes a network cut into a chain of stages 1..n (see docs/cost-model.md for what each field
-means to the planners). It is the one contract between profilers, planners, the plan database and users who
-write traces by hand, so it is loaded and validated here and nowhere else.
+means to the planners) and, optionally, its op graph (``graph``: every tensor the model computes as a
+vertex, for planners that cut inside blocks; docs/algorithms.md, ``acg``). It is the one contract between
+profilers, planners, the plan database and users who write traces by hand, so it is loaded and validated
+here and nowhere else.
 
 Validation is hand-written rather than delegated to a schema library on purpose: traces of 10^6 stages must
 load in well under a second, and every error must be one line that names the field (``stages[3].output_bytes``).
@@ -127,6 +129,44 @@ class Stage:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
+class GraphVertex:
+    """One vertex of a trace's op graph: a group of ops that create one set of storages."""
+
+    name: str
+    bytes: int
+    """Bytes of the storages the vertex's ops create: what keeping the vertex costs (``op_graph.weights``)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Fields a profiler recorded that the planners do not use; kept so that a round trip loses nothing."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, **self.extra}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TraceGraph:
+    """The op graph of the traced model (``remat.client.op_graph.OpGraph`` without the model).
+
+    Vertices are numbered in topological order: vertex 0 is the input, the last vertex the output (a weight-0
+    vertex joining several outputs), every edge ``(u, v)`` has u < v, and every vertex lies on a path from
+    the first to the last. A graph plan names the vertices it recomputes (``Plan.dropped_vertices``).
+    """
+
+    vertices: tuple[GraphVertex, ...]
+    edges: tuple[tuple[int, int], ...]
+
+    @property
+    def num_vertices(self) -> int:
+        return len(self.vertices)
+
+    @property
+    def weights(self) -> list[int]:
+        return [v.bytes for v in self.vertices]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"vertices": [v.to_dict() for v in self.vertices], "edges": [list(e) for e in self.edges]}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
 class Trace:
     """A whole ``remat-trace/1`` trace: the stages plus metadata about how they were measured."""
 
@@ -135,6 +175,8 @@ class Trace:
     stages: tuple[Stage, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
     """Optional top-level fields: model, model_hash, input_shape, dtype, device, torch_version, grads, mode…"""
+    graph: TraceGraph | None = None
+    """The model's op graph, when the profiler recorded it (``acg`` plans on it; the chain planners ignore it)."""
 
     @property
     def num_stages(self) -> int:
@@ -152,6 +194,8 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": TRACE_FORMAT, **self.metadata, "input_bytes": self.input_bytes}
         out["stages"] = [s.to_dict() for s in self.stages]
+        if self.graph is not None:
+            out["graph"] = self.graph.to_dict()
         return out
 
     def to_json(self) -> str:
@@ -212,6 +256,60 @@ def _parse_stage(obj: Any, index: int) -> Stage:
     return Stage(**kwargs, extra=extra)
 
 
+def _parse_vertex(obj: Any, index: int) -> GraphVertex:
+    where = f"graph.vertices[{index}]."
+    if not isinstance(obj, Mapping):
+        raise TraceFormatError(f"graph.vertices[{index}]: must be an object, got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str):
+        raise TraceFormatError(f"{where}name: missing or not a string")
+    nbytes = _nonneg_int(obj, "bytes", where, required=True)
+    return GraphVertex(name=name, bytes=nbytes, extra={k: v for k, v in obj.items() if k not in ("name", "bytes")})
+
+
+def _parse_graph(obj: Any) -> TraceGraph:
+    """Validate the optional ``graph`` field: the rules of :class:`TraceGraph`, each broken one named."""
+    if not isinstance(obj, Mapping):
+        raise TraceFormatError(f"graph: must be an object with vertices and edges, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - {"vertices", "edges"})
+    if unknown:
+        raise TraceFormatError(f"graph.{unknown[0]}: unknown field (a graph has vertices and edges)")
+    vertices_obj, edges_obj = obj.get("vertices"), obj.get("edges")
+    if not isinstance(vertices_obj, Sequence) or isinstance(vertices_obj, str):
+        raise TraceFormatError("graph.vertices: missing or not a list")
+    if len(vertices_obj) < 2:
+        raise TraceFormatError(f"graph.vertices: needs at least 2 (the input and the output), got {len(vertices_obj)}")
+    if not isinstance(edges_obj, Sequence) or isinstance(edges_obj, str):
+        raise TraceFormatError("graph.edges: missing or not a list")
+    vertices = tuple(_parse_vertex(v, i) for i, v in enumerate(vertices_obj))
+    n = len(vertices)
+    edges: list[tuple[int, int]] = []
+    has_in, has_out = [False] * n, [False] * n
+    seen: set[tuple[int, int]] = set()
+    for i, edge in enumerate(edges_obj):
+        if (not isinstance(edge, Sequence) or isinstance(edge, str) or len(edge) != 2
+                or not all(_is_int(x) for x in edge)):
+            raise TraceFormatError(f"graph.edges[{i}]: must be a pair of vertex numbers [u, v], got {edge!r}")
+        u, v = edge
+        if not 0 <= u < v < n:
+            raise TraceFormatError(f"graph.edges[{i}]: [{u}, {v}] must satisfy 0 ≤ u < v < {n} (vertices are "
+                                   "numbered in topological order)")
+        if (u, v) in seen:
+            raise TraceFormatError(f"graph.edges[{i}]: [{u}, {v}] is listed twice")
+        seen.add((u, v))
+        edges.append((u, v))
+        has_out[u] = has_in[v] = True
+    for v in range(1, n):
+        if not has_in[v]:
+            raise TraceFormatError(f"graph.vertices[{v}]: no edge enters it (vertex 0, the input, must be the "
+                                   "only source)")
+    for v in range(n - 1):
+        if not has_out[v]:
+            raise TraceFormatError(f"graph.vertices[{v}]: no edge leaves it (vertex {n - 1}, the output, must be "
+                                   "the only sink)")
+    return TraceGraph(vertices=vertices, edges=tuple(sorted(edges)))
+
+
 def parse_trace(obj: Any) -> Trace:
     """Validate a decoded JSON object as ``remat-trace/1``.
 
@@ -232,7 +330,7 @@ def parse_trace(obj: Any) -> Trace:
     stages = tuple(_parse_stage(s, i) for i, s in enumerate(stages_obj))
     metadata: dict[str, Any] = {}
     for key, value in obj.items():
-        if key in ("format", "input_bytes", "stages"):
+        if key in ("format", "input_bytes", "stages", "graph"):
             continue
         expected = METADATA_TYPES.get(key)
         if expected is not None and value is not None and not isinstance(value, expected):
@@ -243,7 +341,8 @@ def parse_trace(obj: Any) -> Trace:
         raise TraceFormatError(f"grads: must be one of {', '.join(GRAD_CONVENTIONS)}, got {metadata['grads']!r}")
     if metadata.get("mode") not in (None, *MODES):
         raise TraceFormatError(f"mode: must be one of {', '.join(MODES)}, got {metadata['mode']!r}")
-    return Trace(input_bytes=input_bytes, stages=stages, metadata=metadata)
+    graph = _parse_graph(obj["graph"]) if obj.get("graph") is not None else None
+    return Trace(input_bytes=input_bytes, stages=stages, metadata=metadata, graph=graph)
 
 
 def loads_trace(text: str | bytes) -> Trace:

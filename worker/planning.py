@@ -27,12 +27,35 @@ def step_ms(trace: Trace) -> float | None:
 
 
 def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) -> Plan:
-    """Run one planner and report its plan under ``cost_model`` (default: the planner's own)."""
+    """Run one planner and report its plan under ``cost_model`` (default: the planner's own).
+
+    A planner that ``plans_graphs`` returns a graph plan when the trace has an op graph; such a plan is
+    reported under the ``classic`` model whatever is asked, the only one defined on graphs so far.
+    """
     spec = get_planner(algorithm)
     model = cost_model or spec.native_cost_model
     if model not in COST_MODELS:
         raise ValueError(f"cost model {model!r} is unknown; choose one of {', '.join(COST_MODELS)}")
+    if spec.plans_graphs and trace.graph is not None:
+        return graph_plan(trace, algorithm)
     return _reported(trace, algorithm, spec.fn(trace, cost_model=model), model)
+
+
+def graph_plan(trace: Trace, algorithm: str = "acg") -> Plan:
+    """``acg``'s plan on the trace's op graph, reported under the classic model: the kept vertices' bytes
+    plus the largest recomputed group, against keeping every vertex."""
+    from remat.worker.planners.acg import graph_cost, plan_trace_graph
+
+    assert trace.graph is not None
+    result = plan_trace_graph(trace)
+    weights, edges = trace.graph.weights, trace.graph.edges
+    dropped = tuple(v for seg in result.segments for v in seg.interior)
+    return Plan(
+        algorithm=algorithm, cost_model="classic", checkpoints=(), dropped_vertices=dropped,
+        num_vertices=trace.graph.num_vertices, predicted_peak_bytes=result.value,
+        baseline_peak_bytes=graph_cost(weights, edges, range(len(weights))), num_stages=trace.num_stages,
+        recompute_ms=None, step_ms=step_ms(trace),
+    )
 
 
 def _reported(trace: Trace, algorithm: str, checkpoints: Sequence[int], cost_model: str,

@@ -61,6 +61,29 @@ class TestPlan:
         for word in ("algorithm", "checkpoints", "saving vs none", "linear", "cubic", "chen-greedy"):
             assert word in out
 
+    def test_acg_plans_the_graph_a_trace_carries(self, capsys, trace_file: Path) -> None:
+        obj = json.loads(trace_file.read_text())
+        # A diamond inside the chain: the input feeds two arms that a join adds.
+        obj["graph"] = {"vertices": [{"name": "in", "bytes": 64}, {"name": "a", "bytes": 500},
+                                     {"name": "b", "bytes": 500}, {"name": "join", "bytes": 30}],
+                        "edges": [[0, 1], [0, 2], [1, 3], [2, 3]]}
+        trace_file.write_text(json.dumps(obj))
+        code, out, _ = run_cli(capsys, "plan", "--trace", str(trace_file), "--algorithm", "acg", "--json")
+        assert code == 0
+        plan = json.loads(out)
+        assert plan["dropped_vertices"] == [1, 2] and plan["num_vertices"] == 4 and plan["checkpoints"] == []
+        assert (plan["cost_model"], plan["predicted_peak_bytes"], plan["baseline_peak_bytes"]) == ("classic", 500, 1000)
+        code, out, _ = run_cli(capsys, "plan", "--trace", str(trace_file), "--algorithm", "acg")
+        assert code == 0 and "graph: recomputes 2 of 4 vertices" in out
+
+    def test_a_bad_graph_is_named_in_one_line(self, capsys, trace_file: Path) -> None:
+        obj = json.loads(trace_file.read_text())
+        obj["graph"] = {"vertices": [{"name": "in", "bytes": 64}, {"name": "out", "bytes": 8}], "edges": [[1, 0]]}
+        trace_file.write_text(json.dumps(obj))
+        code, _, err = run_cli(capsys, "plan", "--trace", str(trace_file), "--algorithm", "acg")
+        assert code == 2
+        assert "graph.edges[0]: [1, 0] must satisfy" in err and err.count("\n") <= 1
+
 
 class TestEvaluate:
     def test_peaks_in_file_order(self, capsys, trace_file: Path, tmp_path: Path) -> None:

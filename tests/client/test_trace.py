@@ -38,6 +38,31 @@ class TestValidTraces:
         assert load_trace(path).metadata["model"] == "toy"
 
 
+_DIAMOND = {"vertices": [{"name": "<input>", "bytes": 8}, {"name": "left", "bytes": 4, "kind": "conv"},
+                        {"name": "right", "bytes": 6}, {"name": "join", "bytes": 4}],
+            "edges": [[0, 1], [0, 2], [2, 3], [1, 3]]}
+
+
+class TestGraph:
+    def test_graph_round_trips_with_unknown_vertex_fields(self) -> None:
+        trace = parse_trace(_trace(graph=_DIAMOND))
+        assert trace.graph is not None
+        assert trace.graph.weights == [8, 4, 6, 4]
+        assert trace.graph.edges == ((0, 1), (0, 2), (1, 3), (2, 3))
+        assert trace.graph.vertices[1].extra == {"kind": "conv"}
+        assert "graph" not in trace.metadata
+        assert parse_trace(json.loads(trace.to_json())) == trace
+
+    def test_a_trace_without_graph_has_none_and_writes_none(self) -> None:
+        trace = parse_trace(_trace())
+        assert trace.graph is None
+        assert "graph" not in trace.to_dict()
+
+
+def _graph(**overrides):
+    return json.dumps(_trace(graph={**_DIAMOND, **overrides}))
+
+
 BAD = [
     ("not json", "{", "not valid JSON"),
     ("not an object", "[1, 2]", "must be a JSON object"),
@@ -63,6 +88,22 @@ BAD = [
                                             "saves_input": "yes"}])), "stages[0].saves_input"),
     ("bad grads", json.dumps(_trace(grads="sometimes")), "grads: must be one of"),
     ("bad metadata type", json.dumps(_trace(input_shape="3x224")), "input_shape: must be of type list"),
+    ("graph not an object", json.dumps(_trace(graph=[1])), "graph: must be an object"),
+    ("graph unknown field", _graph(weights=[1]), "graph.weights: unknown field"),
+    ("graph one vertex", _graph(vertices=[{"name": "x", "bytes": 1}], edges=[]), "graph.vertices: needs at least 2"),
+    ("graph vertex bytes", _graph(vertices=[{"name": "x", "bytes": 1}, {"name": "y", "bytes": -3}]),
+     "graph.vertices[1].bytes: must be ≥ 0"),
+    ("graph vertex name", _graph(vertices=[{"name": "x", "bytes": 1}, {"bytes": 3}]), "graph.vertices[1].name"),
+    ("graph edges missing", json.dumps(_trace(graph={"vertices": _DIAMOND["vertices"]})),
+     "graph.edges: missing or not a list"),
+    ("graph edge shape", _graph(edges=[[0, 1], [0, 2, 3]]), "graph.edges[1]: must be a pair"),
+    ("graph edge backward", _graph(edges=[[0, 1], [2, 1]]),
+     "graph.edges[1]: [2, 1] must satisfy 0 ≤ u < v < 4"),
+    ("graph edge out of range", _graph(edges=[[0, 4]]), "graph.edges[0]: [0, 4] must satisfy"),
+    ("graph edge twice", _graph(edges=[[0, 1], [0, 2], [1, 3], [0, 1], [2, 3]]),
+     "graph.edges[3]: [0, 1] is listed twice"),
+    ("graph second source", _graph(edges=[[0, 1], [1, 3], [2, 3]]), "graph.vertices[2]: no edge enters it"),
+    ("graph second sink", _graph(edges=[[0, 1], [0, 2], [1, 3]]), "graph.vertices[2]: no edge leaves it"),
 ]
 
 

@@ -1,9 +1,11 @@
 """Checkpoint planners: one module per algorithm, one signature, one registry.
 
 Every planner is a pure function ``(trace, *, cost_model) -> checkpoints`` (a sorted tuple of stage
-boundaries 1..n-1). ``cost_model`` names the objective a planner that searches should minimise; exact
-planners minimise their own objective whatever is asked (``cubic``: classic, ``linear``: pytorch), and the
-caller evaluates the result under the requested model. Planners import neither torch nor any service code.
+boundaries 1..n-1). A planner that ``plans_graphs`` (``acg``) also plans on the trace's op graph when the
+trace has one (``remat.worker.planning.make_plan`` decides which). ``cost_model`` names the objective a
+planner that searches should minimise; exact planners minimise their own objective whatever is asked
+(``cubic`` and ``acg``: classic, ``linear``: pytorch), and the caller evaluates the result under the
+requested model. Planners import neither torch nor any service code.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from remat.client.trace import Trace
-from remat.worker.planners import baselines, cubic, linear
+from remat.worker.planners import acg, baselines, cubic, linear
 
 PlannerFn = Callable[..., tuple[int, ...]]
 
@@ -25,6 +27,8 @@ class PlannerSpec:
     fn: PlannerFn
     native_cost_model: str
     summary: str
+    plans_graphs: bool = False
+    """Plans on ``trace.graph`` (a graph plan, ``Plan.dropped_vertices``) when the trace has one."""
 
 
 PLANNERS: dict[str, PlannerSpec] = {
@@ -39,6 +43,8 @@ PLANNERS: dict[str, PlannerSpec] = {
                     "Chen et al.: greedy running-sum budget, swept"),
         PlannerSpec("cubic", cubic.plan, "classic", "exact minimiser of the classic model, O(n^3)"),
         PlannerSpec("linear", linear.plan, "pytorch", "exact minimiser of the pytorch model, O(n log^2 n)"),
+        PlannerSpec("acg", acg.plan, "classic", "Feng & Huang: the classic model on the op graph (cuts inside "
+                    "blocks), on the chain when the trace has no graph", plans_graphs=True),
     )
 }
 DEFAULT_PLANNER = "linear"

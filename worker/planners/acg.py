@@ -663,6 +663,13 @@ def plan_graph(weights: Sequence[int], edges: Sequence[tuple[int, int]], *,
     return result
 
 
+def plan_trace_graph(trace: Trace) -> GraphPlan:
+    """The plan on the trace's op graph (``trace.graph``), which must be present."""
+    if trace.graph is None:
+        raise PlanError("trace: has no op graph (graph); acg plans its chain instead (plan)")
+    return plan_graph(trace.graph.weights, trace.graph.edges)
+
+
 def plan(trace: Trace, *, cost_model: str = "classic") -> tuple[int, ...]:
     """Checkpoints minimising the classic cost model, found by the graph planner on the trace's chain.
 
