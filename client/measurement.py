@@ -27,6 +27,9 @@ class Measurement:
     """The planner whose plan was measured (None: checkpoints given by hand)."""
     checkpoints: tuple[int, ...] | None = None
     """The checkpoints that ran; None when storing means "the plan's current checkpoints"."""
+    dropped_vertices: tuple[int, ...] | None = None
+    """A graph plan: the op-graph vertices that were recomputed (``Plan.dropped_vertices``); None for a chain
+    plan, and when storing a graph plan's measurement, "the plan's current vertices"."""
     predicted_peak_bytes: int | None = None
     """The ``pytorch`` cost model's prediction for these checkpoints, from the trace of the same run."""
     measured_peak_bytes: int | None = None
@@ -76,7 +79,7 @@ class Measurement:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "checkpoints" and value is not None:
+            if f.name in ("checkpoints", "dropped_vertices") and value is not None:
                 value = list(value)
             elif f.name == "extra":
                 value = {k: v for k, v in value.items() if timelines or k not in TIMELINE_KEYS}
@@ -93,8 +96,9 @@ class Measurement:
         """Parse ``to_dict``'s form (unknown and derived keys are ignored)."""
         known = {f.name for f in fields(cls)} - {"id", "created_at"}
         values = {k: v for k, v in obj.items() if k in known}
-        if values.get("checkpoints") is not None:
-            values["checkpoints"] = tuple(values["checkpoints"])
+        for name in ("checkpoints", "dropped_vertices"):
+            if values.get(name) is not None:
+                values[name] = tuple(values[name])
         return cls(**values)
 
 

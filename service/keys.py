@@ -129,6 +129,14 @@ def check_storable(trace: Trace) -> None:
         _check_text(stage.name, f"stages[{i}].name")
         if stage.extra:
             _check_text(dict(stage.extra), f"stages[{i}]")
+    if trace.graph is not None:
+        for i, vertex in enumerate(trace.graph.vertices):
+            if vertex.bytes > MAX_FIELD_BYTES:
+                raise TraceRejectedError(f"graph.vertices[{i}].bytes: more than {MAX_FIELD_BYTES} bytes is not "
+                                         "plausible")
+            _check_text(vertex.name, f"graph.vertices[{i}].name")
+            if vertex.extra:
+                _check_text(dict(vertex.extra), f"graph.vertices[{i}]")
     meta = trace.metadata
     for key, limit in METADATA_MAX_CHARS.items():
         if isinstance(meta.get(key), str) and len(meta[key]) > limit:

@@ -25,7 +25,7 @@ from remat.service.db import Database
 if TYPE_CHECKING:
     from alembic.config import Config
 
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 """The newest revision in migrations/versions; a test keeps it equal to Alembic's own head."""
 
 

@@ -111,6 +111,8 @@ class TraceRow(Base):
     num_stages: Mapped[int] = mapped_column(Integer)
     trace_metadata: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
     """Every top-level metadata field of the trace as received, unknown ones included."""
+    graph: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    """The trace's op graph (``TraceGraph.to_dict()``), NULL when it has none."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     stages: Mapped[list[TraceStageRow]] = relationship(
@@ -172,6 +174,9 @@ class PlanRow(Base):
     cost_model: Mapped[str] = mapped_column(String(32))
     checkpoints: Mapped[list[int]]
     num_stages: Mapped[int] = mapped_column(Integer)
+    dropped_vertices: Mapped[list[int] | None] = mapped_column(JSON(none_as_null=True))
+    """A graph plan's recomputed op-graph vertices (``Plan.dropped_vertices``); NULL for a chain plan."""
+    num_vertices: Mapped[int | None] = mapped_column(Integer)
     predicted_peak_bytes: Mapped[int] = mapped_column(BigInteger)
     baseline_peak_bytes: Mapped[int] = mapped_column(BigInteger)
     recompute_ms: Mapped[float | None] = mapped_column(Float)
@@ -194,6 +199,8 @@ class MeasurementRow(Base):
     plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)
     checkpoints: Mapped[list[int]]
     """The checkpoints that were measured: a later profile may change the plan's own."""
+    dropped_vertices: Mapped[list[int] | None] = mapped_column(JSON(none_as_null=True))
+    """A graph plan's measured op-graph vertices; NULL for a chain plan."""
     predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     measured_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     """Activation peak: highest allocation during the step minus the allocation just before it."""

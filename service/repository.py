@@ -96,7 +96,7 @@ def store_trace(*, session: Session, trace: Trace) -> StoredTrace:
         architecture_id=arch_id, content_sha256=digest, input_shape=key.input_shape_text, dtype=key.dtype,
         mode=key.mode, grads=key.grads, device_class=key.device, device_name=meta.get("device_name"),
         torch_version=meta.get("torch_version"), input_bytes=trace.input_bytes, num_stages=trace.num_stages,
-        metadata=dict(meta), created_at=utcnow())
+        metadata=dict(meta), graph=trace.graph.to_dict() if trace.graph is not None else None, created_at=utcnow())
     stmt = stmt.on_conflict_do_nothing(index_elements=["content_sha256"]).returning(TraceRow.__table__.c.id)
     trace_id = session.execute(stmt).scalar_one_or_none()
     if trace_id is None:
@@ -123,7 +123,7 @@ def load_trace(*, session: Session, trace_id: int) -> Trace | None:
                 stage[name] = value
         stages.append(stage)
     return parse_trace({**row.trace_metadata, "format": "remat-trace/1", "input_bytes": row.input_bytes,
-                        "stages": stages})
+                        "stages": stages, **({"graph": row.graph} if row.graph is not None else {})})
 
 
 # --- plans ------------------------------------------------------------------------------------------------
@@ -149,12 +149,15 @@ def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> Pl
                "device_class": trace.device_class, "torch_version": key.torch_version,
                "algorithm": algorithm, "budget_bytes": budget,
                "cost_model": p.cost_model, "checkpoints": list(p.checkpoints), "num_stages": p.num_stages,
+               "dropped_vertices": list(p.dropped_vertices) if p.dropped_vertices is not None else None,
+               "num_vertices": p.num_vertices,
                "predicted_peak_bytes": p.predicted_peak_bytes, "baseline_peak_bytes": p.baseline_peak_bytes,
                "recompute_ms": p.recompute_ms, "step_ms": p.step_ms, "extra": dict(p.extra) or None,
                "created_at": now, "updated_at": now}
               for (algorithm, budget), p in sorted(by_key.items())]
     stmt = _insert(session, PlanRow.__table__).values(values)
-    replaced = ("trace_id", "cost_model", "checkpoints", "num_stages", "predicted_peak_bytes",
+    replaced = ("trace_id", "cost_model", "checkpoints", "num_stages", "dropped_vertices", "num_vertices",
+                "predicted_peak_bytes",
                 "baseline_peak_bytes", "recompute_ms", "step_ms", "extra", "updated_at")
     stmt = stmt.on_conflict_do_update(index_elements=list(_PLAN_KEY_COLUMNS),
                                       set_={c: stmt.excluded[c] for c in replaced})
@@ -191,17 +194,18 @@ def _plan_query(key: PlanKey) -> Select[Any]:
 
 
 def _measurements(session: Session, plans: Sequence[PlanRow]) -> dict[int, tuple[Measurement, ...]]:
-    """The latest measurements of each plan whose checkpoints are the plan's current ones."""
+    """The latest measurements of each plan whose checkpoints (or dropped vertices) are the plan's current ones."""
     if not plans:
         return {}
-    current = {p.id: list(p.checkpoints) for p in plans}
+    current = {p.id: (list(p.checkpoints), p.dropped_vertices) for p in plans}
     rows = session.execute(select(MeasurementRow).where(MeasurementRow.plan_id.in_(current))
                            .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc())).scalars()
     by_id = {p.id: p for p in plans}
     out: dict[int, list[Measurement]] = {pid: [] for pid in current}
     for m in rows:
         kept = out[m.plan_id]
-        if list(m.checkpoints) == current[m.plan_id] and len(kept) < MAX_MEASUREMENTS_PER_PLAN:
+        ran = (list(m.checkpoints), list(m.dropped_vertices) if m.dropped_vertices is not None else None)
+        if ran == current[m.plan_id] and len(kept) < MAX_MEASUREMENTS_PER_PLAN:
             kept.append(_measurement(m, by_id[m.plan_id]))
     return {pid: tuple(ms) for pid, ms in out.items()}
 
@@ -209,6 +213,7 @@ def _measurements(session: Session, plans: Sequence[PlanRow]) -> dict[int, tuple
 def _measurement(m: MeasurementRow, plan: PlanRow) -> Measurement:
     values = {name: getattr(m, name) for name in STORED_FIELDS}
     values["checkpoints"] = tuple(m.checkpoints)
+    values["dropped_vertices"] = tuple(m.dropped_vertices) if m.dropped_vertices is not None else None
     values["extra"] = m.extra or {}
     return Measurement(**values, id=m.id, created_at=m.created_at, algorithm=plan.algorithm, grads=plan.grads,
                        dtype=plan.dtype, device=plan.device_class)
@@ -226,7 +231,9 @@ def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
             plan=Plan(algorithm=plan.algorithm, cost_model=plan.cost_model, checkpoints=tuple(plan.checkpoints),
                       predicted_peak_bytes=plan.predicted_peak_bytes, baseline_peak_bytes=plan.baseline_peak_bytes,
                       num_stages=plan.num_stages, recompute_ms=plan.recompute_ms, step_ms=plan.step_ms,
-                      budget_bytes=plan.budget_bytes or None, extra=plan.extra or {}),
+                      budget_bytes=plan.budget_bytes or None,
+                      dropped_vertices=tuple(plan.dropped_vertices) if plan.dropped_vertices is not None else None,
+                      num_vertices=plan.num_vertices, extra=plan.extra or {}),
             trace=TraceInfo(trace_id=trace.id, content_sha256=trace.content_sha256, model=arch.name,
                             device_name=trace.device_name, torch_version=trace.torch_version,
                             batch_size=(trace.trace_metadata or {}).get("batch_size"),
@@ -317,6 +324,8 @@ def store_measurement(*, session: Session, key: PlanKey, algorithm: str, measure
     values = {name: getattr(measurement, name) for name in STORED_FIELDS}
     values["checkpoints"] = list(measurement.checkpoints if measurement.checkpoints is not None
                                  else plan[0].checkpoints)
+    dropped = measurement.dropped_vertices if measurement.dropped_vertices is not None else plan[0].dropped_vertices
+    values["dropped_vertices"] = list(dropped) if dropped is not None else None
     values["extra"] = dict(measurement.extra) or None
     row = MeasurementRow(plan_id=plan[0].id, created_at=utcnow(), **values)
     session.add(row)

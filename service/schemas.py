@@ -108,6 +108,9 @@ class PlanOut(BaseModel):
     step_ms: float | None
     budget_bytes: int | None
     schema_version: int
+    dropped_vertices: list[int] | None = None
+    """A graph plan's recomputed op-graph vertices (absent for a chain plan, whose ``checkpoints`` say it)."""
+    num_vertices: int | None = None
 
 
 def _measurement_out() -> type[BaseModel]:
@@ -218,7 +221,7 @@ class TraceStoredOut(BaseModel):
 
 def _measurement_in_type(name: str, hint: Any) -> Any:
     """Bounds for an incoming measurement field: bytes and times as stored, text the database can hold."""
-    if name == "checkpoints":
+    if name in ("checkpoints", "dropped_vertices"):
         return Annotated[list[Annotated[int, Field(ge=1, le=10**7)]], Field(max_length=10**6)] | None
     if name == "extra":
         return Annotated[dict[str, Any], AfterValidator(_storable)]

@@ -29,6 +29,7 @@ from sqlalchemy import func, select
 from remat.service import migrate
 from remat.service.db import Database
 from remat.service.models import JobRow, MeasurementRow, PlanRow, TraceRow
+from remat.worker.planners import PLANNERS
 from tests.conftest import require_service
 
 TOKEN = "e2e-token"
@@ -205,10 +206,10 @@ def _request(batch_size: int, side: int = 32, model: str = "resnet18") -> dict[s
 
 
 def _stored_once(result: dict[str, Any]) -> tuple[int, int, int]:
-    """What one profile stores: one trace, its six plans and its frontier, their measurements (all six and a
+    """What one profile stores: one trace, a plan per planner and its frontier, their measurements (all and a
     handful of frontier points): the counts a job's result implies when nothing was stored twice."""
     entries = [*result["plans"], *result["frontier"]]
-    assert len(result["plans"]) == 6 and len(result["frontier"]) >= 2
+    assert len(result["plans"]) == len(PLANNERS) and len(result["frontier"]) >= 2
     return 1, len(entries), sum(1 for e in entries if e["measurement"])
 
 
@@ -226,7 +227,7 @@ def test_a_job_goes_from_submission_to_plans_that_train_identically(cluster_work
     assert done["state"] == "succeeded", done
     assert done["plan_key"] == done["result"]["key"] and done["progress"] == 1.0 and done["attempts"] == 1
     plans = {e["plan"]["algorithm"]: e for e in done["result"]["plans"]}
-    assert set(plans) == {"none", "uniform", "chen-sqrt", "chen-greedy", "cubic", "linear"}
+    assert set(plans) == set(PLANNERS)
     for entry in plans.values():  # every plan validated by a real step, prediction beside measurement
         m = entry["measurement"]
         assert m["grad_check_passed"] is True and m["measured_peak_bytes"] > 0
@@ -257,8 +258,8 @@ def test_a_job_goes_from_submission_to_plans_that_train_identically(cluster_work
 
     again = cluster.wait_finished(cluster.submit(_request(2, 64))["id"], 120)  # same key: answered at once
     assert again["state"] == "succeeded" and again["result"]["reused"] is True
-    assert cluster.counts(done["plan_key"]) == _stored_once(done["result"]) == (1, 6 + len(frontier),
-                                                                               6 + len(measured_points))
+    assert cluster.counts(done["plan_key"]) == _stored_once(done["result"]) == (
+        1, len(PLANNERS) + len(frontier), len(PLANNERS) + len(measured_points))
 
     # The CLI: submit prints the job id; status shows the plans; status --wait --json the finished job.
     cli = [sys.executable, "-m", "remat.client.cli"]

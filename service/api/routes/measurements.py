@@ -20,7 +20,8 @@ def create_measurement(body: MeasurementCreate, state: StateDep) -> JSONResponse
     """Record what a real training step with the plan measured; the plan's cached reads are invalidated."""
     key = body.key.to_key()
     fields = body.model_dump(include=set(STORED_FIELDS))
-    fields["checkpoints"] = tuple(body.checkpoints) if body.checkpoints is not None else None
+    for name in ("checkpoints", "dropped_vertices"):
+        fields[name] = tuple(getattr(body, name)) if getattr(body, name) is not None else None
     measurement = Measurement(algorithm=body.algorithm, **fields)
     with state.db.write_session() as session:
         stored = repository.store_measurement(session=session, key=key, algorithm=body.algorithm,

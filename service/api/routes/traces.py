@@ -30,6 +30,10 @@ def _parse(body: bytes, settings: ServiceSettings) -> Trace:
     if trace.num_stages > settings.max_stages:
         raise TraceRejectedError(f"stages: {trace.num_stages} stages, more than the {settings.max_stages} this "
                                  f"service plans (REMAT_MAX_STAGES); merge stages, e.g. cut at block boundaries")
+    if trace.graph is not None and trace.graph.num_vertices > settings.max_graph_vertices:
+        raise TraceRejectedError(f"graph.vertices: {trace.graph.num_vertices} vertices, more than the "
+                                 f"{settings.max_graph_vertices} this service plans (REMAT_MAX_GRAPH_VERTICES); "
+                                 "leave the graph out to plan the chain")
     check_storable(trace)
     trace_key(trace)  # key metadata errors before the planners run, not after
     return trace
