@@ -10,7 +10,9 @@ Public API::
 
 How: the model is cut into the same stage chain the profiler measured (``stage_graph.build_stage_chain``)
 and the *instance's* ``forward`` is replaced by one that runs the chain with every segment but the last
-under non-reentrant ``torch.utils.checkpoint``. The returned object is the original module, so its
+under non-reentrant ``torch.utils.checkpoint``. A graph plan (``acg``'s, ``plan.dropped_vertices``) runs
+on the model's op graph instead (``op_graph.build_op_graph``), each group of dropped vertices as one
+checkpointed call. The returned object is the original module, so its
 parameters, buffers, ``state_dict()`` keys, hooks and optimizers are untouched. In eval mode or without
 grad mode the class's own ``forward`` runs, unchanged. docs/apply.md lists what is guaranteed.
 """
@@ -28,6 +30,7 @@ from torch import nn
 
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
 from remat.client.hashing import architecture_hash
+from remat.client.op_graph import OpGraph, build_op_graph
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey, current_torch_version
 from remat.client.precision import autocast_dtype, precision_of_call
@@ -43,7 +46,8 @@ class _Applied:
     plan: Plan
     key: PlanKey | None
     strict: bool
-    chain: StageChain | None = None
+    chain: StageChain | OpGraph | None = None
+    """What runs the plan: the stage chain, or the op graph for a graph plan."""
     checked: bool = False
     warned: bool = False
 
@@ -87,6 +91,12 @@ def _mismatch(plan: Plan, detail: str) -> PlanMismatchError:
 
 def _check_stages(state: _Applied) -> None:
     assert state.chain is not None
+    if isinstance(state.chain, OpGraph):
+        if state.chain.num_vertices != state.plan.num_vertices:
+            raise _mismatch(state.plan, f"the model's op graph has {state.chain.num_vertices} vertices, the "
+                                        f"plan's {state.plan.num_vertices}")
+        state.chain.check(state.plan.dropped_vertices or ())
+        return
     n = state.chain.num_stages
     if n != state.plan.num_stages:
         # Boundary indices only mean something on the chain they were chosen for, so this is refused
@@ -94,12 +104,19 @@ def _check_stages(state: _Applied) -> None:
         raise _mismatch(state.plan, f"the model splits into {n} stages, the plan into {state.plan.num_stages}")
 
 
-def _build(state: _Applied, model: nn.Module, example: torch.Tensor) -> None:
+def _build(state: _Applied, model: nn.Module, example: torch.Tensor, graph: Any = None) -> None:
     try:
-        state.chain = build_stage_chain(model, example, train=True)
+        if state.plan.is_graph_plan:
+            state.chain = build_op_graph(model, example, train=True, graph=graph)
+        else:
+            state.chain = build_stage_chain(model, example, train=True, graph=graph)
     except ModelError as exc:
         raise _mismatch(state.plan, str(exc)) from exc
     _check_stages(state)
+
+
+def _cut_points(plan: Plan) -> tuple[int, ...]:
+    return plan.dropped_vertices if plan.dropped_vertices is not None else plan.checkpoints
 
 
 def _check_call(state: _Applied, model: nn.Module, x: torch.Tensor) -> None:
@@ -139,7 +156,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         _check_call(state, self, x)
         state.checked = True
     assert state.chain is not None
-    return state.chain.run(x, state.plan.checkpoints)
+    return state.chain.run(x, _cut_points(state.plan))
 
 
 def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: bool = True) -> nn.Module:
@@ -196,6 +213,8 @@ def apply_with_chain(model: nn.Module, plan: Plan, *, key: PlanKey, chain: Stage
         if differs:
             raise _mismatch(plan, f"{differs} (plan vs this model and input)")
     state = _Applied(plan=plan, key=key, strict=True, chain=chain)
+    if plan.is_graph_plan:  # the op graph, from the caller's trace
+        _build(state, model, _example_for(key, model), graph=chain.graph_module)
     _check_stages(state)
     _install(model, state)
     return model
@@ -232,7 +251,8 @@ def applied_plan(model: nn.Module) -> Plan | None:
     return state.plan if state is not None else None
 
 
-def applied_chain(model: nn.Module) -> StageChain | None:
-    """The stage chain ``apply`` runs (None before it is built: without a key, at the first train call)."""
+def applied_chain(model: nn.Module) -> StageChain | OpGraph | None:
+    """The stage chain ``apply`` runs, or the op graph for a graph plan (None before it is built: without a
+    key, at the first train call)."""
     state = model.__dict__.get(_STATE)
     return state.chain if state is not None else None

@@ -54,6 +54,7 @@ from remat.client.errors import ModelError, PlanError
 from remat.client.fx_trace import _training_mode, trace_model
 from remat.client.stage_chain import _recompute_contexts
 from remat.client.stage_graph import _module_path
+from remat.client.trace import GraphVertex, TraceGraph
 from remat.client.write_probe import (
     _buffer_owners,
     _RecordingInterpreter,
@@ -225,6 +226,12 @@ class OpGraph:
     @property
     def num_vertices(self) -> int:
         return len(self.weights)
+
+    def to_trace_graph(self) -> TraceGraph:
+        """The graph as a trace carries it (``remat-trace/1``'s ``graph``): names, bytes and edges only."""
+        return TraceGraph(vertices=tuple(GraphVertex(name=name, bytes=w) for name, w in zip(self.names, self.weights,
+                                                                                             strict=True)),
+                          edges=tuple(self.edges))
 
     @property
     def sink(self) -> int:

@@ -257,13 +257,15 @@ accumulate with atomics, so two identical steps differ in the last bits (docs/ap
 
 def gradient_check(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Sequence[int]], *,
                    grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
-                   train: bool = True, loss_fn: LossFn | None = None,
-                   precision: str | None = None) -> list[tuple[bool, float]]:
+                   train: bool = True, loss_fn: LossFn | None = None, precision: str | None = None,
+                   runners: Sequence[StageChainLike] | None = None) -> list[tuple[bool, float]]:
     """For each plan, (passed, largest absolute gradient difference) against the unmodified step.
 
     Every step starts from the same RNG state (dropout draws the same masks) and the same gradient
     convention; the reference is the model's own chain without checkpoints. A plan passes when every
     parameter gradient is within ``GRADIENT_RTOL`` of the reference's largest magnitude (exact on CPU).
+    ``runners``: what runs each plan when not ``chain`` (an op graph for a graph plan, whose ``plans`` entry
+    is then its dropped vertices).
     """
     backend = backend_for(device)
     x = example_input.to(backend.device)
@@ -279,21 +281,22 @@ def gradient_check(model: nn.Module, example_input: torch.Tensor, plans: Sequenc
         rng = torch.random.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if backend.device.type == "cuda" else None
 
-        def gradients(checkpoints: Sequence[int]) -> list[torch.Tensor | None]:
+        def gradients(checkpoints: Sequence[int], runner: StageChainLike) -> list[torch.Tensor | None]:
             torch.random.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
             for p in params:
                 p.grad = None
-            _step(chain, x, loss_fn, tuple(checkpoints), precision)
+            _step(runner, x, loss_fn, tuple(checkpoints), precision)
             return [None if p.grad is None else p.grad.detach().clone() for p in params]
 
-        reference = gradients(())
+        reference = gradients((), chain)
         scale = max((float(g.abs().max()) for g in reference if g is not None and g.numel()), default=0.0)
-        for checkpoints in plans:
+        for k, checkpoints in enumerate(plans):
             diff = 0.0
             passed = True
-            for g, ref in zip(gradients(checkpoints), reference, strict=True):
+            runner = runners[k] if runners is not None else chain
+            for g, ref in zip(gradients(checkpoints, runner), reference, strict=True):
                 if (g is None) != (ref is None):
                     passed = False
                     continue
@@ -306,8 +309,9 @@ def gradient_check(model: nn.Module, example_input: torch.Tensor, plans: Sequenc
 def time_plans(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Sequence[int]], *,
                grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
                train: bool = True, rounds: int = 3, loss_fn: LossFn | None = None,
-               precision: str | None = None) -> list[float]:
+               precision: str | None = None, runners: Sequence[StageChainLike] | None = None) -> list[float]:
     """Step time of several plans, interleaved: ``rounds`` rounds each run every plan once; fastest kept.
+    ``runners`` as for :func:`gradient_check`.
 
     Why interleaved: on a shared or throttling machine a slow minute would otherwise land on whichever plan
     was being timed, and time overheads (plan / no checkpointing) would be noise. Each round runs the
@@ -326,13 +330,14 @@ def time_plans(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Se
         model.train(train)
         if loss_fn is None:
             loss_fn = _default_loss(chain, x, precision)
-        for checkpoints in plans:
+        run_by = list(runners) if runners is not None else [chain] * len(plans)
+        for checkpoints, runner in zip(plans, run_by, strict=True):
             set_grad_convention(model, grads)
-            _step(chain, x, loss_fn, tuple(checkpoints), precision)
+            _step(runner, x, loss_fn, tuple(checkpoints), precision)
         for _ in range(max(rounds, 1)):
             for i, checkpoints in enumerate(plans):
                 set_grad_convention(model, grads)
-                ms = backend.time_ms(lambda cps=tuple(checkpoints): _step(chain, x, loss_fn, cps, precision))
+                ms = backend.time_ms(lambda cps=tuple(checkpoints), r=run_by[i]: _step(r, x, loss_fn, cps, precision))
                 best[i] = min(best[i], ms)
     return best
 

@@ -58,6 +58,9 @@ class BuiltModel:
     key: PlanKey
     probe_batch: int | None = None
     """Batch size the chain's probe ran on when it was not the example's (``build_from_model``'s ``probe``)."""
+    op_graph: Any = None
+    """The model's op graph (``remat.client.op_graph.OpGraph``), built by :func:`profile` in train mode; None
+    before, in eval mode, or when the model has none (``acg`` then plans the chain)."""
 
 
 @dataclass(frozen=True)
@@ -165,18 +168,48 @@ def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: 
 
 
 def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
-    """The built model's ``remat-trace/1`` trace, keyed by its architecture hash."""
+    """The built model's ``remat-trace/1`` trace, keyed by its architecture hash, with its op graph (train
+    mode, when the model has one: ``acg`` plans on it)."""
     from remat.worker.profilers import profile as profile_chain
 
     request = built.request
     try:
-        return profile_chain(built.model, built.example, device=request.device, grads=request.grads,
-                             train=request.mode == "train", chain=built.chain, model_name=request.name,
-                             model_hash=built.key.model_hash, precision=request.dtype,
-                             timing_repeats=timing_repeats)
+        trace = profile_chain(built.model, built.example, device=request.device, grads=request.grads,
+                              train=request.mode == "train", chain=built.chain, model_name=request.name,
+                              model_hash=built.key.model_hash, precision=request.dtype,
+                              timing_repeats=timing_repeats)
+        if request.mode == "train":
+            built.op_graph = _op_graph(built)
     except RuntimeError as exc:
         _guard_memory(request, exc)
         raise
+    if built.op_graph is None:
+        return trace
+    return replace(trace, graph=built.op_graph.to_trace_graph())
+
+
+def _op_graph(built: BuiltModel) -> Any:
+    """The op graph from the chain's own trace, its sizes probed in the request's precision; None when the
+    model has none (one source, one sink, a tensor input: the chain's rules)."""
+    from remat.client.op_graph import build_op_graph
+    from remat.client.precision import autocast_context
+
+    try:
+        with autocast_context(built.request.dtype, built.example.device.type):
+            return build_op_graph(built.model, built.example, graph=built.chain.graph_module)
+    except ModelError:
+        return None
+
+
+def _cut(built: BuiltModel, plan: Plan) -> tuple[Any, tuple[int, ...]]:
+    """What runs a plan: the op graph and its dropped vertices for a graph plan, else the chain and the
+    plan's checkpoints."""
+    if plan.dropped_vertices is not None:
+        if built.op_graph is None or built.op_graph.num_vertices != plan.num_vertices:
+            raise ModelError(f"{plan.algorithm}: a graph plan of {plan.num_vertices} vertices, and this model's op "
+                             f"graph has {getattr(built.op_graph, 'num_vertices', 'no')} vertices")
+        return built.op_graph, plan.dropped_vertices
+    return built.chain, plan.checkpoints
 
 
 def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress: ProgressFn | None = None,
@@ -197,18 +230,24 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
                               "train": request.mode == "train", "precision": request.dtype}
     steps = len(plans) + 2
     out: dict[str, Measurement] = {}
+    cuts = [_cut(built, plan) for plan in plans]
+    runners, cut_points = [c[0] for c in cuts], [c[1] for c in cuts]
     try:
         for k, plan in enumerate(plans):
             say(f"measuring {plan.algorithm}", start + (end - start) * k / steps)
-            out[plan.label] = measure_step(built.model, built.example, plan.checkpoints, trace=trace,
-                                               algorithm=plan.algorithm, baseline=False, timing_repeats=0,
-                                               **common)
+            # A graph plan has no pytorch-model prediction yet: its measurement carries none.
+            graph = plan.dropped_vertices is not None
+            out[plan.label] = measure_step(built.model, built.example, cut_points[k],
+                                           trace=None if graph else trace, algorithm=plan.algorithm,
+                                           baseline=False, timing_repeats=0, **{**common, "chain": runners[k]})
+            if graph:
+                out[plan.label] = replace(out[plan.label], checkpoints=(), dropped_vertices=cut_points[k])
         checks: list[tuple[bool, float]] | None = None
         if check_gradients:
             say("checking gradients", start + (end - start) * len(plans) / steps)
-            checks = gradient_check(built.model, built.example, [p.checkpoints for p in plans], **common)
+            checks = gradient_check(built.model, built.example, cut_points, runners=runners, **common)
         say("timing every plan", start + (end - start) * (len(plans) + 1) / steps)
-        times = time_plans(built.model, built.example, [p.checkpoints for p in plans], rounds=timing_rounds,
+        times = time_plans(built.model, built.example, cut_points, rounds=timing_rounds, runners=runners,
                            **common)
     except RuntimeError as exc:
         _guard_memory(request, exc)
@@ -253,8 +292,9 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rou
 
 
 def _shared_measurements(plans: Sequence[Plan], measurements: Mapping[str, Measurement]) -> dict[str, Measurement]:
-    """Frontier plans whose checkpoints a measured plan has get that measurement too: the same step."""
-    by_checkpoints = {p.checkpoints: measurements[p.label] for p in plans if p.label in measurements}
+    """Frontier plans whose checkpoints a measured chain plan has get that measurement too: the same step."""
+    by_checkpoints = {p.checkpoints: measurements[p.label] for p in plans
+                      if p.label in measurements and not p.is_graph_plan}
     return {p.label: replace(by_checkpoints[p.checkpoints], algorithm=p.algorithm) for p in plans
             if p.label not in measurements and p.checkpoints in by_checkpoints}
 

@@ -257,3 +257,12 @@ def test_shufflenet_boundaries_carry_one_tensor_and_train_identically() -> None:
     assert n > 10
     apply(model, _plan(n, tuple(range(2, n, 3)), PlanKey.for_model(model, SHAPE)))
     _assert_same_step(model, ref, x)
+
+
+def test_a_graph_plan_for_another_op_graph_is_refused_at_the_first_training_call() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).train()
+    plan = Plan(algorithm="acg", cost_model="classic", checkpoints=(), dropped_vertices=(1,), num_vertices=50,
+                predicted_peak_bytes=1, baseline_peak_bytes=2, num_stages=3)
+    apply(model, plan)
+    with pytest.raises(PlanMismatchError, match="op graph has .* vertices, the plan's 50"):
+        model(torch.randn(2, 4))

@@ -63,3 +63,35 @@ def test_on_branching_cells_acg_measures_below_the_best_chain_plan() -> None:
     measured = measure_step(model, x, dropped, grads="kept", chain=graph)
     assert measured.measured_peak_bytes < 0.6 * chain_peak
     assert measured.measured_peak_bytes < 0.6 * measured.baseline_measured_peak_bytes
+
+
+def test_a_profiling_run_plans_measures_and_applies_the_graph_plan() -> None:
+    """``plan MODEL``'s pipeline: the trace carries the op graph, acg's plan is a graph plan measured with a
+    real step and a gradient check, and ``apply`` trains the model with it like the unmodified model."""
+    from remat.client.apply_plan import applied_chain, apply
+    from remat.client.op_graph import OpGraph
+    from remat.client.request import ModelRequest
+    from remat.worker.pipeline import run
+
+    request = ModelRequest(spec="tests.utils.nas_cell:nas_net", batch_size=2, sample_shape=(3, 16, 16),
+                           grads="kept")
+    result = run(request, algorithms=["none", "linear", "acg"], timing_rounds=1)
+    assert result.trace.graph is not None and result.trace.graph.num_vertices > result.trace.num_stages
+    acg = next(p for p in result.plans if p.algorithm == "acg")
+    assert acg.is_graph_plan and acg.dropped_vertices and acg.num_vertices == result.trace.graph.num_vertices
+    measured = result.measurements["acg"]
+    assert measured.dropped_vertices == acg.dropped_vertices and measured.checkpoints == ()
+    assert measured.grad_check_passed is True and measured.predicted_peak_bytes is None
+    assert measured.measured_peak_bytes < result.measurements["linear"].measured_peak_bytes
+
+    torch.manual_seed(1)
+    model, reference_model = nas_net().train(), nas_net().train()
+    reference_model.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 16, 16)
+    apply(model, acg, key=result.key)
+    assert isinstance(applied_chain(model), OpGraph)
+    for m in (model, reference_model):
+        torch.manual_seed(2)
+        m(x).square().mean().backward()
+    for a, b in zip(model.parameters(), reference_model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
