@@ -57,6 +57,10 @@ class Prediction:
     events: int = 0
     unexplained: int = 0
     """Bytes of storages a node left alive that the profile cannot attribute (0 on the models tested)."""
+    events_at_peak: int = 0
+    live: dict[Any, int] | None = None
+    """With ``capture=True``: the storages alive when the peak was reached (key -> bytes). A forward storage's
+    key is its profile sid, a recomputed one ``("r", call, sid)``, a gradient or scratch ``("g", k)``."""
 
 
 @dataclass(eq=False, slots=True)
@@ -76,14 +80,20 @@ class _Ledger:
     level: int = 0
     peak: int = 0
     where: str = "nothing"
+    peak_event: int = 0
     events: int = 0
     counter: int = 0
+    capture_at: int = -1
+    live: dict[Any, int] | None = None
 
     def observe(self, transient: int, what: str) -> None:
         self.events += 1
         if self.level + transient > self.peak:
             self.peak = self.level + transient
             self.where = what
+            self.peak_event = self.events
+        if self.events == self.capture_at:
+            self.live = dict(self.sizes)
 
     def alloc(self, key: Any, nbytes: int) -> None:
         if key in self.sizes:
@@ -133,7 +143,8 @@ def _flatten(units: Sequence[dict[str, Any]]) -> list[tuple[str, int | None]]:
     return flat
 
 
-def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]]) -> Prediction:
+def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]], *,
+                       capture: bool = False) -> Prediction:
     """The measured activation peak of one training step run as ``units`` (see the module docstring).
 
     Args:
@@ -141,7 +152,15 @@ def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]])
             the step to predict).
         units: ``executor_units(graph, dropped)``: fx node names in the order the plan's executor runs them,
             checkpointed calls marked.
+        capture: also report the storages alive at the peak (``Prediction.live``; replays the step twice).
     """
+    if capture:
+        first = _simulate(profile, units, -1)
+        return _simulate(profile, units, first.events_at_peak)
+    return _simulate(profile, units, -1)
+
+
+def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_at: int) -> Prediction:
     nodes = {rec["name"]: rec for rec in profile["nodes"]}
     sizes: list[int] = profile["sizes"]
     packs: list[dict[str, Any]] = profile["packs"]
@@ -183,7 +202,7 @@ def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]])
         for a in own:
             owner_calls.setdefault(a, []).append(g)
     call_inputs: list[list[int]] = []
-    for g, names in enumerate(call_nodes):
+    for names in call_nodes:
         inside = set(names)
         ins: list[int] = []
         for name in names:
@@ -192,7 +211,7 @@ def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]])
                     ins += [s for s in nodes[u]["value"] if s not in ins]
         call_inputs.append(ins)
 
-    led = _Ledger()
+    led = _Ledger(capture_at=capture_at)
     unexplained = 0
 
     # ---- forward ---------------------------------------------------------------------------------------
@@ -387,4 +406,159 @@ def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]])
         for t in outs:
             if t is not None:
                 drop(t)
-    return Prediction(peak=led.peak, where=led.where, events=led.events, unexplained=unexplained)
+    return Prediction(peak=led.peak, where=led.where, events=led.events, unexplained=unexplained, live=led.live,
+                      events_at_peak=led.peak_event)
+
+
+# --- plan search under the predictor ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SearchResult:
+    """The best dropped set found, its prediction, and how it was found."""
+
+    dropped: list[int]
+    prediction: Prediction
+    evaluated: int
+    source: str
+    trail: list[tuple[str, int]] = field(default_factory=list)
+    """(step, predicted peak) of every improvement, in order."""
+
+
+def saved_weights(profile: dict[str, Any], vertex_nodes: Sequence[Sequence[str]]) -> list[int]:
+    """Per vertex, the bytes of its storages that autograd saves for some node's backward.
+
+    What keeping a vertex really costs in a step: a storage nobody packs is freed in forward whether its
+    vertex is kept or not (a BatchNorm output read by an in-place ReLU is packed, a convolution output read by
+    BatchNorm is packed as BN's input, an addition's output read by a convolution is packed by the conv).
+    """
+    packed = {p["sid"] for p in profile["packs"] if p["sid"] is not None}
+    nodes = {rec["name"]: rec for rec in profile["nodes"]}
+    sizes = profile["sizes"]
+    out = []
+    for names in vertex_nodes:
+        out.append(sum(sizes[s] for name in names if name in nodes for s in nodes[name]["births"] if s in packed))
+    return out
+
+
+def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence[tuple[int, int]],
+                units_of: Any, *, vertex_nodes: Sequence[Sequence[str]] | None = None, bounds_per_variant: int = 48,
+                local_passes: int = 2, budget_s: float = 120.0) -> SearchResult:
+    """A dropped set of least predicted peak: acg's plans over its bounds M, judged by the predictor, then a
+    local search that toggles single vertices while the predicted peak falls.
+
+    Why not acg's own answer: its classic objective charges every kept vertex's output bytes for the whole
+    step, while autograd keeps only what it saves and backward frees it as it passes; the plan of least classic
+    cost is rarely the plan of least real peak. acg's Solve(·, M) is still a good family of valid plans (every
+    component re-run from one entry to one exit), one per bound M, for both the output-size weights and the
+    saved-bytes weights (:func:`saved_weights`); the predictor picks among them and the local search (any
+    convex group is a valid call, acg's single-entry rule is not needed by the executor) refines the best.
+
+    Args:
+        profile: ``profile_graph``'s record.
+        weights, edges: the op graph (``graph.weights``, ``graph.edges``).
+        units_of: ``dropped -> units`` (``functools.partial(executor_units, graph)``); raises for a dropped set
+            the executor refuses (``PlanError``), which is then skipped.
+        vertex_nodes: ``graph.vertex_nodes``, for the saved-bytes weights.
+        bounds_per_variant: bounds M tried per weight variant (spread evenly over acg's candidate bounds).
+        local_passes: passes of the single-vertex local search.
+        budget_s: wall-clock limit of the local search.
+    """
+    import time
+
+    from remat.client.errors import PlanError
+    from remat.worker.planners.acg import _build_tree, _check_graph, _Search
+
+    n = len(weights)
+    cache: dict[tuple[int, ...], Prediction | None] = {}
+
+    def judge(dropped: Sequence[int]) -> Prediction | None:
+        key = tuple(sorted(dropped))
+        if key not in cache:
+            try:
+                cache[key] = predict_graph_peak(profile, units_of(list(key)))
+            except PlanError:
+                cache[key] = None
+        return cache[key]
+
+    best_key: tuple[int, ...] = ()
+    best = judge(())
+    assert best is not None
+    source = "no checkpointing"
+    trail: list[tuple[str, int]] = [(source, best.peak)]
+    variants = [("output bytes", list(weights))]
+    if vertex_nodes is not None:
+        variants.append(("saved bytes", saved_weights(profile, vertex_nodes)))
+    for label, w in variants:
+        succ, pred = _check_graph(w, edges)
+        tree = _build_tree(w, succ, pred, 14)
+        search = _Search(tree)
+        total = tree.totals[0] if tree.nodes else 0
+        found: set[int] = {0, total}
+        for node in tree.nodes:
+            node.candidates(0, total + 1, found)
+        found.update(tree.totals)
+        bounds = sorted(found)
+        if len(bounds) > bounds_per_variant:
+            step = (len(bounds) - 1) / (bounds_per_variant - 1)
+            bounds = sorted({bounds[round(i * step)] for i in range(bounds_per_variant)})
+        bounds.append(search.run())  # acg's own (classic) optimum
+        for bound in bounds:
+            kept = set(search.kept(bound)) | {0, n - 1}
+            dropped = tuple(v for v in range(n) if v not in kept)
+            p = judge(dropped)
+            if p is not None and p.peak < best.peak:
+                best, best_key, source = p, dropped, f"acg on {label}, M={bound}"
+                trail.append((source, p.peak))
+    # Local search: steepest descent over the vertices that own what is alive at the peak (drop a kept one,
+    # keep a dropped one to split the call being re-run), then, when none helps, a plain sweep of all.
+    born_vertex: dict[int, int] = {}
+    if vertex_nodes is not None:
+        births = {rec["name"]: rec["births"] for rec in profile["nodes"]}
+        for v, names in enumerate(vertex_nodes):
+            for name in names:
+                for sid in births.get(name, ()):
+                    born_vertex[sid] = v
+    started = time.perf_counter()
+    sweeps = 0
+    while time.perf_counter() - started < budget_s:
+        live = predict_graph_peak(profile, units_of(list(best_key)), capture=True).live or {}
+        relevant: set[int] = set()
+        for key in live:
+            sid = key[2] if isinstance(key, tuple) and key[0] == "r" else key
+            if isinstance(sid, int) and sid in born_vertex:
+                relevant.add(born_vertex[sid])
+        relevant.discard(0)
+        relevant.discard(n - 1)
+        moves = sorted(relevant) if relevant else []
+        step_best: tuple[int, tuple[int, ...]] | None = None
+        for v in moves:
+            if time.perf_counter() - started > budget_s:
+                break
+            cand = tuple(sorted(set(best_key) ^ {v}))
+            p = judge(cand)
+            if p is not None and p.peak < best.peak and (step_best is None or p.peak < step_best[0]):
+                step_best = (p.peak, cand)
+        if step_best is not None:
+            changed = set(step_best[1]) ^ set(best_key)
+            best_key = step_best[1]
+            best = judge(best_key)  # type: ignore[assignment]
+            trail.append((f"local: toggle {sorted(changed)}", best.peak))
+            continue
+        if sweeps >= local_passes:
+            break
+        sweeps += 1
+        improved = False
+        for v in range(1, n - 1):
+            if time.perf_counter() - started > budget_s:
+                break
+            cand = tuple(sorted(set(best_key) ^ {v}))
+            p = judge(cand)
+            if p is not None and p.peak < best.peak:
+                best, best_key, improved = p, cand, True
+                trail.append((f"local sweep {sweeps}: toggle {v}", p.peak))
+        if not improved:
+            break
+    if len(trail) > 1 and trail[-1][0].startswith("local"):
+        source += " + local search"
+    return SearchResult(dropped=list(best_key), prediction=best, evaluated=len(cache), source=source, trail=trail)
