@@ -322,8 +322,9 @@ def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
                                 del env[u]
                     outputs = [u.name for u in nodes[-1].all_input_nodes] if nodes[-1].op == "output" else []
                     env.clear()
-                    loss = prof.run_fx_node(LOSS, outputs, lambda: loss_fn(output_value), [])
-                    del output_value
+                    box = [output_value]  # handed to the loss and dropped by it, as in measure_step's one expression
+                    output_value = None
+                    loss = prof.run_fx_node(LOSS, outputs, lambda: loss_fn(box.pop()), [])
                     prof.hook_all()
                     root = prof.node_index[id(loss.grad_fn)]
                     rec.begin()
