@@ -64,8 +64,13 @@ def run_model(name: str, *, batch_size: int, image_size: int, grads_list: list[s
             measured_bytes, predicted, ms = result.measured_peak_bytes, result.predicted_peak_bytes, result.step_ms
             rows.append({
                 "model": name, "precision": precision, "grads": grads, "algorithm": plan.algorithm,
-                "num_stages": trace.num_stages, "segments": len(plan.checkpoints) + 1,
-                "checkpoints": list(plan.checkpoints), "predicted_bytes": predicted,
+                "num_stages": trace.num_stages,
+                # A graph plan (acg on the op graph) cuts inside stages: its size is what it recomputes.
+                "segments": (f"{len(plan.dropped_vertices)} of {plan.num_vertices} vertices recomputed"
+                             if plan.dropped_vertices is not None
+                             else f"{len(plan.checkpoints) + 1}/{trace.num_stages}"),
+                "checkpoints": list(plan.checkpoints), "dropped_vertices": plan.dropped_vertices,
+                "predicted_bytes": predicted,
                 "measured_bytes": measured_bytes,
                 "error": result.prediction_error, "saving": 1 - measured_bytes / base_bytes,
                 "step_ms": ms, "overhead": ms / base_ms - 1, "profile_s": profile_s,
@@ -74,9 +79,10 @@ def run_model(name: str, *, batch_size: int, image_size: int, grads_list: list[s
                 "absolute_bytes": result.absolute_peak_bytes, "requested_bytes": result.requested_peak_bytes,
                 "device_name": result.device_name, "torch_version": torch.__version__,
             })
+            said = ("no pytorch prediction (graph plan)" if predicted is None else
+                    f"predicted {predicted / MIB:.2f} MiB ({result.prediction_error:+.2%})")
             print(f"  {name} {precision} grads={grads} {plan.algorithm}: measured {measured_bytes / MIB:.2f} MiB, "
-                  f"predicted {predicted / MIB:.2f} MiB ({result.prediction_error:+.2%}), {ms:.0f} ms",
-                  file=sys.stderr)
+                  f"{said}, {ms:.0f} ms", file=sys.stderr)
     return rows, traces
 
 
@@ -108,13 +114,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['precision']} | {r['grads']} | {r['algorithm']} | "
-                     f"{r['segments']}/{r['num_stages']} | {r['measured_bytes'] / MIB:.2f} | "
-                     f"{r['predicted_bytes'] / MIB:.2f} | {r['error']:+.2%} | {r['saving']:.1%} | "
+                     f"{r['segments']} | {r['measured_bytes'] / MIB:.2f} | "
+                     + ("- | - | " if r["predicted_bytes"] is None else
+                        f"{r['predicted_bytes'] / MIB:.2f} | {r['error']:+.2%} | ") + f"{r['saving']:.1%} | "
                      f"{r['step_ms']:.0f} | {r['overhead']:+.0%} |")
-    errors = [abs(r["error"]) for r in rows]
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     if errors:
         lines.append("")
-        lines.append(f"{len(rows)} plans; largest |error| {max(errors):.2%}, mean |error| "
+        lines.append(f"{len(errors)} predicted plans; largest |error| {max(errors):.2%}, mean |error| "
                      f"{sum(errors) / len(errors):.2%}")
     return "\n".join(lines)
 

@@ -227,8 +227,10 @@ def _print_model_table(report: Any, source: str | None = None) -> None:
         step = "-" if row.step_ms is None else f"{row.step_ms:.0f} ms"
         if base and base.step_ms and row.step_ms is not None:
             step += f" ({row.step_ms / base.step_ms - 1:+.0%})"
-        table.add_row(row.plan.algorithm, _format_kept(row.plan),
-                      _format_bytes(row.plan.predicted_peak_bytes), _format_bytes(row.measured_peak_bytes),
+        predicted = _format_bytes(row.plan.predicted_peak_bytes)
+        if row.plan.cost_model != "pytorch":  # not the measured quantity: say which model it is
+            predicted += f" ({row.plan.cost_model})"
+        table.add_row(row.plan.algorithm, _format_kept(row.plan), predicted, _format_bytes(row.measured_peak_bytes),
                       saving, step)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "

@@ -61,6 +61,9 @@ class BuiltModel:
     op_graph: Any = None
     """The model's op graph (``remat.client.op_graph.OpGraph``), built by :func:`profile` in train mode; None
     before, in eval mode, or when the model has none (``acg`` then plans the chain)."""
+    graph_profile: dict[str, Any] | None = None
+    """One instrumented step on the op graph (``remat.worker.graph_profile``), from which graph plans' peaks
+    are predicted: CPU without autocast only, where the predictor is validated (docs/cost-model.md)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,10 @@ def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
                               timing_repeats=timing_repeats)
         if request.mode == "train":
             built.op_graph = _op_graph(built)
+        if built.op_graph is not None and request.device == "cpu" and not autocast_dtype(request.dtype):
+            from remat.worker.graph_profile import profile_graph
+
+            built.graph_profile = profile_graph(built.model, built.example, built.op_graph, grads=request.grads)
     except RuntimeError as exc:
         _guard_memory(request, exc)
         raise
@@ -199,6 +206,20 @@ def _op_graph(built: BuiltModel) -> Any:
             return build_op_graph(built.model, built.example, graph=built.chain.graph_module)
     except ModelError:
         return None
+
+
+def predicted(built: BuiltModel, plan: Plan) -> Plan:
+    """A graph plan with the graph predictor's peaks (the ``pytorch`` model, replayed on the op graph) in place
+    of the classic ones, when the profile has a graph profile; any other plan as it is."""
+    if plan.dropped_vertices is None or built.graph_profile is None:
+        return plan
+    from remat.worker.graph_predict import predict_graph_peak
+    from remat.worker.graph_profile import executor_units
+
+    graph, dropped = _cut(built, plan)
+    return replace(plan, cost_model="pytorch",
+                   predicted_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, dropped)).peak,
+                   baseline_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, ())).peak)
 
 
 def _cut(built: BuiltModel, plan: Plan) -> tuple[Any, tuple[int, ...]]:
@@ -235,13 +256,15 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
     try:
         for k, plan in enumerate(plans):
             say(f"measuring {plan.algorithm}", start + (end - start) * k / steps)
-            # A graph plan has no pytorch-model prediction yet: its measurement carries none.
+            # A graph plan's prediction is its own (``predicted``; None under the classic model).
             graph = plan.dropped_vertices is not None
             out[plan.label] = measure_step(built.model, built.example, cut_points[k],
                                            trace=None if graph else trace, algorithm=plan.algorithm,
                                            baseline=False, timing_repeats=0, **{**common, "chain": runners[k]})
             if graph:
-                out[plan.label] = replace(out[plan.label], checkpoints=(), dropped_vertices=cut_points[k])
+                out[plan.label] = replace(
+                    out[plan.label], checkpoints=(), dropped_vertices=cut_points[k],
+                    predicted_peak_bytes=plan.predicted_peak_bytes if plan.cost_model == "pytorch" else None)
         checks: list[tuple[bool, float]] | None = None
         if check_gradients:
             say("checking gradients", start + (end - start) * len(plans) / steps)
@@ -281,8 +304,8 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rou
     say(f"profiling {built.chain.num_stages} stages", 0.05)
     trace = profile(built)
     say("planning", 0.4)
-    plans = tuple(plans_to_store(trace, algorithms=list(algorithms) if algorithms else None,
-                                 frontier=trace.num_stages <= FRONTIER_MAX_STAGES))
+    plans = tuple(predicted(built, p) for p in plans_to_store(
+        trace, algorithms=list(algorithms) if algorithms else None, frontier=trace.num_stages <= FRONTIER_MAX_STAGES))
     measured = [p for p in plans if not p.budget_bytes] + frontier_to_validate(plans)
     measurements = validate(built, trace, measured, progress=say, start=0.42, end=0.98, timing_rounds=timing_rounds,
                             check_gradients=check_gradients)
@@ -332,12 +355,17 @@ def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: Progre
     built = build(request)
     say(f"profiling {built.chain.num_stages} stages", 0.2)
     trace = profile(built)
-    plan = make_plan(trace, algorithm, cost_model=STORED_COST_MODEL)
+    plan = predicted(built, make_plan(trace, algorithm, cost_model=STORED_COST_MODEL))
+    runner, cut_points = _cut(built, plan)
     say(f"measuring {algorithm} and none", 0.5)
     try:
-        result = measure_step(built.model, built.example, plan.checkpoints, grads=request.grads,
-                              device=request.device, chain=built.chain, train=request.mode == "train", trace=trace,
-                              algorithm=algorithm, timing_repeats=TIMING_ROUNDS, precision=request.dtype)
+        result = measure_step(built.model, built.example, cut_points, grads=request.grads,
+                              device=request.device, chain=runner, train=request.mode == "train",
+                              trace=None if plan.is_graph_plan else trace, algorithm=algorithm,
+                              timing_repeats=TIMING_ROUNDS, precision=request.dtype)
+        if plan.is_graph_plan:
+            result = replace(result, checkpoints=(), dropped_vertices=cut_points,
+                             predicted_peak_bytes=plan.predicted_peak_bytes if plan.cost_model == "pytorch" else None)
     except RuntimeError as exc:
         _guard_memory(request, exc)
         raise
