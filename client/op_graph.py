@@ -352,18 +352,44 @@ class OpGraph:
     def _node_by_name(self) -> dict[str, torch.fx.Node]:
         return {n.name: n for n in self.graph_module.graph.nodes}
 
-    def _build_executor(self, dropped: tuple[int, ...]) -> torch.fx.GraphModule:
-        gm = self.graph_module
-        nodes = list(gm.graph.nodes)
+    def execution_order(self, dropped: Sequence[int]) -> tuple[list[list[torch.fx.Node]], list[tuple[str, int]]]:
+        """How ``run(x, dropped)`` orders the fx nodes: each call's nodes (traced order), and the units in run
+        order — ``("g", i)`` for call i, ``("n", k)`` for the k-th traced node alone — topologically sorted,
+        ties by first traced position. The executor and the graph predictor both read it.
+
+        Raises:
+            PlanError: as :meth:`calls`, or when the groups cannot be ordered.
+        """
+        nodes = list(self.graph_module.graph.nodes)
         pos = {n: i for i, n in enumerate(nodes)}
         group_of: dict[torch.fx.Node, int] = {}
-        groups: list[_Group] = []
-        for gi, members in enumerate(self.calls(dropped)):
+        groups: list[list[torch.fx.Node]] = []
+        for gi, members in enumerate(self.calls(dropped) if dropped else []):
             names = {name for v in members for name in self.vertex_nodes[v]}
             group_nodes = [n for n in nodes if n.name in names]
             for n in group_nodes:
                 group_of[n] = gi
-            groups.append(_Group(nodes=group_nodes, inputs=[], outputs=[], slots=()))
+            groups.append(group_nodes)
+        unit_of = {n: ("g", group_of[n]) if n in group_of else ("n", pos[n]) for n in nodes}
+        first: dict[tuple[str, int], int] = {}
+        for n in nodes:
+            first.setdefault(unit_of[n], pos[n])
+        succ: dict[tuple[str, int], set[tuple[str, int]]] = {}
+        for n in nodes:
+            for u in n.all_input_nodes:
+                if unit_of[u] != unit_of[n]:
+                    succ.setdefault(unit_of[u], set()).add(unit_of[n])
+        order = _topological(list(first), succ, first)
+        if len(order) != len(first):  # check() rules cycles out; kept as a guard
+            raise PlanError(f"dropped vertices {list(dropped)} cannot be ordered into checkpointed groups")
+        return groups, order
+
+    def _build_executor(self, dropped: tuple[int, ...]) -> torch.fx.GraphModule:
+        gm = self.graph_module
+        nodes = list(gm.graph.nodes)
+        pos = {n: i for i, n in enumerate(nodes)}
+        call_nodes, order = self.execution_order(dropped)
+        groups = [_Group(nodes=group_nodes, inputs=[], outputs=[], slots=()) for group_nodes in call_nodes]
         for grp in groups:
             member = set(grp.nodes)
             inputs: dict[torch.fx.Node, None] = {}
@@ -379,19 +405,6 @@ class OpGraph:
                 slots += self._slots.get(n.name, [])
             grp.slots = tuple(dict.fromkeys(slots))
 
-        # Units: every outside node alone, every group as one; ordered topologically, ties by first position.
-        unit_of = {n: ("g", group_of[n]) if n in group_of else ("n", pos[n]) for n in nodes}
-        first: dict[tuple[str, int], int] = {}
-        for n in nodes:
-            first.setdefault(unit_of[n], pos[n])
-        succ: dict[tuple[str, int], set[tuple[str, int]]] = {}
-        for n in nodes:
-            for u in n.all_input_nodes:
-                if unit_of[u] != unit_of[n]:
-                    succ.setdefault(unit_of[u], set()).add(unit_of[n])
-        order = _topological(list(first), succ, first)
-        if len(order) != len(first):  # check() rules cycles out; kept as a guard
-            raise PlanError(f"dropped vertices {list(dropped)} cannot be ordered into checkpointed groups")
         # Random ops must keep their order, or dropout masks differ from the model's (NOTE [RNG on recompute]).
         seeded = [n for unit in order for n in (groups[unit[1]].nodes if unit[0] == "g" else [nodes[unit[1]]])
                   if n.name in self._seeded]

@@ -39,7 +39,7 @@ import torch.fx
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from remat.client.op_graph import OpGraph, _topological
+from remat.client.op_graph import OpGraph
 from remat.client.write_probe import _running_stat_slots
 from remat.worker.measure import make_loss
 from remat.worker.memory_meter import MemoryMeter, storage_key
@@ -352,34 +352,11 @@ def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
 
 
 def executor_units(graph: OpGraph, dropped: Sequence[int]) -> list[dict[str, Any]]:
-    """The order in which ``graph.run(x, dropped)`` runs fx nodes: a list of units, each
-    ``{"call": bool, "nodes": [fx names]}`` (a checkpointed call runs its nodes in traced order).
-
-    The same computation as ``OpGraph._build_executor``'s ordering (Kahn, ties by first traced position),
-    returned as names so that the pure-Python predictor needs no fx graph.
-    """
-    gm = graph.graph_module
-    nodes = list(gm.graph.nodes)
-    pos = {n: i for i, n in enumerate(nodes)}
-    key = sorted(set(dropped))
-    group_of: dict[torch.fx.Node, int] = {}
-    groups: list[list[torch.fx.Node]] = []
-    for gi, members in enumerate(graph.calls(key) if key else []):
-        names = {name for v in members for name in graph.vertex_nodes[v]}
-        group_nodes = [n for n in nodes if n.name in names]
-        for n in group_nodes:
-            group_of[n] = gi
-        groups.append(group_nodes)
-    unit_of = {n: ("g", group_of[n]) if n in group_of else ("n", pos[n]) for n in nodes}
-    first: dict[tuple[str, int], int] = {}
-    for n in nodes:
-        first.setdefault(unit_of[n], pos[n])
-    succ: dict[tuple[str, int], set[tuple[str, int]]] = {}
-    for n in nodes:
-        for u in n.all_input_nodes:
-            if unit_of[u] != unit_of[n]:
-                succ.setdefault(unit_of[u], set()).add(unit_of[n])
-    order = _topological(list(first), succ, first)
+    """The order in which ``graph.run(x, dropped)`` runs fx nodes (``OpGraph.execution_order``) as a list
+    of units, each ``{"call": bool, "nodes": [fx names]}``, so that the pure-Python predictor needs no fx
+    graph (a checkpointed call runs its nodes in traced order)."""
+    nodes = list(graph.graph_module.graph.nodes)
+    groups, order = graph.execution_order(sorted(set(dropped)))
     units = []
     for kind, index in order:
         if kind == "g":

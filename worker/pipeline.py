@@ -222,6 +222,13 @@ def predicted(built: BuiltModel, plan: Plan) -> Plan:
                    baseline_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, ())).peak)
 
 
+def _as_graph_measurement(m: Measurement, plan: Plan) -> Measurement:
+    """A graph plan's step as measured on the op graph: its vertices (measure_step recorded them as
+    checkpoints) and the plan's own prediction, when it has one under the measured model."""
+    return replace(m, checkpoints=(), dropped_vertices=plan.dropped_vertices,
+                   predicted_peak_bytes=plan.predicted_peak_bytes if plan.cost_model == "pytorch" else None)
+
+
 def _cut(built: BuiltModel, plan: Plan) -> tuple[Any, tuple[int, ...]]:
     """What runs a plan: the op graph and its dropped vertices for a graph plan, else the chain and the
     plan's checkpoints."""
@@ -262,9 +269,7 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
                                            trace=None if graph else trace, algorithm=plan.algorithm,
                                            baseline=False, timing_repeats=0, **{**common, "chain": runners[k]})
             if graph:
-                out[plan.label] = replace(
-                    out[plan.label], checkpoints=(), dropped_vertices=cut_points[k],
-                    predicted_peak_bytes=plan.predicted_peak_bytes if plan.cost_model == "pytorch" else None)
+                out[plan.label] = _as_graph_measurement(out[plan.label], plan)
         checks: list[tuple[bool, float]] | None = None
         if check_gradients:
             say("checking gradients", start + (end - start) * len(plans) / steps)
@@ -364,8 +369,7 @@ def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: Progre
                               trace=None if plan.is_graph_plan else trace, algorithm=algorithm,
                               timing_repeats=TIMING_ROUNDS, precision=request.dtype)
         if plan.is_graph_plan:
-            result = replace(result, checkpoints=(), dropped_vertices=cut_points,
-                             predicted_peak_bytes=plan.predicted_peak_bytes if plan.cost_model == "pytorch" else None)
+            result = _as_graph_measurement(result, plan)
     except RuntimeError as exc:
         _guard_memory(request, exc)
         raise
