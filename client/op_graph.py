@@ -253,6 +253,28 @@ class OpGraph:
 
     __call__ = run
 
+    def dropped_for_chain_plan(self, stage_nodes: Sequence[Sequence[str]], boundaries: Sequence[str],
+                               checkpoints: Sequence[int]) -> list[int]:
+        """A chain plan's checkpoints (boundaries 1..n-1 of the stage chain cut from the same fx graph) as the
+        vertices it drops: every vertex of a checkpointed segment but the segment's output, which is kept.
+
+        Why: the graph search starts from the chain planners' plans too, so that its answer is never worse
+        than the best chain plan under the predictor. Vertices the chain does not name (none, when both come
+        from one trace) stay kept.
+        """
+        vertex_of = self._vertex_of_node
+        n = len(stage_nodes)
+        bounds = (0, *sorted(checkpoints), n)
+        dropped: set[int] = set()
+        for k in range(len(bounds) - 2):  # every segment but the last is checkpointed
+            lo, hi = bounds[k] + 1, bounds[k + 1]
+            exit_vertex = vertex_of.get(boundaries[hi - 1])
+            for stage in stage_nodes[lo - 1:hi]:
+                dropped.update(vertex_of[name] for name in stage if name in vertex_of)
+            dropped.discard(exit_vertex)  # type: ignore[arg-type]
+        dropped -= {0, self.sink}
+        return sorted(dropped)
+
     def groups(self, dropped: Sequence[int]) -> list[list[int]]:
         """The connected groups of ``dropped`` vertices (over every value edge), each sorted."""
         drop = set(dropped)
@@ -358,7 +380,8 @@ class OpGraph:
         ties by first traced position. The executor and the graph predictor both read it.
 
         Raises:
-            PlanError: as :meth:`calls`, or when the groups cannot be ordered.
+            PlanError: as :meth:`calls`, when the groups cannot be ordered, or when the order would run random
+                ops (dropout) in another order than the model does.
         """
         nodes = list(self.graph_module.graph.nodes)
         pos = {n: i for i, n in enumerate(nodes)}
@@ -382,6 +405,14 @@ class OpGraph:
         order = _topological(list(first), succ, first)
         if len(order) != len(first):  # check() rules cycles out; kept as a guard
             raise PlanError(f"dropped vertices {list(dropped)} cannot be ordered into checkpointed groups")
+        # Random ops must keep their order, or dropout masks differ from the model's (NOTE [RNG on recompute]).
+        # Checked here, not only when building the executor, so that a plan search judging dropped sets by
+        # this order never picks one the executor refuses.
+        seeded = [n for unit in order for n in (groups[unit[1]] if unit[0] == "g" else [nodes[unit[1]]])
+                  if n.name in self._seeded]
+        if seeded != sorted(seeded, key=pos.__getitem__):
+            raise PlanError(f"dropping vertices {list(dropped)[:8]}… would reorder random ops (dropout masks "
+                            "would differ from the model's)")
         return groups, order
 
     def _build_executor(self, dropped: tuple[int, ...]) -> torch.fx.GraphModule:
@@ -404,13 +435,6 @@ class OpGraph:
             for n in grp.nodes:
                 slots += self._slots.get(n.name, [])
             grp.slots = tuple(dict.fromkeys(slots))
-
-        # Random ops must keep their order, or dropout masks differ from the model's (NOTE [RNG on recompute]).
-        seeded = [n for unit in order for n in (groups[unit[1]].nodes if unit[0] == "g" else [nodes[unit[1]]])
-                  if n.name in self._seeded]
-        if seeded != sorted(seeded, key=pos.__getitem__):
-            raise PlanError(f"dropping vertices {list(dropped)[:8]}… would reorder random ops (dropout masks "
-                            "would differ from the model's)")
 
         new = torch.fx.Graph()
         env: dict[torch.fx.Node, torch.fx.Node] = {}

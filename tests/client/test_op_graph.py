@@ -191,6 +191,9 @@ def test_a_plan_that_would_reorder_random_ops_is_refused() -> None:
     l1, d1, l3 = (_vertex_of(graph, n) for n in ("l1", "d1", "l3"))
     with pytest.raises(PlanError, match="reorder random ops"):
         graph.run(torch.randn(3, 4), [l1, d1, l3])
+    # The order the graph predictor replays refuses it too: a plan search never picks what cannot run.
+    with pytest.raises(PlanError, match="reorder random ops"):
+        graph.execution_order([l1, d1, l3])
 
 
 def test_bad_dropped_vertices_are_refused_in_one_line() -> None:
