@@ -7,7 +7,7 @@ acg's plans for randomly perturbed vertex weights, which drop far more) — the 
 With ``--search`` it also runs ``search_plan`` and measures its plan's cut against no checkpointing.
 
     uv run python benchmarks/graph_predict.py --models tests.utils.nas_cell:nas_net,resnet18 --random 3
-    uv run python benchmarks/graph_predict.py --models densenet121,resnet152 --random 0 --search --budget 300
+    uv run python benchmarks/graph_predict.py --models densenet121,resnet152 --random 0 --search --evaluations 400
 
 Batch 2, 64x64, grads kept, one CPU thread by default (the machine is shared).
 """
@@ -67,7 +67,7 @@ def random_plans(graph: object, count: int, seed: int) -> dict[str, list[int]]:
 
 
 def run(spec: str, *, batch_size: int, image_size: int, grads: str, count: int, seed: int, search: bool,
-        budget: float) -> None:
+        evaluations: int) -> None:
     torch.manual_seed(0)
     kwargs = {"aux_logits": True, "init_weights": False} if spec == "googlenet" else {}
     model = build_model(spec, kwargs).train()
@@ -96,7 +96,7 @@ def run(spec: str, *, batch_size: int, image_size: int, grads: str, count: int, 
     if search and base:
         started = time.perf_counter()
         result = search_plan(profile, graph.weights, graph.edges, functools.partial(executor_units, graph),
-                             vertex_nodes=graph.vertex_nodes, budget_s=budget)
+                             vertex_nodes=graph.vertex_nodes, max_evaluations=evaluations)
         search_s = time.perf_counter() - started
         m = measure_step(model, x, result.dropped, grads=grads, chain=graph, baseline=False, timing_repeats=0)
         acg_measured = measure_step(model, x, plans["acg"], grads=grads, chain=graph, baseline=False,
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--random", type=int, default=2, help="random plans of each kind per model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--search", action="store_true", help="also search a plan under the predictor")
-    parser.add_argument("--budget", type=float, default=120.0, help="local-search seconds per model")
+    parser.add_argument("--evaluations", type=int, default=400, help="plans the search predicts per model")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -128,7 +128,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for spec in args.models.split(","):
         run(spec, batch_size=args.batch_size, image_size=args.image_size, grads=args.grads, count=args.random,
-            seed=args.seed, search=args.search, budget=args.budget)
+            seed=args.seed, search=args.search, evaluations=args.evaluations)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,9 @@ def run_model(name: str, *, batch_size: int, image_size: int, grads_list: list[s
         trace = pipeline.profile(built, timing_repeats=timing_repeats)
         profile_s = time.perf_counter() - started
         traces[f"{name}/{precision}/{grads}"] = trace.to_dict()
-        plans = [make_plan(trace, algorithm, cost_model="pytorch") for algorithm in algorithms]
+        # graph_planned: acg's graph plan searched under the graph predictor, as `plan MODEL` stores it.
+        plans = [pipeline.graph_planned(built, trace, make_plan(trace, algorithm, cost_model="pytorch"))
+                 for algorithm in algorithms]
         measured = pipeline.validate(built, trace, plans, timing_rounds=timing_repeats, check_gradients=False)
         base_bytes, base_ms = measured["none"].measured_peak_bytes, measured["none"].step_ms
         for plan in plans:

@@ -315,12 +315,12 @@ def plan_held_model(built: Any, algorithm: str, progress: Any = None, *, budget:
         remat.client.budget_spec.BudgetInfeasibleError: no plan fits the budget.
     """
     from remat.worker import pipeline
-    from remat.worker.planning import FRONTIER_MAX_STAGES, plans_to_store
+    from remat.worker.planning import FRONTIER_MAX_STAGES
 
     say = progress or (lambda message, fraction: None)
     say(f"profiling {built.chain.num_stages} stages", 0.1)
     trace = pipeline.profile(built)
-    plans = tuple(plans_to_store(trace, frontier=trace.num_stages <= FRONTIER_MAX_STAGES or budget is not None))
+    plans = pipeline.plans_for(built, trace, frontier=trace.num_stages <= FRONTIER_MAX_STAGES or budget is not None)
     infeasible = None
     if budget is not None:
         from remat.client.budget_spec import BudgetInfeasibleError

@@ -58,6 +58,9 @@ class Prediction:
     unexplained: int = 0
     """Bytes of storages a node left alive that the profile cannot attribute (0 on the models tested)."""
     events_at_peak: int = 0
+    peaks: int = 0
+    """Events that reach the peak: identical blocks (ResNet's, DenseNet's layers) tie at one peak, and a plan
+    search that lowers one of them has made progress the peak alone does not show."""
     live: dict[Any, int] | None = None
     """With ``capture=True``: the storages alive when the peak was reached (key -> bytes). A forward storage's
     key is its profile sid, a recomputed one ``("r", call, sid)``, a gradient or scratch ``("g", k)``."""
@@ -81,6 +84,7 @@ class _Ledger:
     peak: int = 0
     where: str = "nothing"
     peak_event: int = 0
+    peak_count: int = 0
     events: int = 0
     counter: int = 0
     capture_at: int = -1
@@ -92,6 +96,9 @@ class _Ledger:
             self.peak = self.level + transient
             self.where = what
             self.peak_event = self.events
+            self.peak_count = 1
+        elif self.level + transient == self.peak:
+            self.peak_count += 1
         if self.events == self.capture_at:
             self.live = dict(self.sizes)
 
@@ -407,7 +414,7 @@ def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_
             if t is not None:
                 drop(t)
     return Prediction(peak=led.peak, where=led.where, events=led.events, unexplained=unexplained, live=led.live,
-                      events_at_peak=led.peak_event)
+                      events_at_peak=led.peak_event, peaks=led.peak_count)
 
 
 # --- plan search under the predictor ---------------------------------------------------------------------
@@ -441,54 +448,107 @@ def saved_weights(profile: dict[str, Any], vertex_nodes: Sequence[Sequence[str]]
     return out
 
 
+def _rank(p: Prediction) -> tuple[int, int]:
+    """What the search minimises: the peak, then how many events reach it (ties between identical blocks)."""
+    return p.peak, p.peaks
+
+
+def _groups(dropped: Sequence[int], succ: Sequence[set[int]]) -> list[list[int]]:
+    """The connected groups of ``dropped`` over the graph's edges, each sorted (each one checkpointed call)."""
+    drop = set(dropped)
+    parent = {v: v for v in drop}
+
+    def find(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for u in drop:
+        for w in succ[u]:
+            if w in drop:
+                parent[find(u)] = find(w)
+    out: dict[int, list[int]] = {}
+    for v in sorted(drop):
+        out.setdefault(find(v), []).append(v)
+    return sorted(out.values())
+
+
+def _cuts(group: Sequence[int], succ: Sequence[set[int]]) -> list[frozenset[int]]:
+    """The vertex sets whose keeping splits ``group`` at each position of its topological order: the group's
+    vertices up to that position read by one after it (a DenseNet block's features up to a layer, a ResNet
+    block's input). One call becomes two, each re-run on its own."""
+    members = set(group)
+    out: list[frozenset[int]] = []
+    for t in group[:-1]:
+        cut = frozenset(u for u in group if u <= t and any(w in members and w > t for w in succ[u]))
+        if cut and len(cut) < len(group) and cut not in out:
+            out.append(cut)
+    return out
+
+
 def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence[tuple[int, int]],
                 units_of: Any, *, vertex_nodes: Sequence[Sequence[str]] | None = None, bounds_per_variant: int = 48,
-                local_passes: int = 2, budget_s: float = 120.0) -> SearchResult:
-    """A dropped set of least predicted peak: acg's plans over its bounds M, judged by the predictor, then a
-    local search that toggles single vertices while the predicted peak falls.
+                seeds: Sequence[tuple[str, Sequence[int]]] = (), starts: int = 3,
+                kicks: int = 3, max_evaluations: int = 2000) -> SearchResult:
+    """A dropped set of least predicted peak: acg's plans over its bounds M and the ``seeds``, judged by the
+    predictor, then a local search from the best few while the predicted peak falls.
 
     Why not acg's own answer: its classic objective charges every kept vertex's output bytes for the whole
     step, while autograd keeps only what it saves and backward frees it as it passes; the plan of least classic
     cost is rarely the plan of least real peak. acg's Solve(·, M) is still a good family of valid plans (every
     component re-run from one entry to one exit), one per bound M, for both the output-size weights and the
-    saved-bytes weights (:func:`saved_weights`); the predictor picks among them and the local search (any
-    convex group is a valid call, acg's single-entry rule is not needed by the executor) refines the best.
+    saved-bytes weights (:func:`saved_weights`); the predictor picks among them and the ``seeds`` (the chain
+    planners' plans as dropped sets: the result is never predicted above the best of them). The local
+    search moves from each of the ``starts`` best distinct plans by the steepest of: toggling one vertex that
+    owns a storage alive at the peak, or keeping the cut that splits the call owning one (:func:`_cuts`: the
+    single-vertex moves cannot split a dense block's call, whose every feature is read further on); with no
+    such move left, one sweep toggling every vertex, then a few uphill moves each followed by a
+    descent. Plans rank by peak, then by how many events reach it (:func:`_rank`), so lowering one of several
+    identical blocks counts. Every candidate the executor refuses
+    (``PlanError``) is skipped. Several starts, because the best start is often a chain plan whose
+    neighbourhood holds nothing better while an acg plan a little above it descends far below.
+
+    Deterministic: bounded by the number of plans predicted (``max_evaluations``, shared evenly by the
+    starts), never by a clock, so a cached plan does not depend on how busy the machine was. A prediction
+    costs 2–25 ms on torchvision models.
 
     Args:
         profile: ``profile_graph``'s record.
         weights, edges: the op graph (``graph.weights``, ``graph.edges``).
-        units_of: ``dropped -> units`` (``functools.partial(executor_units, graph)``); raises for a dropped set
-            the executor refuses (``PlanError``), which is then skipped.
-        vertex_nodes: ``graph.vertex_nodes``, for the saved-bytes weights.
+        units_of: ``dropped -> units`` (``functools.partial(executor_units, graph)``); raises ``PlanError``
+            for a dropped set the executor refuses.
+        vertex_nodes: ``graph.vertex_nodes``, for the saved-bytes weights and the local search.
         bounds_per_variant: bounds M tried per weight variant (spread evenly over acg's candidate bounds).
-        local_passes: passes of the single-vertex local search.
-        budget_s: wall-clock limit of the local search.
+        seeds: (label, dropped set) pairs judged beside acg's plans, before the local search.
+        starts: how many of the best plans found so far the local search starts from.
+        kicks: at a local minimum, how many of the least-bad moves are descended from (see ``descend``).
+        max_evaluations: plans predicted in all, acg's family and the seeds included.
     """
-    import time
-
     from remat.client.errors import PlanError
     from remat.worker.planners.acg import _build_tree, _check_graph, _Search
 
     n = len(weights)
     cache: dict[tuple[int, ...], Prediction | None] = {}
+    limit = [max_evaluations]
 
     def judge(dropped: Sequence[int]) -> Prediction | None:
         key = tuple(sorted(dropped))
         if key not in cache:
+            if len(cache) >= limit[0]:
+                return None
             try:
                 cache[key] = predict_graph_peak(profile, units_of(list(key)))
             except PlanError:
                 cache[key] = None
         return cache[key]
 
-    best_key: tuple[int, ...] = ()
-    best = judge(())
-    assert best is not None
-    source = "no checkpointing"
-    trail: list[tuple[str, int]] = [(source, best.peak)]
+    cache[()] = predict_graph_peak(profile, units_of([]))
+    candidates: dict[tuple[int, ...], str] = {(): "no checkpointing"}
     variants = [("output bytes", list(weights))]
     if vertex_nodes is not None:
         variants.append(("saved bytes", saved_weights(profile, vertex_nodes)))
+    succ: list[set[int]] = []
     for label, w in variants:
         succ, pred = _check_graph(w, edges)
         tree = _build_tree(w, succ, pred, 14)
@@ -505,13 +565,14 @@ def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence
         bounds.append(search.run())  # acg's own (classic) optimum
         for bound in bounds:
             kept = set(search.kept(bound)) | {0, n - 1}
-            dropped = tuple(v for v in range(n) if v not in kept)
-            p = judge(dropped)
-            if p is not None and p.peak < best.peak:
-                best, best_key, source = p, dropped, f"acg on {label}, M={bound}"
-                trail.append((source, p.peak))
-    # Local search: steepest descent over the vertices that own what is alive at the peak (drop a kept one,
-    # keep a dropped one to split the call being re-run), then, when none helps, a plain sweep of all.
+            key = tuple(v for v in range(n) if v not in kept)
+            if judge(key) is not None:
+                candidates.setdefault(key, f"acg on {label}, M={bound}")
+    for label, dropped in seeds:
+        key = tuple(sorted(dropped))
+        if judge(key) is not None:
+            candidates.setdefault(key, label)
+    ranked = sorted(candidates, key=lambda k: (_rank(cache[k]), k))  # type: ignore[arg-type]
     born_vertex: dict[int, int] = {}
     if vertex_nodes is not None:
         births = {rec["name"]: rec["births"] for rec in profile["nodes"]}
@@ -519,46 +580,70 @@ def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence
             for name in names:
                 for sid in births.get(name, ()):
                     born_vertex[sid] = v
-    started = time.perf_counter()
-    sweeps = 0
-    while time.perf_counter() - started < budget_s:
-        live = predict_graph_peak(profile, units_of(list(best_key)), capture=True).live or {}
-        relevant: set[int] = set()
-        for key in live:
-            sid = key[2] if isinstance(key, tuple) and key[0] == "r" else key
-            if isinstance(sid, int) and sid in born_vertex:
-                relevant.add(born_vertex[sid])
-        relevant.discard(0)
-        relevant.discard(n - 1)
-        moves = sorted(relevant) if relevant else []
-        step_best: tuple[int, tuple[int, ...]] | None = None
-        for v in moves:
-            if time.perf_counter() - started > budget_s:
-                break
-            cand = tuple(sorted(set(best_key) ^ {v}))
-            p = judge(cand)
-            if p is not None and p.peak < best.peak and (step_best is None or p.peak < step_best[0]):
-                step_best = (p.peak, cand)
-        if step_best is not None:
-            changed = set(step_best[1]) ^ set(best_key)
-            best_key = step_best[1]
-            best = judge(best_key)  # type: ignore[assignment]
-            trail.append((f"local: toggle {sorted(changed)}", best.peak))
-            continue
-        if sweeps >= local_passes:
-            break
-        sweeps += 1
-        improved = False
-        for v in range(1, n - 1):
-            if time.perf_counter() - started > budget_s:
-                break
-            cand = tuple(sorted(set(best_key) ^ {v}))
-            p = judge(cand)
-            if p is not None and p.peak < best.peak:
-                best, best_key, improved = p, cand, True
-                trail.append((f"local sweep {sweeps}: toggle {v}", p.peak))
-        if not improved:
-            break
-    if len(trail) > 1 and trail[-1][0].startswith("local"):
-        source += " + local search"
-    return SearchResult(dropped=list(best_key), prediction=best, evaluated=len(cache), source=source, trail=trail)
+
+    def descend(key: tuple[int, ...], kicks: int) -> tuple[tuple[int, ...], list[tuple[str, int]]]:
+        """Steepest descent from ``key``; at a local minimum, each of the ``kicks`` least-bad moves is taken
+        anyway and descended from (without kicks of its own), and the first that ends lower is continued.
+        Why: two near-equal peaks (a dense block's re-run and the next transition's backward) make every
+        single move that lowers one raise the other a little; the way down passes over that ridge."""
+        best = cache[key]
+        assert best is not None
+        trail: list[tuple[str, int]] = []
+        swept = False
+        while len(cache) < limit[0]:
+            live = predict_graph_peak(profile, units_of(list(key)), capture=True).live or {}
+            relevant: set[int] = set()
+            for held in live:
+                sid = held[2] if isinstance(held, tuple) and held[0] == "r" else held
+                if isinstance(sid, int) and sid in born_vertex:
+                    relevant.add(born_vertex[sid])
+            relevant -= {0, n - 1}
+            moves: list[tuple[str, frozenset[int]]] = [(f"toggle {v}", frozenset({v})) for v in sorted(relevant)]
+            for group in _groups(key, succ):
+                if relevant.intersection(group):
+                    moves += [(f"keep cut {sorted(cut)}", cut) for cut in _cuts(group, succ)]
+            judged: list[tuple[tuple[int, int], tuple[int, ...], str]] = []
+            for label, move in moves:
+                cand = tuple(sorted(set(key) ^ move))
+                p = judge(cand)
+                if p is not None:
+                    judged.append((_rank(p), cand, label))
+            if not swept and not any(r < _rank(best) for r, _, _ in judged):
+                swept = True  # nothing at the peak helps: one sweep of every vertex
+                for v in range(1, n - 1):
+                    cand = tuple(sorted(set(key) ^ {v}))
+                    p = judge(cand)
+                    if p is not None:
+                        judged.append((_rank(p), cand, f"sweep: toggle {v}"))
+            judged.sort()
+            if judged and judged[0][0] < _rank(best):
+                key, label = judged[0][1], judged[0][2]
+            else:
+                for _, cand, label in judged[:kicks]:
+                    end, steps = descend(cand, 0)
+                    if _rank(cache[end]) < _rank(best):  # type: ignore[arg-type]
+                        trail.append((f"local: {label} (uphill)", cache[cand].peak))  # type: ignore[union-attr]
+                        trail.extend(steps[:-1])
+                        key, label = end, steps[-1][0].removeprefix("local: ") if steps else label
+                        break
+                else:
+                    break
+            best = cache[key]
+            assert best is not None
+            trail.append((f"local: {label}", best.peak))
+        return key, trail
+
+    chosen = ranked[0]
+    trail = [(candidates[chosen], cache[chosen].peak)]  # type: ignore[union-attr]
+    source = candidates[chosen]
+    spent = len(cache)
+    chosen_starts = ranked[:max(1, starts)]
+    for i, start in enumerate(chosen_starts):
+        limit[0] = spent + (max_evaluations - spent) * (i + 1) // len(chosen_starts)
+        end, steps = descend(start, kicks)
+        if _rank(cache[end]) < _rank(cache[chosen]):  # type: ignore[arg-type]
+            chosen, source = end, candidates[start] + (" + local search" if steps else "")
+            trail = [(candidates[start], cache[start].peak), *steps]  # type: ignore[union-attr]
+    best = cache[chosen]
+    assert best is not None
+    return SearchResult(dropped=list(chosen), prediction=best, evaluated=len(cache), source=source, trail=trail)

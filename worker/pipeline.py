@@ -12,6 +12,8 @@ Public API::
     build(request) -> BuiltModel                           # model, example batch, stage chain, plan key
     build_from_model(request, model, example, graph=None, probe=None) -> BuiltModel   # a model the caller holds
     profile(built) -> Trace
+    plans_for(built, trace) -> tuple[Plan, ...]            # every planner; graph plans searched under the predictor
+    graph_planned(built, trace, plan) -> Plan              # one graph plan so searched (as it is otherwise)
     validate(built, trace, plans, progress=None) -> dict[str, Measurement]
     run(request, progress=None) -> ProfileResult           # all of the above, with every planner
     measure_algorithm(request, algorithm, progress=None) -> Measurement
@@ -33,8 +35,7 @@ from remat.client.request import ModelRequest, ProgressFn
 from remat.client.trace import Trace
 
 __all__ = ["BuiltModel", "OutOfMemoryProfiling", "ProfileResult", "ProgressFn", "build", "build_from_model",
-           "measure_algorithm",
-           "profile", "run", "validate"]
+           "graph_planned", "measure_algorithm", "plans_for", "profile", "run", "validate"]
 
 TIMING_ROUNDS = 2
 
@@ -208,18 +209,47 @@ def _op_graph(built: BuiltModel) -> Any:
         return None
 
 
-def predicted(built: BuiltModel, plan: Plan) -> Plan:
-    """A graph plan with the graph predictor's peaks (the ``pytorch`` model, replayed on the op graph) in place
-    of the classic ones, when the profile has a graph profile; any other plan as it is."""
+SEARCH_EVALUATIONS = 2000
+"""Plans the graph search predicts for ``acg`` (remat.worker.graph_predict.search_plan): 2–25 ms each on
+torchvision models (about 15 s for DenseNet-121 on the 2-core CI machine, beside a profile and validation
+that take minutes); a count, not a clock, so the plan does not depend on the machine's load."""
+
+
+def graph_planned(built: BuiltModel, trace: Trace, plan: Plan) -> Plan:
+    """A graph plan under the ``pytorch`` model when the profile has a graph profile: the dropped set of least
+    predicted peak among acg's plans, every chain plan of the trace (the chain planners' and the frontier's,
+    as dropped sets on the op graph) and a local search from the best (``search_plan``), with the graph
+    predictor's peaks. The plan is a function of the trace and the graph profile alone, so ``plan`` and
+    ``measure`` agree. Any other plan, or a graph plan without a graph profile (CUDA, autocast), as it is."""
     if plan.dropped_vertices is None or built.graph_profile is None:
         return plan
-    from remat.worker.graph_predict import predict_graph_peak
-    from remat.worker.graph_profile import executor_units
+    import functools
 
-    graph, dropped = _cut(built, plan)
-    return replace(plan, cost_model="pytorch",
-                   predicted_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, dropped)).peak,
+    from remat.worker.graph_predict import predict_graph_peak, search_plan
+    from remat.worker.graph_profile import executor_units
+    from remat.worker.planners import PLANNERS
+    from remat.worker.planning import plans_to_store
+
+    graph, _ = _cut(built, plan)
+    chain = built.chain
+    chain_planners = [name for name, spec in PLANNERS.items() if not spec.plans_graphs]
+    seeds = [(f"chain plan {p.label}", graph.dropped_for_chain_plan(chain.stage_nodes, chain.boundaries, p.checkpoints))
+             for p in plans_to_store(trace, algorithms=chain_planners) if p.checkpoints]
+    found = search_plan(built.graph_profile, graph.weights, graph.edges, functools.partial(executor_units, graph),
+                        vertex_nodes=graph.vertex_nodes, seeds=seeds, max_evaluations=SEARCH_EVALUATIONS)
+    return replace(plan, cost_model="pytorch", dropped_vertices=tuple(found.dropped),
+                   predicted_peak_bytes=found.prediction.peak,
                    baseline_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, ())).peak)
+
+
+def plans_for(built: BuiltModel, trace: Trace, *, algorithms: Sequence[str] | None = None,
+              frontier: bool | None = None) -> tuple[Plan, ...]:
+    """Every planner's plan for a profiled model (``planning.plans_to_store``), graph plans searched under the
+    predictor where the profile allows (:func:`graph_planned`): what ``run`` and the one-call path store."""
+    from remat.worker.planning import plans_to_store
+
+    return tuple(graph_planned(built, trace, p)
+                 for p in plans_to_store(trace, algorithms=algorithms, frontier=frontier))
 
 
 def _as_graph_measurement(m: Measurement, plan: Plan) -> Measurement:
@@ -299,7 +329,7 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rou
     ``on_key`` is called with the plan key as soon as the model is built (seconds, before the minutes of
     profiling): the worker records it on the job and stops here, by raising, when the key already has plans.
     """
-    from remat.worker.planning import FRONTIER_MAX_STAGES, frontier_to_validate, plans_to_store
+    from remat.worker.planning import FRONTIER_MAX_STAGES, frontier_to_validate
 
     say = progress or _silent
     say(f"building {request.name}", 0.0)
@@ -309,8 +339,8 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rou
     say(f"profiling {built.chain.num_stages} stages", 0.05)
     trace = profile(built)
     say("planning", 0.4)
-    plans = tuple(predicted(built, p) for p in plans_to_store(
-        trace, algorithms=list(algorithms) if algorithms else None, frontier=trace.num_stages <= FRONTIER_MAX_STAGES))
+    plans = plans_for(built, trace, algorithms=list(algorithms) if algorithms else None,
+                      frontier=trace.num_stages <= FRONTIER_MAX_STAGES)
     measured = [p for p in plans if not p.budget_bytes] + frontier_to_validate(plans)
     measurements = validate(built, trace, measured, progress=say, start=0.42, end=0.98, timing_rounds=timing_rounds,
                             check_gradients=check_gradients)
@@ -360,7 +390,7 @@ def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: Progre
     built = build(request)
     say(f"profiling {built.chain.num_stages} stages", 0.2)
     trace = profile(built)
-    plan = predicted(built, make_plan(trace, algorithm, cost_model=STORED_COST_MODEL))
+    plan = graph_planned(built, trace, make_plan(trace, algorithm, cost_model=STORED_COST_MODEL))
     runner, cut_points = _cut(built, plan)
     say(f"measuring {algorithm} and none", 0.5)
     try:

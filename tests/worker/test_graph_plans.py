@@ -98,3 +98,18 @@ def test_a_profiling_run_plans_measures_and_applies_the_graph_plan() -> None:
         m(x).square().mean().backward()
     for a, b in zip(model.parameters(), reference_model.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_the_searched_graph_plan_measures_no_higher_than_the_best_chain_plan() -> None:
+    """On a ResNet, where the chain plan is hard to beat, ``acg``'s searched plan starts from every chain plan
+    (``OpGraph.dropped_for_chain_plan``): measured, it peaks no higher than ``linear``'s, and as predicted."""
+    from remat.client.request import ModelRequest
+    from remat.worker.pipeline import run
+
+    request = ModelRequest(spec="resnet18", batch_size=2, sample_shape=(3, 32, 32), grads="kept")
+    result = run(request, algorithms=["none", "linear", "acg"], timing_rounds=1, check_gradients=False)
+    acg = next(p for p in result.plans if p.algorithm == "acg")
+    assert acg.is_graph_plan and acg.cost_model == "pytorch"
+    measured = result.measurements
+    assert measured["acg"].measured_peak_bytes <= measured["linear"].measured_peak_bytes
+    assert acg.predicted_peak_bytes == pytest.approx(measured["acg"].measured_peak_bytes, rel=0.005)

@@ -94,8 +94,44 @@ def test_search_never_predicts_above_acg_and_its_plan_measures_as_predicted() ->
     units_of = functools.partial(executor_units, graph)
     acg = sorted(v for seg in plan_graph(graph.weights, graph.edges).segments for v in seg.interior)
     result = search_plan(profile, graph.weights, graph.edges, units_of, vertex_nodes=graph.vertex_nodes,
-                         budget_s=5.0)
+                         max_evaluations=150)
     assert result.prediction.peak <= predict_graph_peak(profile, units_of(acg)).peak
     measured = measure_step(model, x, result.dropped, grads="kept", chain=graph, baseline=False,
                             timing_repeats=0).measured_peak_bytes
     assert abs(result.prediction.peak / measured - 1) <= TOLERANCE
+
+
+def test_groups_and_cuts_of_a_dense_block() -> None:
+    """A dense block: x0 → a, b, c, each layer reading every earlier feature, c the exit. Keeping the cut at
+    a splits the call in two; the cut after b is every feature b's successors still read."""
+    from remat.worker.graph_predict import _cuts, _groups
+
+    # 0 input, 1 a, 2 b, 3 c, 4 sink; 1, 2, 3 read everything before them.
+    succ = [{1, 2, 3}, {2, 3}, {3}, {4}, set()]
+    assert _groups([1, 2], succ) == [[1, 2]]
+    assert _groups([1, 3], succ) == [[1, 3]]  # 1 → 3 is an edge: one call
+    assert _cuts([1, 2, 3], succ) == [frozenset({1}), frozenset({1, 2})]
+    # A chain's group: each position's cut is the one vertex that crosses it.
+    chain = [{1}, {2}, {3}, {4}, set()]
+    assert _groups([1, 3], chain) == [[1], [3]]
+    assert _cuts([1, 2, 3], chain) == [frozenset({1}), frozenset({2})]
+
+
+def test_a_chain_plan_as_a_graph_plan_measures_like_the_chain_plan() -> None:
+    """``OpGraph.dropped_for_chain_plan``: the search's seeds are the chain planners' plans; run on the op graph
+    they keep what the chain keeps, so the step measures the chain plan's peak and trains the same."""
+    from remat.client.stage_graph import build_stage_chain
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).train()
+    x = torch.randn(2, 3, 32, 32)
+    chain = build_stage_chain(model, x, train=True)
+    graph = build_op_graph(model, x, graph=chain.graph_module)
+    checkpoints = (2, 5, 7)
+    dropped = graph.dropped_for_chain_plan(chain.stage_nodes, chain.boundaries, checkpoints)
+    assert dropped and graph.sink not in dropped and 0 not in dropped
+    on_chain = measure_step(model, x, checkpoints, grads="kept", chain=chain, baseline=False, timing_repeats=0)
+    on_graph = measure_step(model, x, dropped, grads="kept", chain=graph, baseline=False, timing_repeats=0)
+    assert on_graph.measured_peak_bytes == pytest.approx(on_chain.measured_peak_bytes, rel=TOLERANCE)
+    assert len(graph.calls(dropped)) == len(checkpoints)  # one call per checkpointed segment
