@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh-process", action="store_true",
                         help="run each model in a new process (always on CUDA)")
     parser.add_argument("--traces-out", help="write every profiled trace to this JSON file, keyed model/grads")
+    parser.add_argument("--search-evaluations", type=int, default=pipeline.SEARCH_EVALUATIONS,
+                        help="plans the graph search predicts for acg (default: what plan MODEL uses)")
     args = parser.parse_args(argv)
+    pipeline.SEARCH_EVALUATIONS = args.search_evaluations
     if args.threads:
         torch.set_num_threads(args.threads)
     algorithms = [a for a in args.algorithms.split(",") if a]
