@@ -130,6 +130,9 @@ def test_resnet18_boundaries_match_brute_force() -> None:
     assert chain.names[:4] == ["conv1", "bn1..relu", "maxpool", "layer1.0"]
     used = [p for i in range(1, chain.num_stages + 1) for p in chain.stage_parameters(i)]
     assert sorted(map(id, used)) == sorted(map(id, model.parameters()))  # each parameter in one stage
+    # ... and in its own stage, not a neighbour's (a shifted index would still list each parameter once).
+    assert chain.stage_parameters(1) == [model.conv1.weight]
+    assert chain.stage_parameters(2) == [model.bn1.weight, model.bn1.bias]
 
 
 def test_stages_run_one_at_a_time_equal_the_model() -> None:
@@ -143,8 +146,12 @@ def test_stages_run_one_at_a_time_equal_the_model() -> None:
         y = chain.stage(i)(y)
     assert torch.equal(y, model(x))
     assert torch.equal(chain.run(x), model(x))
-    with pytest.raises(IndexError):
-        chain.stage(chain.num_stages + 1)
+    for outside in (0, chain.num_stages + 1):
+        with pytest.raises(IndexError, match=rf"stage {outside} is not in 1\.\.{chain.num_stages}"):
+            chain.stage(outside)
+    n = chain.num_stages
+    with pytest.raises(PlanError, match=rf"must be distinct boundaries in 1\.\.{n - 1}$"):
+        chain.run(x, checkpoints=(n,))
 
 
 def test_get_attr_parameters_are_looked_up_live() -> None:
