@@ -247,3 +247,31 @@ def test_stochastic_depth_is_a_leaf_so_eval_is_deterministic() -> None:
     x = torch.randn(8, 3, 4, 4)
     with torch.no_grad():
         assert torch.equal(chain.run(x), model(x))
+
+
+class TracedConstant(nn.Module):
+    """A tensor made inside forward: fx keeps it as ``_tensor_constant0`` on the traced root only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x) * torch.tensor([1.0, 2.0, 3.0, 4.0]))
+
+
+def test_a_tracer_constant_is_found_on_the_traced_root() -> None:
+    torch.manual_seed(0)
+    model = TracedConstant()
+    x = torch.randn(2, 4)
+    chain = build_stage_chain(model, x, train=True)
+    assert not hasattr(model, "_tensor_constant0")  # held by the traced root, not the model
+    for checkpoints in ((), (1,)):
+        assert torch.equal(chain.run(x, checkpoints), model(x))
+
+
+def test_a_bool_checkpoint_is_refused() -> None:
+    chain = build_stage_chain(TracedConstant(), torch.randn(2, 4), train=True)
+    with pytest.raises(PlanError, match="must be distinct boundaries"):
+        chain.run(torch.randn(2, 4), checkpoints=(True,))
