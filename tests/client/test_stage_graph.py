@@ -275,3 +275,17 @@ def test_a_bool_checkpoint_is_refused() -> None:
     chain = build_stage_chain(TracedConstant(), torch.randn(2, 4), train=True)
     with pytest.raises(PlanError, match="must be distinct boundaries"):
         chain.run(torch.randn(2, 4), checkpoints=(True,))
+
+
+def test_a_chain_of_three_hundred_stages_runs_every_boundary_checkpointed() -> None:
+    """Past 256 segments (where small ints stop being shared objects): the last segment is still found and
+    run outside checkpoint, and the bound in a refused plan's message is n - 1."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(300)])
+    x = torch.randn(3, 2)
+    chain = build_stage_chain(model, x, train=True)
+    n = chain.num_stages
+    assert n == 300
+    assert torch.equal(chain.run(x, tuple(range(1, n))), model(x))
+    with pytest.raises(PlanError, match=rf"must be distinct boundaries in 1\.\.{n - 1}$"):
+        chain.run(x, checkpoints=(n,))
