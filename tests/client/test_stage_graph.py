@@ -158,6 +158,9 @@ def test_get_attr_parameters_are_looked_up_live() -> None:
     torch.manual_seed(0)
     model = ShapeUser()
     chain = build_stage_chain(model, torch.randn(2, 3, 8, 8))
+    # A parameter read by get_attr (not through a module) belongs to the stage that reads it.
+    used = [p for i in range(1, chain.num_stages + 1) for p in chain.stage_parameters(i)]
+    assert sorted(map(id, used)) == sorted(map(id, model.parameters()))
     model.double()  # after building: the chain must follow the model, not hold the old tensors
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     ref = copy.deepcopy(model)
