@@ -219,13 +219,19 @@ def _nonneg_int(obj: Mapping[str, Any], key: str, where: str, *, required: bool)
     return value
 
 
-def _parse_stage(obj: Any, index: int) -> Stage:
-    where = f"stages[{index}]."
+def _named_object(obj: Any, label: str) -> str:
+    """The ``name`` of an object entry (a stage, a graph vertex), or a one-line error naming ``label``."""
     if not isinstance(obj, Mapping):
-        raise TraceFormatError(f"stages[{index}]: must be an object, got {type(obj).__name__}")
+        raise TraceFormatError(f"{label}: must be an object, got {type(obj).__name__}")
     name = obj.get("name")
     if not isinstance(name, str):
-        raise TraceFormatError(f"{where}name: missing or not a string")
+        raise TraceFormatError(f"{label}.name: missing or not a string")
+    return name
+
+
+def _parse_stage(obj: Any, index: int) -> Stage:
+    where = f"stages[{index}]."
+    name = _named_object(obj, f"stages[{index}]")
     kwargs: dict[str, Any] = {
         "name": name,
         "output_bytes": _nonneg_int(obj, "output_bytes", where, required=True),
@@ -258,11 +264,7 @@ def _parse_stage(obj: Any, index: int) -> Stage:
 
 def _parse_vertex(obj: Any, index: int) -> GraphVertex:
     where = f"graph.vertices[{index}]."
-    if not isinstance(obj, Mapping):
-        raise TraceFormatError(f"graph.vertices[{index}]: must be an object, got {type(obj).__name__}")
-    name = obj.get("name")
-    if not isinstance(name, str):
-        raise TraceFormatError(f"{where}name: missing or not a string")
+    name = _named_object(obj, f"graph.vertices[{index}]")
     nbytes = _nonneg_int(obj, "bytes", where, required=True)
     return GraphVertex(name=name, bytes=nbytes, extra={k: v for k, v in obj.items() if k not in ("name", "bytes")})
 

@@ -617,20 +617,19 @@ def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence
                         judged.append((_rank(p), cand, f"sweep: toggle {v}"))
             judged.sort()
             if judged and judged[0][0] < _rank(best):
-                key, label = judged[0][1], judged[0][2]
+                key = judged[0][1]
+                trail.append((f"local: {judged[0][2]}", cache[key].peak))  # type: ignore[union-attr]
             else:
                 for _, cand, label in judged[:kicks]:
                     end, steps = descend(cand, 0)
                     if _rank(cache[end]) < _rank(best):  # type: ignore[arg-type]
-                        trail.append((f"local: {label} (uphill)", cache[cand].peak))  # type: ignore[union-attr]
-                        trail.extend(steps[:-1])
-                        key, label = end, steps[-1][0].removeprefix("local: ") if steps else label
+                        trail += [(f"local: {label} (uphill)", cache[cand].peak), *steps]  # type: ignore[union-attr]
+                        key = end
                         break
                 else:
                     break
             best = cache[key]
             assert best is not None
-            trail.append((f"local: {label}", best.peak))
         return key, trail
 
     chosen = ranked[0]

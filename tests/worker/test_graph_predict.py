@@ -72,25 +72,25 @@ def test_predicted_peaks_match_measured(name: str) -> None:
         assert predicted.unexplained == 0
 
 
-def test_profile_run_is_the_measured_step() -> None:
-    """The instrumentation (hooks, detached packs) changes no allocation: its own peak is the measured one."""
+def _profiled_cells() -> tuple:
+    """Two DARTS-like cells at 16x16: the model, its input, its op graph and one profiled step."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nas_net(cells=2).train()
     x = torch.randn(2, 3, 16, 16)
     graph = build_op_graph(model, x)
-    profile = profile_graph(model, x, graph, grads="kept")
+    return model, x, graph, profile_graph(model, x, graph, grads="kept")
+
+
+def test_profile_run_is_the_measured_step() -> None:
+    """The instrumentation (hooks, detached packs) changes no allocation: its own peak is the measured one."""
+    model, x, graph, profile = _profiled_cells()
     measured = measure_step(model, x, (), grads="kept", chain=graph, baseline=False, timing_repeats=0)
     assert profile["measured_peak"] == measured.measured_peak_bytes
 
 
 def test_search_never_predicts_above_acg_and_its_plan_measures_as_predicted() -> None:
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nas_net(cells=2).train()
-    x = torch.randn(2, 3, 16, 16)
-    graph = build_op_graph(model, x)
-    profile = profile_graph(model, x, graph, grads="kept")
+    model, x, graph, profile = _profiled_cells()
     units_of = functools.partial(executor_units, graph)
     acg = sorted(v for seg in plan_graph(graph.weights, graph.edges).segments for v in seg.interior)
     result = search_plan(profile, graph.weights, graph.edges, units_of, vertex_nodes=graph.vertex_nodes,
