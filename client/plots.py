@@ -1,10 +1,12 @@
 """Pictures of a model's plans: ``remat-client show MODEL --plot memory.png``.
 
-Two panels, from a ``ModelReport`` whose measurements carry a timeline (CPU measurements do):
+Two panels, from a ``ModelReport`` whose measurements carry a timeline (every measurement since CUDA ones
+record one too):
 
 1. activation memory over one training step (forward, then backward), for no checkpointing and for the
-   chosen plan, each beside its predicted peak (dashed) — the measured curve is the meter's level after every
-   aten op, bucketed to at most 400 points keeping each bucket's highest level, so the peak is exact;
+   chosen plan, each beside its predicted peak (dashed) — the measured curve is the CPU meter's level after
+   every aten op, or on CUDA the bytes requested from the caching allocator after every alloc and free (its
+   history), bucketed to at most 400 points keeping each bucket's highest level, so the peak is exact;
 2. step-time overhead against measured peak for every algorithm: what each plan trades; with the Pareto
    frontier stored, its curve of (predicted peak, estimated recompute time) and its measured points — the
    plans ``--budget`` chooses from.
@@ -41,12 +43,13 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
 
     Raises:
         RematError: matplotlib missing, or the report has no measured timeline for ``none`` and ``algorithm``
-            (stored before timelines were recorded, or measured on CUDA): the message says what to run.
+            (stored before timelines were recorded): the message says what to run.
     """
     base, chosen = report.row("none"), report.row(algorithm)
     if base is None or chosen is None or base.timeline is None or chosen.timeline is None:
         raise RematError(f"no memory timeline stored for {report.request.name}'s none and {algorithm} plans "
-                         f"(CPU measurements record one): `remat-client plan {report.request.name} --refresh` "
+                         f"(measurements stored before timelines were recorded have none): "
+                         f"`remat-client plan {report.request.name} --refresh` "
                          f"measures them again")
     plt = _pyplot()
     fig, (memory, trade) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.7, 1]})
@@ -60,9 +63,10 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
                        label=f"{label}: predicted peak {row.plan.predicted_peak_bytes / MIB:.1f} MiB")
         memory.axvline(timeline["backward_op"] / ops, color=colour, linestyle=":", linewidth=1)
     n_marks = len(chosen.plan.checkpoints)
-    memory.set_xlabel("progress through one training step (aten ops, forward then backward; dotted: backward "
+    sample = chosen.timeline.get("sample", "aten op")
+    memory.set_xlabel(f"progress through one training step ({sample}s, forward then backward; dotted: backward "
                       "starts)")
-    memory.set_ylabel("activation memory (MiB)")
+    memory.set_ylabel("activation memory (MiB" + (", requested from the allocator)" if sample != "aten op" else ")"))
     memory.set_title(f"{report.request.name}, input {list(report.request.input_shape)}, grads={report.request.grads}"
                      f" — {algorithm} keeps {n_marks} of {report.num_stages - 1} boundaries")
     memory.set_ylim(bottom=0)

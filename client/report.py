@@ -26,7 +26,7 @@ class PlanRow:
     grad_check_passed: bool | None = None
     """Whether the plan's gradients equalled the unmodified step's (None: not checked)."""
     timeline: dict[str, Any] | None = None
-    """Memory over the measured step (``Measurement.extra["timeline"]``: CPU measurements), None otherwise."""
+    """Memory over the measured step (``Measurement.extra["timeline"]``), None when stored before timelines were."""
 
     @classmethod
     def from_measurement(cls, plan: Plan, m: Measurement | None) -> PlanRow:

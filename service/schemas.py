@@ -140,15 +140,19 @@ class TraceInfoOut(BaseModel):
 
 
 class StepTimeline(BaseModel):
-    """Memory over one measured training step (remat.worker.measure): bucket start ops and their highest level."""
+    """Memory over one measured training step (remat.worker.measure): bucket starts and their highest level."""
 
     ops: int
-    """aten ops in the step, recomputation included."""
+    """Samples in the step, recomputation included: aten ops (CPU) or allocator events (CUDA), see ``sample``."""
     backward_op: int
-    """The op index where backward starts."""
+    """The sample index where backward starts."""
     op_index: list[int]
     bytes: list[int]
-    """Highest activation level (bytes above the step's baseline) within each bucket."""
+    """Highest activation level (bytes above the step's baseline) within each bucket; on CUDA the bytes the
+    step requested from the caching allocator (before its 512-byte rounding)."""
+    sample: str = "aten op"
+    """What one sample is: ``aten op`` (CPU meter) or ``allocator event`` (CUDA allocator history). Timelines
+    stored before CUDA recorded one carry no such key and were all per aten op."""
 
 
 class TimelineOut(BaseModel):

@@ -90,14 +90,24 @@ TIMELINE_POINTS = 400
 """Samples kept of a step's memory timeline: enough for a plot, small enough to store with every measurement."""
 
 
-def _compact_timeline(samples: Sequence[int], backward_at: int) -> dict[str, Any]:
-    """At most ``TIMELINE_POINTS`` buckets of consecutive ops, each its highest level (the peak survives)."""
+TIMELINE_SAMPLE = ("aten op", "allocator event")
+"""What one timeline sample follows: an aten op (the CPU meter: the highest level of live tensor storage
+bytes since the op before) or an alloc/free of the CUDA caching allocator (the requested bytes allocated
+after it, from the allocator's history: remat.worker.allocator_history)."""
+
+
+def _compact_timeline(samples: Sequence[int], backward_at: int, sample: str = "aten op") -> dict[str, Any]:
+    """At most ``TIMELINE_POINTS`` buckets of consecutive samples, each its highest level (the peak survives).
+
+    The keys keep the names they had when every timeline was per aten op (``ops``, ``op_index``): stored
+    measurements and the service's schema read them; ``sample`` says what one step of the index is.
+    """
     n = len(samples)
     buckets = max(1, min(TIMELINE_POINTS, n))
     edges = [round(k * n / buckets) for k in range(buckets + 1)]
     spans = [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
     return {"ops": n, "backward_op": backward_at, "op_index": [a for a, _ in spans],
-            "bytes": [max(samples[a:b]) for a, b in spans]}
+            "bytes": [max(samples[a:b]) for a, b in spans], "sample": sample}
 
 
 def _baseline_bytes(model: nn.Module, tensors: Sequence[torch.Tensor]) -> int:
@@ -142,27 +152,23 @@ def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_
         torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved(backend.device)
     meter = backend.make_meter()
-    records_timeline = hasattr(meter, "start_timeline")  # the CPU meter; CUDA's allocator keeps no per-op level
-    backward_at = [0]
+    marks: list[int] = []
     gc.disable()
     try:
         with meter:
             base = meter.mark_baseline()
             requested_base = _requested_bytes(backend, "current")
-            if records_timeline:
-                meter.start_timeline()
-
-                def on_backward() -> None:
-                    backward_at[0] = len(meter.timeline)
-            _step(chain, x, loss_fn, checkpoints, precision, on_backward if records_timeline else None)
+            meter.start_timeline()
+            _step(chain, x, loss_fn, checkpoints, precision, lambda: marks.append(meter.timeline_position()))
             backend.synchronize()
             peak = meter.peak_bytes
             requested_peak = _requested_bytes(backend, "peak")
+            samples, positions = meter.stop_timeline(*marks)
     finally:
         gc.enable()
     out: dict[str, Any] = {"activation_bytes": peak - base}
-    if records_timeline and meter.timeline:
-        out["timeline"] = _compact_timeline(meter.timeline, backward_at[0])
+    if samples and positions:  # none when CUDA's history ring buffer wrapped (entries lost)
+        out["timeline"] = _compact_timeline(samples, positions[0], TIMELINE_SAMPLE[backend.device.type == "cuda"])
     if backend.device.type == "cuda":
         out["absolute_peak_bytes"] = peak
         out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(backend.device)

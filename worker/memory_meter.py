@@ -149,6 +149,18 @@ class MemoryMeter(TorchDispatchMode):
         self.timeline = []
         self._ledger.high = self._ledger.current
 
+    def timeline_position(self) -> int:
+        """A mark for :meth:`stop_timeline`: samples recorded so far."""
+        return len(self.timeline) if self.timeline is not None else 0
+
+    def stop_timeline(self, *marks: int) -> tuple[list[int] | None, list[int]]:
+        """Stop recording; the samples (highest level above the baseline per aten op) and the marks.
+
+        The same interface as the CUDA meter's, whose marks need translating; here a mark is a sample index.
+        """
+        samples, self.timeline = self.timeline, None
+        return samples, list(marks)
+
     def mark_baseline(self) -> int:
         """Take the current level as the baseline and reset the peak; returns the baseline in bytes."""
         self._baseline = self._ledger.current

@@ -137,5 +137,29 @@ def test_the_timeline_peaks_at_the_measured_peak_and_backward_follows_forward(re
         assert len(timeline["bytes"]) == len(timeline["op_index"]) <= 400
         assert timeline["op_index"] == sorted(timeline["op_index"]) and timeline["op_index"][0] == 0
         assert min(timeline["bytes"]) >= 0
+        assert timeline["sample"] == "aten op"
     # Recomputation shows as more ops in the checkpointed step than in the plain one.
     assert m.extra["timeline"]["ops"] > m.extra["baseline_timeline"]["ops"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("grads", ["none", "kept"])
+def test_a_cuda_timeline_replays_the_allocator_history_to_the_requested_peak(grads: str) -> None:
+    # The oracle is the allocator's own requested_bytes statistic, read apart from the history: the replayed
+    # levels must reach exactly its peak, and recording must be off after the step.
+    model = small_resnet(width=32, blocks=2).cuda()
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+    chain = SequentialChain(model)
+    m = measure_step(model, x, (2, 4), grads=grads, device="cuda", chain=chain)
+    assert max(m.extra["timeline"]["bytes"]) == m.requested_peak_bytes
+    for timeline, allocated_peak in ((m.extra["timeline"], m.measured_peak_bytes),
+                                     (m.extra["baseline_timeline"], m.baseline_measured_peak_bytes)):
+        assert timeline["sample"] == "allocator event"
+        assert 0 < timeline["backward_op"] < timeline["ops"]
+        assert len(timeline["bytes"]) == len(timeline["op_index"]) <= 400
+        assert 0.97 * allocated_peak <= max(timeline["bytes"]) <= allocated_peak, "requested ≤ allocated (rounded)"
+    assert m.extra["timeline"]["ops"] > m.extra["baseline_timeline"]["ops"], "recomputation allocates again"
+    before = len(torch.cuda.memory._snapshot()["device_traces"][x.device.index or 0])
+    torch.empty(1 << 20, device="cuda")
+    after = len(torch.cuda.memory._snapshot()["device_traces"][x.device.index or 0])
+    assert after == before, "the allocator's history is off once the measurement is done"

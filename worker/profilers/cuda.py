@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from remat.client.trace import Trace
+from remat.worker.allocator_history import AllocatorHistory
 from remat.worker.profilers.common import Backend, StageChainLike, profile_chain
 
 __all__ = ["CudaMeter", "cuda_backend", "profile_cuda"]
@@ -40,6 +41,7 @@ class CudaMeter:
         self.device = device or torch.device("cuda", torch.cuda.current_device())
         self._baseline = 0
         self.label: str | None = None
+        self._history: AllocatorHistory | None = None
 
     @property
     def current_bytes(self) -> int:
@@ -74,12 +76,32 @@ class CudaMeter:
         self.reset_peak()
         return self._baseline
 
+    # -- memory over time: the allocator's history (remat.worker.allocator_history) -----------------------
+    def start_timeline(self) -> None:
+        """Record the allocator's events from now on (requested bytes; one sample per alloc or free)."""
+        self._history = AllocatorHistory(self.device)
+        self._history.start()
+
+    def timeline_position(self) -> int:
+        """A mark for :meth:`stop_timeline`: events recorded so far (a host-side snapshot, no allocation)."""
+        return self._history.position() if self._history is not None else 0
+
+    def stop_timeline(self, *marks: int) -> tuple[list[int] | None, list[int]]:
+        """Levels above the level at ``start_timeline`` after each event, and each mark as a sample index."""
+        if self._history is None:
+            return None, []
+        history, self._history = self._history, None
+        return history.stop(*marks)
+
     def __enter__(self) -> CudaMeter:
         torch.cuda.synchronize(self.device)
         return self
 
     def __exit__(self, *exc: object) -> None:
         torch.cuda.synchronize(self.device)
+        if self._history is not None:  # an error mid-step: never leave the process recording
+            self._history.close()
+            self._history = None
 
 
 def _time_ms_on(device: torch.device) -> Callable[[Callable[[], Any]], float]:

@@ -142,9 +142,10 @@ def read_frontier(state: StateDep, key: KeyDep, model_hash: ModelHashPath) -> Re
             openapi_extra=OPTIONAL_AUTH)
 def read_timeline(state: StateDep, key: KeyDep, model_hash: ModelHashPath,
                   algorithm: Algorithm = DEFAULT_PLANNER) -> Response:
-    """Memory over one measured training step with this plan (its newest measurement): the level after every
-    aten op, bucketed to at most 400 points that keep each bucket's highest level, and where backward
-    starts. CPU measurements record one; a CUDA measurement has none (404)."""
+    """Memory over one measured training step with this plan (its newest measurement that has one): the level
+    after every aten op (CPU) or allocator event (CUDA, requested bytes), bucketed to at most 400 points that
+    keep each bucket's highest level, and where backward starts; 404 for measurements stored before
+    timelines were recorded."""
     with state.db.read_session() as session:
         record = repository.get_plan(session=session, key=key, algorithm=algorithm)
     if record is None:
@@ -154,11 +155,13 @@ def read_timeline(state: StateDep, key: KeyDep, model_hash: ModelHashPath,
     measured = next((m for m in record.measurements if (m.extra or {}).get("timeline")), None)
     if measured is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND,
-                            detail=f"algorithm: the {algorithm} plan's measurements carry no timeline (measured "
-                                   f"on CUDA, or before timelines were recorded)")
+                            detail=f"algorithm: the {algorithm} plan's measurements carry no timeline (stored "
+                                   f"before timelines were recorded)")
     body = {"key": record.key.to_dict(), "algorithm": algorithm, "checkpoints": list(record.plan.checkpoints),
             "predicted_peak_bytes": record.plan.predicted_peak_bytes,
-            "measured_peak_bytes": measured.measured_peak_bytes, "timeline": measured.extra["timeline"]}
+            "measured_peak_bytes": measured.measured_peak_bytes,
+            # Timelines stored before CUDA recorded one say nothing of their samples: all were aten ops.
+            "timeline": {"sample": "aten op", **measured.extra["timeline"]}}
     return Response(content=_json(body), media_type=JSON_MEDIA)
 
 
