@@ -9,6 +9,7 @@ less than 1 MiB would remain (up to 1 MiB more per tensor), and cached-but-free 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -79,8 +80,14 @@ class CudaMeter:
     # -- memory over time: the allocator's history (remat.worker.allocator_history) -----------------------
     def start_timeline(self) -> None:
         """Record the allocator's events from now on (requested bytes; one sample per alloc or free)."""
-        self._history = AllocatorHistory(self.device)
-        self._history.start()
+        history = AllocatorHistory(self.device)
+        try:
+            history.start()
+        except (AttributeError, TypeError, RuntimeError) as exc:  # a torch without this private API
+            warnings.warn(f"no CUDA memory timeline: the allocator's history could not be recorded ({exc})",
+                          RuntimeWarning, stacklevel=2)
+            return
+        self._history = history
 
     def timeline_position(self) -> int:
         """A mark for :meth:`stop_timeline`: events recorded so far (a host-side snapshot, no allocation)."""
