@@ -98,3 +98,18 @@ def test_peak_dispatch_and_errors() -> None:
         peak(trace, (3,), "pytorch")
     with pytest.raises(PlanError, match="twice"):
         peak(trace, (1, 1), "pytorch")
+
+
+def test_diagnostics_of_a_chain_longer_than_cpythons_shared_small_ints() -> None:
+    """The last segment has no recompute, also past 256 stages, where two equal ints are different objects (a
+    cosmic-ray survivor: ``b is not t.n`` for ``b < t.n`` listed recomputes of the last segment there)."""
+    from remat.worker.cost_models import peak_candidates
+
+    n = 300
+    trace = make_trace([1000 + (i % 7) for i in range(n)], saved_bytes=[3] * n)
+    plan = (100, 200)
+    candidates = peak_candidates(trace, plan)
+    last = f"segment (200, {n}]"
+    assert not [label for _, label in candidates if "recompute" in label and last in label]
+    assert [label for _, label in candidates if "recompute" in label and "segment (100, 200]" in label]
+    assert candidates[0][0] == pytorch_peak(trace, plan)
