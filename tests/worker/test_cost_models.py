@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from remat.client.errors import PlanError
-from remat.client.trace import TRACE_FORMAT, make_trace, parse_trace
+from remat.client.trace import TRACE_FORMAT, Trace, make_trace, parse_trace
 from remat.worker.cost_models import PytorchTables, classic_peak, peak, pytorch_peak
 
 
@@ -100,16 +100,41 @@ def test_peak_dispatch_and_errors() -> None:
         peak(trace, (1, 1), "pytorch")
 
 
+def _long_chain(n: int, **fields: object) -> Trace:
+    stages = [{"name": f"s{i + 1}", "output_bytes": 1000 + i % 7, "saved_bytes": 3, **fields} for i in range(n)]
+    return parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+
+
 def test_diagnostics_of_a_chain_longer_than_cpythons_shared_small_ints() -> None:
-    """The last segment has no recompute, also past 256 stages, where two equal ints are different objects (a
-    cosmic-ray survivor: ``b is not t.n`` for ``b < t.n`` listed recomputes of the last segment there)."""
+    """Past 256 stages two equal ints are different objects: cosmic-ray survivors that compared the last bound
+    with the stage count by identity (``is``/``is not``) listed recomputes in the last segment and priced its
+    backward as a recomputed one. Here every stage's backward peak (5000) is far above its recomputed one (10),
+    so the last segment's backward decides the peak."""
     from remat.worker.cost_models import peak_candidates
 
     n = 300
-    trace = make_trace([1000 + (i % 7) for i in range(n)], saved_bytes=[3] * n)
+    trace = _long_chain(n, backward_peak_bytes=5000, recomputed_backward_peak_bytes=10)
     plan = (100, 200)
     candidates = peak_candidates(trace, plan)
     last = f"segment (200, {n}]"
     assert not [label for _, label in candidates if "recompute" in label and last in label]
     assert [label for _, label in candidates if "recompute" in label and "segment (100, 200]" in label]
     assert candidates[0][0] == pytorch_peak(trace, plan)
+    assert last in candidates[0][1] and "backward" in candidates[0][1]
+
+
+def test_a_last_segment_is_never_frameless_past_256_stages() -> None:
+    """The last segment runs without a checkpoint, so it cannot be frameless, however long the chain (a cosmic-ray
+    survivor tested ``b is not n``: true for equal ints above 256). Its stages save nothing, so were it taken
+    for frameless, x_295 would leave the kept checkpoints."""
+    from tests.step_simulator import simulate_peak
+
+    n = 300
+    stages = [{"name": f"s{i + 1}", "output_bytes": 1000 + i % 7, "saved_bytes": 3} for i in range(n - 5)]
+    stages += [{"name": f"t{i}", "output_bytes": 50 * (i + 1), "saved_bytes": 0, "saves_nothing": True}
+               for i in range(5)]
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+    tables = PytorchTables(trace)
+    assert not tables.is_frameless(n - 5, n) and tables.is_frameless(n - 5, n - 1)
+    for plan in [(n - 5,), (150, n - 5), (n - 4,)]:
+        assert pytorch_peak(trace, plan) == simulate_peak(trace, plan), plan

@@ -55,11 +55,25 @@ def test_every_diagnostic_candidate_is_a_moment_of_the_simulated_step(case: tupl
     """``peak_candidates`` (what `measure` reports as deciding a peak) lists moments of the step: none exceeds
     the simulated peak and the largest is it."""
     trace, plan = case
+    _check_candidates(trace, plan)
+
+
+def _check_candidates(trace: Trace, plan: tuple[int, ...]) -> None:
     candidates = peak_candidates(trace, plan)
     peak = simulate_peak(trace, plan)
-    assert candidates[0][0] == peak
-    assert all(value <= peak for value, _ in candidates)
+    assert candidates[0][0] == peak, plan
+    assert all(value <= peak for value, _ in candidates), plan
     assert candidates == sorted(candidates, key=lambda c: -c[0])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces(min_n=2, max_n=7, full=True))
+def test_every_diagnostic_candidate_is_a_moment_of_the_simulated_step_for_every_plan(trace: Trace) -> None:
+    """As above, over every plan of a short trace (a cosmic-ray survivor took a segment's first stage for a
+    middle one, and so counted its input twice, only in segments starting past stage 1)."""
+    n = trace.num_stages
+    for mask in range(1 << (n - 1)):
+        _check_candidates(trace, tuple(i + 1 for i in range(n - 1) if mask >> i & 1))
 
 
 def test_a_frameless_segment_charges_only_its_own_stages_backward() -> None:
@@ -76,3 +90,29 @@ def test_a_frameless_segment_charges_only_its_own_stages_backward() -> None:
         {"name": "d", "output_bytes": 1, "saved_bytes": 1}]})
     plan = (1, 2, 3)
     assert pytorch_peak(trace, plan) == simulate_peak(trace, plan) == 103
+
+
+def _frameless_after_a_large_unsaved_output(backward_peak: int) -> Trace:
+    """x_2 is large and no stage saves it; stage 3 saves nothing, so a segment (2, 3] is frameless."""
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+
+    return parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": [
+        {"name": "a", "output_bytes": 4, "saved_bytes": 2},
+        {"name": "b", "output_bytes": 100, "saved_bytes": 1, "backward_peak_bytes": backward_peak},
+        {"name": "c", "output_bytes": 100, "saved_bytes": 0, "saves_nothing": True},
+        {"name": "d", "output_bytes": 1, "saved_bytes": 1}]})
+
+
+def test_a_frameless_forward_adds_to_every_kept_checkpoint() -> None:
+    """The peak is stage c's forward in the frameless segment: checkpoints x_1 (4) and x_2 (100) kept, plus its
+    output (100). Found by a cosmic-ray survivor that joined the kept bytes with ``|`` (4 | 100 ≠ 104)."""
+    trace = _frameless_after_a_large_unsaved_output(backward_peak=0)
+    assert pytorch_peak(trace, (1, 2, 3)) == simulate_peak(trace, (1, 2, 3)) == 204
+    assert peak_candidates(trace, (1, 2, 3))[0] == (204, "forward of stage 3, frameless segment (2, 3]")
+
+
+def test_a_frameless_segment_leaves_the_stage_before_it_to_its_own_segment() -> None:
+    """Stage b's backward (peak 500) happens in segment (1, 2], beside x_1 only: 504. Charging it in the frameless
+    segment (2, 3] too (a cosmic-ray survivor's slice starting at stage a, not a + 1) would add x_2: 603."""
+    trace = _frameless_after_a_large_unsaved_output(backward_peak=500)
+    assert pytorch_peak(trace, (1, 2, 3)) == simulate_peak(trace, (1, 2, 3)) == 504
