@@ -112,7 +112,7 @@ def test_a_frameless_forward_adds_to_every_kept_checkpoint() -> None:
 
 
 def test_a_frameless_segment_leaves_the_stage_before_it_to_its_own_segment() -> None:
-    """Stage b's backward (peak 500) happens in segment (1, 2], beside x_1 only: 504. Charging it in the frameless
-    segment (2, 3] too (a cosmic-ray survivor's slice starting at stage a, not a + 1) would add x_2: 603."""
+    """Stage b's backward (peak 500) happens in segment (1, 2], beside x_1 only: 504, the peak. The frameless
+    segment (2, 3] after it holds no checkpoint frame, so x_2 is not kept there (its forward: 4 + 100 + 100)."""
     trace = _frameless_after_a_large_unsaved_output(backward_peak=500)
     assert pytorch_peak(trace, (1, 2, 3)) == simulate_peak(trace, (1, 2, 3)) == 504
