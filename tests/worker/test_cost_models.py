@@ -138,3 +138,22 @@ def test_a_last_segment_is_never_frameless_past_256_stages() -> None:
     assert not tables.is_frameless(n - 5, n) and tables.is_frameless(n - 5, n - 1)
     for plan in [(n - 5,), (150, n - 5), (n - 4,)]:
         assert pytorch_peak(trace, plan) == simulate_peak(trace, plan), plan
+
+
+def test_a_recompute_stops_at_the_last_saved_tensor_past_256_stages() -> None:
+    """Stage 295's forward peak F (10⁶ bytes, saved tensors kept) is far above its peak up to the last saved
+    tensor F' and its peak with saved tensors dropped F° (10 each): a segment ending at stage 295 recomputes it
+    only up to F'. Two cosmic-ray survivors compared stage indices by identity (``b is a + 1``, ``s is b``),
+    which fails above 256 and priced that recompute at F; the independent simulator says what the step does."""
+    from remat.worker.cost_models import peak_candidates
+    from tests.step_simulator import simulate_peak
+
+    n = 300
+    stages = [{"name": f"s{i + 1}", "output_bytes": 1000 + i % 7, "saved_bytes": 3} for i in range(n)]
+    stages[294].update(forward_peak_bytes=10**6, recompute_peak_bytes=10, forward_peak_dropped_bytes=10)
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+    for plan in [(294, 295), (290, 295), (100, 290, 295)]:  # a one-stage segment, then longer ones
+        peak = pytorch_peak(trace, plan)
+        assert peak == simulate_peak(trace, plan) < 10**6, plan
+        candidates = peak_candidates(trace, plan)
+        assert candidates[0][0] == peak and all(value <= peak for value, _ in candidates), plan
