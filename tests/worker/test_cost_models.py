@@ -157,3 +157,27 @@ def test_a_recompute_stops_at_the_last_saved_tensor_past_256_stages() -> None:
         assert peak == simulate_peak(trace, plan) < 10**6, plan
         candidates = peak_candidates(trace, plan)
         assert candidates[0][0] == peak and all(value <= peak for value, _ in candidates), plan
+
+
+@pytest.mark.parametrize(("stage", "fields", "plan"), [
+    # The first stage of the last segment keeps its saved tensors: its forward peak is F, not F°.
+    (201, {"forward_peak_bytes": 10**7, "forward_peak_dropped_bytes": 10}, (100, 200)),
+    # The first stage of a checkpointed segment runs beside its input, the kept checkpoint, counted once.
+    (291, {"forward_peak_bytes": 10**8, "forward_peak_dropped_bytes": 10**8, "recompute_peak_bytes": 10},
+     (100, 290, 291)),
+])
+def test_a_segments_first_forward_past_256_stages(stage: int, fields: dict[str, int], plan: tuple[int, ...]) -> None:
+    """Its forward decides the peak; cosmic-ray survivors that compared indices by identity (``s is a + 1``,
+    ``b is t.n``: false above 256) reported it as a middle stage's or a checkpointed segment's forward."""
+    from remat.worker.cost_models import peak_candidates
+    from tests.step_simulator import simulate_peak
+
+    n = 300
+    stages = [{"name": f"s{i + 1}", "output_bytes": 1000 + i % 7, "saved_bytes": 3} for i in range(n)]
+    stages[stage - 1].update(fields)
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages})
+    peak = pytorch_peak(trace, plan)
+    assert peak == simulate_peak(trace, plan)
+    candidates = peak_candidates(trace, plan)
+    assert candidates[0] == (peak, candidates[0][1]) and f"forward of stage {stage}, first of" in candidates[0][1]
+    assert all(value <= peak for value, _ in candidates)
