@@ -114,10 +114,10 @@ class AllocatorHistory:
         if len(entries) >= self.max_entries:
             return None, []
         recorded = entries[self._start:]
-        levels = allocated_levels(recorded)
         # A mark counts entries of every action; the levels have one sample per alloc or free.
-        samples_before = [len(allocated_levels(recorded[:max(m - self._start, 0)])) for m in marks]
-        return levels, samples_before
+        sampled = [entry.get("action") in (ALLOC, FREE) for entry in recorded]
+        samples_before = [sum(sampled[:max(m - self._start, 0)]) for m in marks]
+        return allocated_levels(recorded), samples_before
 
     def close(self) -> None:
         """Stop recording if still on (idempotent; safe on error paths)."""

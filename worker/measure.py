@@ -90,17 +90,12 @@ TIMELINE_POINTS = 400
 """Samples kept of a step's memory timeline: enough for a plot, small enough to store with every measurement."""
 
 
-TIMELINE_SAMPLE = ("aten op", "allocator event")
-"""What one timeline sample follows: an aten op (the CPU meter: the highest level of live tensor storage
-bytes since the op before) or an alloc/free of the CUDA caching allocator (the requested bytes allocated
-after it, from the allocator's history: remat.worker.allocator_history)."""
-
-
-def _compact_timeline(samples: Sequence[int], backward_at: int, sample: str = "aten op") -> dict[str, Any]:
+def _compact_timeline(samples: Sequence[int], backward_at: int, sample: str) -> dict[str, Any]:
     """At most ``TIMELINE_POINTS`` buckets of consecutive samples, each its highest level (the peak survives).
 
     The keys keep the names they had when every timeline was per aten op (``ops``, ``op_index``): stored
-    measurements and the service's schema read them; ``sample`` says what one step of the index is.
+    measurements and the service's schema read them; ``sample`` (the meter's ``timeline_sample``) says what one
+    step of the index is.
     """
     n = len(samples)
     buckets = max(1, min(TIMELINE_POINTS, n))
@@ -168,7 +163,7 @@ def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_
         gc.enable()
     out: dict[str, Any] = {"activation_bytes": peak - base}
     if samples and positions:  # none when CUDA's history ring buffer wrapped (entries lost)
-        out["timeline"] = _compact_timeline(samples, positions[0], TIMELINE_SAMPLE[backend.device.type == "cuda"])
+        out["timeline"] = _compact_timeline(samples, positions[0], meter.timeline_sample)
     if backend.device.type == "cuda":
         out["absolute_peak_bytes"] = peak
         out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(backend.device)

@@ -144,6 +144,9 @@ class MemoryMeter(TorchDispatchMode):
         self.peak_label = self.label
         self.peak_op = None
 
+    timeline_sample = "aten op"
+    """One timeline sample: the highest level of live storage bytes since the aten op before."""
+
     def start_timeline(self) -> None:
         """Record memory over time from now on: one sample per aten op (``timeline``)."""
         self.timeline = []

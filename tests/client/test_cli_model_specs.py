@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,51 +181,50 @@ def test_show_plot_draws_the_stored_timelines(capsys, project: Path) -> None:
     assert Image.open(png).size == (1560, 576)  # 13 x 4.8 inches at 120 dpi: two readable panels
 
 
+SMALL_MLP = ["usernets:mlp", "--input-shape", "32", "--batch-size", "4"]
+
+
+def _plan_then_change_stored_rows(capsys, monkeypatch, change: Callable[[Any], None]) -> None:
+    """Plan the small MLP, then let ``show`` read its stored reports with ``change`` applied to every row."""
+    from remat.client import embedded
+    from remat.client.report import ModelReport
+
+    assert run_cli(capsys, "plan", *SMALL_MLP)[0] == 0
+    original = embedded.stored_reports
+
+    def changed(**kw: object) -> list[ModelReport]:
+        reports = original(**kw)
+        for report in reports:
+            for row in report.rows:
+                change(row)
+        return reports
+
+    monkeypatch.setattr(embedded, "stored_reports", changed)
+
+
 def test_a_cuda_timeline_is_drawn_as_allocator_events_in_requested_bytes(capsys, project: Path,
                                                                          monkeypatch) -> None:
     import matplotlib.pyplot as plt
 
-    from remat.client import embedded
-    from remat.client.report import ModelReport
+    def as_if_measured_on_cuda(row: Any) -> None:
+        if row.timeline is not None:  # what a CUDA measurement stores (remat.worker.measure)
+            row.timeline = {**row.timeline, "sample": "allocator event"}
 
-    small = ["usernets:mlp", "--input-shape", "32", "--batch-size", "4"]
-    assert run_cli(capsys, "plan", *small)[0] == 0
-    original = embedded.stored_reports
-
-    def as_if_measured_on_cuda(**kw: object) -> list[ModelReport]:
-        reports = original(**kw)
-        for report in reports:
-            for row in report.rows:
-                if row.timeline is not None:  # what a CUDA measurement stores (remat.worker.measure)
-                    row.timeline = {**row.timeline, "sample": "allocator event"}
-        return reports
-
-    monkeypatch.setattr(embedded, "stored_reports", as_if_measured_on_cuda)
+    _plan_then_change_stored_rows(capsys, monkeypatch, as_if_measured_on_cuda)
     figures: list = []
     monkeypatch.setattr(plt, "close", figures.append)
-    code, _, err = run_cli(capsys, "show", *small, "--plot", str(project / "cuda.png"))
+    code, _, err = run_cli(capsys, "show", *SMALL_MLP, "--plot", str(project / "cuda.png"))
     assert code == 0, err
     memory = figures[0].axes[0]
     assert "allocator events" in memory.get_xlabel() and "requested" in memory.get_ylabel()
 
 
 def test_show_plot_without_a_timeline_says_how_to_get_one(capsys, project: Path, monkeypatch) -> None:
-    from remat.client import embedded
-    from remat.client.report import ModelReport
+    def without_timeline(row: Any) -> None:
+        row.timeline = None  # as stored before timelines were recorded
 
-    small = ["usernets:mlp", "--input-shape", "32", "--batch-size", "4"]
-    assert run_cli(capsys, "plan", *small)[0] == 0
-    original = embedded.stored_reports
-
-    def without_timelines(**kw: object) -> list[ModelReport]:
-        reports = original(**kw)
-        for report in reports:
-            for row in report.rows:
-                row.timeline = None  # as stored before timelines were recorded
-        return reports
-
-    monkeypatch.setattr(embedded, "stored_reports", without_timelines)
-    code, _, err = run_cli(capsys, "show", *small, "--plot", str(project / "x.png"))
+    _plan_then_change_stored_rows(capsys, monkeypatch, without_timeline)
+    code, _, err = run_cli(capsys, "show", *SMALL_MLP, "--plot", str(project / "x.png"))
     assert code == 1 and "no memory timeline stored" in err and "--refresh" in err, err
 
 

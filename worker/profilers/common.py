@@ -80,6 +80,9 @@ class Meter(Protocol):
 
     def mark_baseline(self) -> int: ...
 
+    timeline_sample: str
+    """What one timeline sample is: ``aten op`` (CPU meter) or ``allocator event`` (CUDA allocator history)."""
+
     def start_timeline(self) -> None: ...
 
     def timeline_position(self) -> int: ...

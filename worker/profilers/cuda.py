@@ -78,6 +78,9 @@ class CudaMeter:
         return self._baseline
 
     # -- memory over time: the allocator's history (remat.worker.allocator_history) -----------------------
+    timeline_sample = "allocator event"
+    """One timeline sample: the bytes requested from the allocator after one alloc or free."""
+
     def start_timeline(self) -> None:
         """Record the allocator's events from now on (requested bytes; one sample per alloc or free)."""
         history = AllocatorHistory(self.device)
