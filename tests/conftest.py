@@ -5,8 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import Phase, settings
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# Mutation runs (benchmarks/mutation_*.toml) pass --hypothesis-profile=mutation: a failing example only has to
+# be found, not shrunk, and shrinking a killed mutant's counterexample would cost most of the run's time.
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], print_blob=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
