@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -181,3 +182,86 @@ def test_the_int64_path_is_exact_at_its_limit_and_the_integer_path_just_past_it(
         reference, _ = linear.quadratic_suffix_peaks(tables)
         assert linear.optimal_suffix_peaks(tables, leaf) == reference
         assert pytorch_peak(big, linear.plan(big), tables) == reference[0]
+
+
+LEAVES = (1, 2, 3, linear._LEAF)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(traces(min_n=2, max_n=7, full=True), st.sampled_from(LEAVES))
+def test_suffix_values_on_short_traces_match_the_quadratic_recurrence(trace: Trace, leaf: int) -> None:
+    """Dense on short chains, where each optional term decides some segment's value often enough that a
+    slip in one term of the leaf, the boundary row or the batch shows in a suffix value (mutation run)."""
+    tables = PytorchTables(trace)
+    assert linear.optimal_suffix_peaks(tables, leaf) == linear.quadratic_suffix_peaks(tables)[0]
+
+
+def test_the_recompute_of_a_segments_first_stage_decides_the_peak() -> None:
+    """Stage 1's forward peak (1000) is paid only when a checkpointed segment starting at it is recomputed:
+    its first forward drops the saved tensors (F° = 20), and only (0, 2] recomputes it with stage 2's output
+    gradient (10) alive. Every plan costs at least 1000; (2,) costs 1010, its recompute candidate."""
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": [
+        {"name": "s1", "output_bytes": 10, "saved_bytes": 0, "forward_peak_bytes": 1000,
+         "forward_peak_dropped_bytes": 20, "recompute_peak_bytes": 1000},
+        {"name": "s2", "output_bytes": 10, "saved_bytes": 600},
+        {"name": "s3", "output_bytes": 10, "saved_bytes": 600},
+    ]})
+    tables = PytorchTables(trace)
+    assert [pytorch_peak(trace, p, tables) for p in ((), (1,), (2,), (1, 2))] == [1220, 1220, 1010, 1010]
+    assert linear.plan(trace) == (2,)
+    for leaf in LEAVES:
+        assert linear.optimal_suffix_peaks(tables, leaf)[0] == 1010
+
+
+def test_the_plan_takes_the_farthest_admissible_checkpoint() -> None:
+    """Both (3,) and (2, 3) attain the optimum 15; the rebuild's tie-break takes the farther checkpoint,
+    which here gives the fewest checkpoints, as exhaustive search's first optimum does."""
+    trace = make_trace([3, 3, 8, 3, 2, 4], [0, 0, 4, 1, 1, 2])
+    best, fewest = exhaustive_min(trace, pytorch_peak)
+    assert (best, fewest) == (15, (3,))
+    assert pytorch_peak(trace, (2, 3)) == 15
+    assert linear.plan(trace) == (3,)
+
+
+def _non_decreasing(draw: st.DrawFn, size: int) -> np.ndarray:
+    steps = draw(st.lists(st.integers(0, 6), min_size=size, max_size=size))
+    return np.array(np.cumsum(steps) - draw(st.integers(0, 20)), dtype=np.int64)
+
+
+@st.composite
+def _separable_inputs(draw: st.DrawFn) -> tuple[np.ndarray, ...]:
+    times, points = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    columns = [np.array(draw(st.lists(st.integers(-30, 30), min_size=points, max_size=points)), dtype=np.int64)
+               for _ in range(3)]
+    return (*columns, _non_decreasing(draw, times), _non_decreasing(draw, times))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_separable_inputs())
+def test_separable_min_is_the_direct_minimum(inputs: tuple[np.ndarray, ...]) -> None:
+    """The batch kernel against its definition: min over j of max(W_j, p_s + X_j, p_s + m_s + D_j)."""
+    W, X, D, p, m = inputs
+    expected = [min(max(int(W[j]), int(p[s] + X[j]), int(p[s] + m[s] + D[j])) for j in range(len(W)))
+                for s in range(len(p))]
+    assert linear._separable_min(W, X, D, p, m, 1 << 62).tolist() == expected
+
+
+@st.composite
+def _intervals(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    T = draw(st.integers(1, 40))
+    pairs = draw(st.lists(st.tuples(st.integers(0, T - 1), st.integers(1, T)), min_size=1, max_size=12))
+    start = [min(a, b - 1) for a, b in pairs]
+    stop = [max(a + 1, b) for a, b in pairs]
+    value = draw(st.lists(st.integers(-50, 50), min_size=len(pairs), max_size=len(pairs)))
+    return (np.array(start, dtype=np.int64), np.array(stop, dtype=np.int64), np.array(value, dtype=np.int64), T)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_intervals())
+def test_stabbing_min_is_the_direct_minimum(case: tuple[np.ndarray, np.ndarray, np.ndarray, int]) -> None:
+    """Every interval length, including 3 (two power-of-two halves that overlap) and lengths up to T."""
+    start, stop, value, T = case
+    big = 1 << 62
+    expected = [min([int(v) for a, b, v in zip(start, stop, value, strict=True) if a <= s < b], default=big)
+                for s in range(T)]
+    assert linear._stabbing_min(start, stop, value, T, big).tolist() == expected
