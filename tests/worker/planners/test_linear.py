@@ -265,3 +265,33 @@ def test_stabbing_min_is_the_direct_minimum(case: tuple[np.ndarray, np.ndarray, 
     expected = [min([int(v) for a, b, v in zip(start, stop, value, strict=True) if a <= s < b], default=big)
                 for s in range(T)]
     assert linear._stabbing_min(start, stop, value, T, big).tolist() == expected
+
+
+def test_the_int64_fast_path_covers_every_table_below_2_to_the_59() -> None:
+    """The documented switch: int64 batches while every entry is below 2^59 in magnitude (so every sum the
+    batches form stays below 2^62), Python integers from 2^59 on."""
+    names = linear._TABLE_NAMES
+    below = linear._as_arrays([[0, (1 << 59) - 1]] + [[0, 0]] * (len(names) - 1))
+    assert {a.dtype.kind for a in below.values()} == {"i"}
+    for edge in (1 << 59, -(1 << 59)):
+        past = linear._as_arrays([[0, 0]] * (len(names) - 1) + [[edge, 0]])
+        assert {a.dtype.kind for a in past.values()} == {"O"}
+
+
+def test_the_divide_and_conquer_never_runs_a_leaf_longer_than_the_leaf_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The O(n log² n) bound rests on it: a quadratic leaf over the whole chain gives the same values, slowly."""
+    sizes = [(i * 7919) % 1013 + 1 for i in range(300)]
+    tables = PytorchTables(make_trace(sizes, [(i * 104729) % 2003 for i in range(300)]))
+    expected = linear.quadratic_suffix_peaks(tables)[0]
+    leaf_lengths: list[int] = []
+    run_leaf = linear._Solver._leaf
+
+    def recording_leaf(self: linear._Solver, lo: int, hi: int) -> None:
+        leaf_lengths.append(hi - lo)
+        run_leaf(self, lo, hi)
+
+    monkeypatch.setattr(linear._Solver, "_leaf", recording_leaf)
+    for leaf in LEAVES:
+        leaf_lengths.clear()
+        assert linear.optimal_suffix_peaks(tables, leaf) == expected
+        assert sum(leaf_lengths) == 300 and max(leaf_lengths) <= leaf
