@@ -295,3 +295,27 @@ def test_the_divide_and_conquer_never_runs_a_leaf_longer_than_the_leaf_size(monk
         leaf_lengths.clear()
         assert linear.optimal_suffix_peaks(tables, leaf) == expected
         assert sum(leaf_lengths) == 300 and max(leaf_lengths) <= leaf
+
+
+@settings(max_examples=300, deadline=None)
+@given(traces(min_n=2, max_n=9, full=True))
+def test_the_rebuild_steps_find_the_nearest_and_farthest_admissible_boundaries(trace: Trace) -> None:
+    """The rebuild's two steps against the model's own local() by brute force, at every boundary and every
+    budget that changes the answer. The farthest rule is the default; the nearest one takes over after 8n
+    scanned positions, which short chains never reach, so it is checked here directly."""
+    t = PytorchTables(trace)
+    n, w = t.n, linear.optimal_suffix_peaks(t)
+    for i in range(n - 1):
+        ends = range(i + 1, n)
+        costs = {j: max(t.local(i, j), w[j]) for j in ends}
+        frameless = {j: max(t.local_frameless(i, j), w[j]) for j in ends if t.is_frameless(i, j)}
+        for budget in sorted({-1, *costs.values(), *frameless.values()}):
+            admissible = [j for j in ends if costs[j] <= budget]
+            assert linear._next_checkpoint(t, w, i, budget, farthest=False)[0] == min(admissible, default=0)
+            assert linear._next_checkpoint(t, w, i, budget, farthest=True)[0] == max(admissible, default=0)
+            fits = [j for j, cost in frameless.items() if cost <= budget]
+            if fits:
+                assert linear._next_frameless(t, w, i, budget) == (min(fits), min(fits) - i)
+            else:
+                with pytest.raises(RuntimeError, match="no admissible boundary"):
+                    linear._next_frameless(t, w, i, budget)
