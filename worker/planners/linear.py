@@ -104,12 +104,12 @@ def optimal_suffix_peaks(tables: PytorchTables, leaf: int = _LEAF) -> list[int]:
 
 
 class _Solver:
-    """State of one divide-and-conquer run: the model's arrays as lists and numpy, h and the open minima."""
+    """State of one divide-and-conquer run: the model's arrays as lists and numpy, w, f and the open minima
+    (``best[i]``: h[i] over the ends j seen so far)."""
 
     def __init__(self, t: PytorchTables) -> None:
         n = t.n
         self.t = t
-        self.h = [0] * n
         self.w = [0] * (n + 1)  # min(d[j] + h[j], f[j]), as Python integers for the leaves
         self.f: list[int | None] = [None] * (n + 1)  # f[j]: best suffix starting with a frameless segment
         lists = [getattr(t, name) for name in _TABLE_NAMES]
@@ -171,7 +171,6 @@ class _Solver:
                     x = rec[j]
                     if x > rmax:
                         rmax = x
-            self.h[i] = b
             v = t.d[i] + b
             if i + 1 < t.n and t.frameless_end[i] > i:  # stage i+1 saves nothing: (i, j] may be frameless
                 rest = w[i + 1] if self.f[i + 1] is None else min(w[i + 1], self.f[i + 1])
