@@ -8,15 +8,16 @@ for every trace and runs in O(n log² n) worst-case time, with all but O(n) of t
 counted above the checkpoints kept before boundary i, is w[i], where
 
     h[i] = min( local(i, n),  min_{i < j < n} max(local(i, j), w[j]) )       (segment (i, j] keeps x_i)
-    f[i] = max(back[i+1] - U[i], min(w[i+1], f[i+1]))   if stage i+1 saves nothing and i+1 < n, else none
+    f[i] = max(back[i+1] - U[i], w[i+1])                 if stage i+1 saves nothing and i+1 < n, else none
     w[i] = min(d[i] + h[i], f[i]),                                             optimum = w[0].
 
 f[i] is the best suffix that starts with a frameless segment (its stages save nothing, so x_i is not kept
 and nothing is recomputed, docs/cost-model.md): local_frameless(i, j) is a running maximum of back minus
-U[i], and U is constant inside such a run, so the minimum over j folds into the one-step form above. h's
-minimum also meets frameless (i, j] priced as ordinary segments; that price is never below the frameless
-one, so it cannot win wrongly. It is exact because every later segment's peak is offset by the same kept
-checkpoints, so only the value of the rest matters, not how it was reached.
+U[i], and U is constant inside such a run, so the minimum over j folds into the one-step form above
+(w[i+1] ≤ f[i+1] already offers continuing the run). h's minimum also meets frameless (i, j] priced as
+ordinary segments; that price is never below the frameless one, so it cannot win wrongly. It is exact
+because every later segment's peak is offset by the same kept checkpoints, so only the value of the rest
+matters, not how it was reached.
 
 **Divide and conquer over positions** (offline, "CDQ"): solve the right half, add every pair (i left, j right)
 in one vectorised batch, then solve the left half, whose i then see every j. In a batch split at ``mid`` the
@@ -173,8 +174,7 @@ class _Solver:
                         rmax = x
             v = t.d[i] + b
             if i + 1 < t.n and t.frameless_end[i] > i:  # stage i+1 saves nothing: (i, j] may be frameless
-                rest = w[i + 1] if self.f[i + 1] is None else min(w[i + 1], self.f[i + 1])
-                self.f[i] = max(t.back_ck[i + 1] - t.U[i], t.fwd_mid[i + 1], rest)
+                self.f[i] = max(t.back_ck[i + 1] - t.U[i], t.fwd_mid[i + 1], w[i + 1])  # w[i+1] ≤ f[i+1]
                 v = min(v, self.f[i])
             w[i] = v
             self.w_np[i] = v
