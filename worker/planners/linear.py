@@ -105,14 +105,13 @@ def optimal_suffix_peaks(tables: PytorchTables, leaf: int = _LEAF) -> list[int]:
 
 
 class _Solver:
-    """State of one divide-and-conquer run: the model's arrays as lists and numpy, w, f and the open minima
+    """State of one divide-and-conquer run: the model's arrays as lists and numpy, w and the open minima
     (``best[i]``: h[i] over the ends j seen so far)."""
 
     def __init__(self, t: PytorchTables) -> None:
         n = t.n
         self.t = t
         self.w = [0] * (n + 1)  # min(d[j] + h[j], f[j]), as Python integers for the leaves
-        self.f: list[int | None] = [None] * (n + 1)  # f[j]: best suffix starting with a frameless segment
         lists = [getattr(t, name) for name in _TABLE_NAMES]
         self.arr = _as_arrays(lists)
         back, U, drop = self.arr["back"], self.arr["U"], self.arr["drop_input"]
@@ -174,8 +173,8 @@ class _Solver:
                         rmax = x
             v = t.d[i] + b
             if i + 1 < t.n and t.frameless_end[i] > i:  # stage i+1 saves nothing: (i, j] may be frameless
-                self.f[i] = max(t.back_ck[i + 1] - t.U[i], t.fwd_mid[i + 1], w[i + 1])  # w[i+1] ≤ f[i+1]
-                v = min(v, self.f[i])
+                f = max(t.back_ck[i + 1] - t.U[i], t.fwd_mid[i + 1], w[i + 1])  # f[i]; w[i+1] ≤ f[i+1]
+                v = min(v, f)
             w[i] = v
             self.w_np[i] = v
 
