@@ -196,21 +196,44 @@ def test_suffix_values_on_short_traces_match_the_quadratic_recurrence(trace: Tra
     assert linear.optimal_suffix_peaks(tables, leaf) == linear.quadratic_suffix_peaks(tables)[0]
 
 
-def test_the_recompute_of_a_segments_first_stage_decides_the_peak() -> None:
-    """Stage 1's forward peak (1000) is paid only when a checkpointed segment starting at it is recomputed:
-    its first forward drops the saved tensors (F° = 20), and only (0, 2] recomputes it with stage 2's output
-    gradient (10) alive. Every plan costs at least 1000; (2,) costs 1010, its recompute candidate."""
-    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": [
-        {"name": "s1", "output_bytes": 10, "saved_bytes": 0, "forward_peak_bytes": 1000,
-         "forward_peak_dropped_bytes": 20, "recompute_peak_bytes": 1000},
-        {"name": "s2", "output_bytes": 10, "saved_bytes": 600},
-        {"name": "s3", "output_bytes": 10, "saved_bytes": 600},
-    ]})
+@pytest.mark.parametrize(("before", "after"), [(0, 0), (1, 2), (3, 1)])
+def test_the_recompute_of_a_segments_first_stage_decides_the_peak(before: int, after: int) -> None:
+    """Stage "heavy"'s forward peak (1000) is paid only when a checkpointed segment starting at it is
+    recomputed: its first forward drops the saved tensors (F° = 20), and only the segment (heavy, next]
+    recomputes it with the next stage's output gradient (10) alive, so the optimum is 1010. Empty stages
+    around it move that segment to an odd start inside a divide-and-conquer batch (leaves 1..3)."""
+    empty = {"output_bytes": 0, "saved_bytes": 0}
+    stages = [empty] * before + [
+        {"output_bytes": 10, "saved_bytes": 0, "forward_peak_bytes": 1000, "forward_peak_dropped_bytes": 20,
+         "recompute_peak_bytes": 1000},
+        {"output_bytes": 10, "saved_bytes": 600},
+        {"output_bytes": 10, "saved_bytes": 600},
+    ] + [empty] * after
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0,
+                         "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
     tables = PytorchTables(trace)
-    assert [pytorch_peak(trace, p, tables) for p in ((), (1,), (2,), (1, 2))] == [1220, 1220, 1010, 1010]
-    assert linear.plan(trace) == (2,)
+    if before == after == 0:
+        assert [pytorch_peak(trace, p, tables) for p in ((), (1,), (2,), (1, 2))] == [1220, 1220, 1010, 1010]
+        assert linear.plan(trace) == (2,)
+    assert _pytorch_minimum(trace)[0] == 1010
+    assert pytorch_peak(trace, linear.plan(trace), tables) == 1010
     for leaf in LEAVES:
-        assert linear.optimal_suffix_peaks(tables, leaf)[0] == 1010
+        assert linear.optimal_suffix_peaks(tables, leaf) == linear.quadratic_suffix_peaks(tables)[0]
+
+
+def test_a_last_stage_past_256_is_priced_as_the_last_segment() -> None:
+    """300 stages, the last one's full forward peak far above its dropped one: only the last segment
+    (never checkpointed) pays it. Past 256 stages a stage index is no longer a shared small int, so an
+    identity comparison of indices would price it as a checkpointed one-stage segment here."""
+    stages = [{"name": f"s{i}", "output_bytes": (i * 37) % 101 + 1, "saved_bytes": (i * 53) % 97}
+              for i in range(1, 300)]
+    stages.append({"name": "s300", "output_bytes": 7, "saved_bytes": 3, "forward_peak_bytes": 10**6,
+                   "forward_peak_dropped_bytes": 5})
+    tables = PytorchTables(parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages}))
+    expected = linear.quadratic_suffix_peaks(tables)[0]
+    assert expected[0] >= 10**6
+    for leaf in LEAVES:
+        assert linear.optimal_suffix_peaks(tables, leaf) == expected
 
 
 def test_the_plan_takes_the_farthest_admissible_checkpoint() -> None:
@@ -295,6 +318,7 @@ def test_the_divide_and_conquer_never_runs_a_leaf_longer_than_the_leaf_size(monk
         leaf_lengths.clear()
         assert linear.optimal_suffix_peaks(tables, leaf) == expected
         assert sum(leaf_lengths) == 300 and max(leaf_lengths) <= leaf
+    assert linear.optimal_suffix_peaks(tables, 0) == expected  # a leaf size below 1 means 1
 
 
 @settings(max_examples=300, deadline=None)
@@ -309,7 +333,8 @@ def test_the_rebuild_steps_find_the_nearest_and_farthest_admissible_boundaries(t
         ends = range(i + 1, n)
         costs = {j: max(t.local(i, j), w[j]) for j in ends}
         frameless = {j: max(t.local_frameless(i, j), w[j]) for j in ends if t.is_frameless(i, j)}
-        for budget in sorted({-1, *costs.values(), *frameless.values()}):
+        values = {*costs.values(), *frameless.values()}
+        for budget in sorted({-1, *values, *(v - 1 for v in values)}):
             admissible = [j for j in ends if costs[j] <= budget]
             assert linear._next_checkpoint(t, w, i, budget, farthest=False)[0] == min(admissible, default=0)
             assert linear._next_checkpoint(t, w, i, budget, farthest=True)[0] == max(admissible, default=0)
