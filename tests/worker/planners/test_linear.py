@@ -221,14 +221,17 @@ def test_the_recompute_of_a_segments_first_stage_decides_the_peak(before: int, a
         assert linear.optimal_suffix_peaks(tables, leaf) == linear.quadratic_suffix_peaks(tables)[0]
 
 
-def test_a_last_stage_past_256_is_priced_as_the_last_segment() -> None:
+@pytest.mark.parametrize("saves_nothing", [False, True])
+def test_a_last_stage_past_256_is_priced_as_the_last_segment(saves_nothing: bool) -> None:
     """300 stages, the last one's full forward peak far above its dropped one: only the last segment
-    (never checkpointed) pays it. Past 256 stages a stage index is no longer a shared small int, so an
-    identity comparison of indices would price it as a checkpointed one-stage segment here."""
+    (never checkpointed, never frameless) pays it. Past 256 stages a stage index is no longer a shared small
+    int, so an identity comparison of indices would price it as a checkpointed one-stage segment, or, when
+    it saves nothing, as a frameless one."""
     stages = [{"name": f"s{i}", "output_bytes": (i * 37) % 101 + 1, "saved_bytes": (i * 53) % 97}
               for i in range(1, 300)]
-    stages.append({"name": "s300", "output_bytes": 7, "saved_bytes": 3, "forward_peak_bytes": 10**6,
-                   "forward_peak_dropped_bytes": 5})
+    last = {"name": "s300", "output_bytes": 7, "saved_bytes": 3, "forward_peak_bytes": 10**6,
+            "forward_peak_dropped_bytes": 5}
+    stages.append({**last, "saved_bytes": 0, "saves_nothing": True} if saves_nothing else last)
     tables = PytorchTables(parse_trace({"format": TRACE_FORMAT, "input_bytes": 0, "stages": stages}))
     expected = linear.quadratic_suffix_peaks(tables)[0]
     assert expected[0] >= 10**6
@@ -236,14 +239,20 @@ def test_a_last_stage_past_256_is_priced_as_the_last_segment() -> None:
         assert linear.optimal_suffix_peaks(tables, leaf) == expected
 
 
-def test_the_plan_takes_the_farthest_admissible_checkpoint() -> None:
-    """Both (3,) and (2, 3) attain the optimum 15; the rebuild's tie-break takes the farther checkpoint,
-    which here gives the fewest checkpoints, as exhaustive search's first optimum does."""
-    trace = make_trace([3, 3, 8, 3, 2, 4], [0, 0, 4, 1, 1, 2])
+@pytest.mark.parametrize(("sizes", "saved", "nearer", "farthest"), [
+    ([3, 3, 8, 3, 2, 4], [0, 0, 4, 1, 1, 2], (2, 3), (3,)),
+    ([2, 3, 1, 4, 8, 3, 8, 4, 8, 2, 1, 1], [0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 0], (3, 6), (6,)),
+])
+def test_the_plan_takes_the_farthest_admissible_checkpoint(sizes: list[int], saved: list[int],
+                                                           nearer: tuple[int, ...], farthest: tuple[int, ...]) -> None:
+    """Both plans attain the optimum; the rebuild's tie-break takes the farther checkpoint, which here gives
+    the fewest checkpoints, as exhaustive search's first optimum does (6 and 12 stages: the rule holds
+    beyond the first step and past 8 stages)."""
+    trace = make_trace(sizes, saved)
     best, fewest = exhaustive_min(trace, pytorch_peak)
-    assert (best, fewest) == (15, (3,))
-    assert pytorch_peak(trace, (2, 3)) == 15
-    assert linear.plan(trace) == (3,)
+    assert fewest == farthest
+    assert pytorch_peak(trace, nearer) == best
+    assert linear.plan(trace) == farthest
 
 
 def _non_decreasing(draw: st.DrawFn, size: int) -> np.ndarray:
