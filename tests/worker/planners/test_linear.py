@@ -353,3 +353,16 @@ def test_the_rebuild_steps_find_the_nearest_and_farthest_admissible_boundaries(t
             else:
                 with pytest.raises(RuntimeError, match="no admissible boundary"):
                     linear._next_frameless(t, w, i, budget)
+
+
+@pytest.mark.parametrize("scale", [1, 1 << 60])
+def test_the_sentinel_exceeds_every_value_the_batches_form(scale: int) -> None:
+    """The batches stand in ``big`` for an empty part of a minimum; every value they form is a sum of at
+    most three table entries, so ``big`` must exceed three times the largest entry on both paths (int64,
+    and Python integers past 2^59), or an empty part would win a minimum."""
+    trace = _scaled(make_trace([5, 7, 11, 13, 2, 3], [1, 2, 3, 5, 8, 13], input_bytes=4), scale)
+    tables = PytorchTables(trace)
+    solver = linear._Solver(tables)
+    assert solver.arr["U"].dtype.kind == ("i" if scale == 1 else "O")
+    limit = 3 * (linear._INT64_LIMIT if scale == 1 else _table_max(trace))
+    assert solver.big > limit
