@@ -345,8 +345,17 @@ def test_the_rebuild_steps_find_the_nearest_and_farthest_admissible_boundaries(t
         values = {*costs.values(), *frameless.values()}
         for budget in sorted({-1, *values, *(v - 1 for v in values)}):
             admissible = [j for j in ends if costs[j] <= budget]
-            assert linear._next_checkpoint(t, w, i, budget, farthest=False)[0] == min(admissible, default=0)
-            assert linear._next_checkpoint(t, w, i, budget, farthest=True)[0] == max(admissible, default=0)
+            # The scan stops at the first position whose backward or forward candidate alone is over the
+            # budget (no later end can fit), or, for the nearest rule, one past the first admissible end.
+            over = [j for j in range(i + 2, n) if max(t.back_ck[i + 1:j + 1]) - t.U[i] > budget
+                    or max(t.fwd_first[i + 1], *t.fwd_mid[i + 2:j + 1]) > budget]
+            last = max(i + 1, n - 1)
+            far_stop = min(over, default=last)
+            near_stop = min(far_stop, min(admissible, default=last) + 1, last)
+            assert linear._next_checkpoint(t, w, i, budget, farthest=False) == (min(admissible, default=0),
+                                                                                near_stop - i)
+            assert linear._next_checkpoint(t, w, i, budget, farthest=True) == (max(admissible, default=0),
+                                                                               far_stop - i)
             fits = [j for j, cost in frameless.items() if cost <= budget]
             if fits:
                 assert linear._next_frameless(t, w, i, budget) == (min(fits), min(fits) - i)
@@ -366,3 +375,30 @@ def test_the_sentinel_exceeds_every_value_the_batches_form(scale: int) -> None:
     assert solver.arr["U"].dtype.kind == ("i" if scale == 1 else "O")
     limit = 3 * (linear._INT64_LIMIT if scale == 1 else _table_max(trace))
     assert solver.big > limit
+
+
+def test_the_rebuild_switches_to_the_nearest_rule_after_8n_scanned_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard that keeps the rebuild O(n): farthest-first while fewer than 8n positions were scanned, the
+    nearest rule after. Random chains scan under 2n in all, so each of this plan's 17 steps reports n scanned
+    positions here, and the plan must stay optimal after the switch."""
+    sizes = [(i * 7919) % 13 + 1 for i in range(150)]
+    trace = make_trace(sizes, [(i * 104729) % 7 for i in range(150)])
+    n, calls = trace.num_stages, []
+    step, frameless_step = linear._next_checkpoint, linear._next_frameless
+
+    def padded_step(*args: object, farthest: bool) -> tuple[int, int]:
+        calls.append(farthest)
+        j, _ = step(*args, farthest=farthest)
+        return j, n
+
+    def padded_frameless(*args: object) -> tuple[int, int]:
+        j, _ = frameless_step(*args)
+        return j, n
+
+    monkeypatch.setattr(linear, "_next_checkpoint", padded_step)
+    monkeypatch.setattr(linear, "_next_frameless", padded_frameless)
+    checkpoints = linear.plan(trace)
+    assert len(calls) > 10  # enough steps to pass 8n
+    assert calls == [True] * 8 + [False] * (len(calls) - 8)  # step 9 starts with exactly 8n scanned
+    tables = PytorchTables(trace)
+    assert pytorch_peak(trace, checkpoints, tables) == linear.quadratic_suffix_peaks(tables)[0][0]
