@@ -377,10 +377,13 @@ def test_the_sentinel_exceeds_every_value_the_batches_form(scale: int) -> None:
     assert solver.big > limit
 
 
-def test_the_rebuild_switches_to_the_nearest_rule_after_8n_scanned_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("short", [0, 1])
+def test_the_rebuild_switches_to_the_nearest_rule_after_8n_scanned_positions(monkeypatch: pytest.MonkeyPatch,
+                                                                             short: int) -> None:
     """The guard that keeps the rebuild O(n): farthest-first while fewer than 8n positions were scanned, the
     nearest rule after. Random chains scan under 2n in all, so each of this plan's 17 steps reports n scanned
-    positions here, and the plan must stay optimal after the switch."""
+    positions here, the eighth n - short: the ninth step starts at exactly 8n (nearest) or 8n - 1 (still
+    farthest). The plan must stay optimal after the switch."""
     sizes = [(i * 7919) % 13 + 1 for i in range(150)]
     trace = make_trace(sizes, [(i * 104729) % 7 for i in range(150)])
     n, calls = trace.num_stages, []
@@ -389,7 +392,7 @@ def test_the_rebuild_switches_to_the_nearest_rule_after_8n_scanned_positions(mon
     def padded_step(*args: object, farthest: bool) -> tuple[int, int]:
         calls.append(farthest)
         j, _ = step(*args, farthest=farthest)
-        return j, n
+        return j, n - (short if len(calls) == 8 else 0)
 
     def padded_frameless(*args: object) -> tuple[int, int]:
         j, _ = frameless_step(*args)
@@ -399,6 +402,7 @@ def test_the_rebuild_switches_to_the_nearest_rule_after_8n_scanned_positions(mon
     monkeypatch.setattr(linear, "_next_frameless", padded_frameless)
     checkpoints = linear.plan(trace)
     assert len(calls) > 10  # enough steps to pass 8n
-    assert calls == [True] * 8 + [False] * (len(calls) - 8)  # step 9 starts with exactly 8n scanned
+    switch = 8 + short
+    assert calls == [True] * switch + [False] * (len(calls) - switch)
     tables = PytorchTables(trace)
     assert pytorch_peak(trace, checkpoints, tables) == linear.quadratic_suffix_peaks(tables)[0][0]
