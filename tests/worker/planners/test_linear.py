@@ -406,3 +406,17 @@ def test_the_rebuild_switches_to_the_nearest_rule_after_8n_scanned_positions(mon
     assert calls == [True] * switch + [False] * (len(calls) - switch)
     tables = PytorchTables(trace)
     assert pytorch_peak(trace, checkpoints, tables) == linear.quadratic_suffix_peaks(tables)[0][0]
+
+
+def test_the_rebuild_prices_the_last_segment_by_its_own_stages() -> None:
+    """Stage 2's full forward peak (1000) is paid only outside a checkpointed segment, whose first forward
+    drops its saved tensors (F° = 1). The optimum (2,) ends with the last segment (2, 4]: the rebuild must
+    not charge it stage 2's forward, which ran in the segment before."""
+    stages = [{"output_bytes": 0, "saved_bytes": 0},
+              {"output_bytes": 0, "saved_bytes": 0, "forward_peak_bytes": 1000, "forward_peak_dropped_bytes": 1},
+              {"output_bytes": 0, "saved_bytes": 0, "forward_peak_dropped_bytes": 2},
+              {"output_bytes": 0, "saved_bytes": 0}]
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0,
+                         "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
+    assert (pytorch_peak(trace, ()), pytorch_peak(trace, (3,)), pytorch_peak(trace, (2,))) == (1000, 1000, 1)
+    assert linear.plan(trace) == (2,)
