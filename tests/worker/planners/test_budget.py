@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -161,3 +162,43 @@ def test_a_profiling_run_measures_two_frontier_points_besides_the_registered_pla
         answer = max((p for p in frontier if p.predicted_peak_bytes <= share * base),
                      key=lambda p: p.predicted_peak_bytes, default=None)
         assert answer is None or answer in chosen or answer.checkpoints in registered
+
+
+@pytest.mark.parametrize(("before", "after"), [(0, 0), (1, 2), (3, 1)])
+def test_the_recompute_of_a_segments_first_stage_decides_the_least_peak(before: int, after: int) -> None:
+    """Stage "heavy"'s full forward peak (1000) is paid only when the checkpointed segment starting at it is
+    recomputed, with the next stage's output gradient (10) alive: the least peak is 1010, and a frontier
+    that priced that recompute from another stage's table entry would list a smaller one. Empty stages move
+    the segment to other starts (found by mutation testing: ``rec_first[i]`` for ``rec_first[i + 1]``)."""
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+
+    empty = {"output_bytes": 0, "saved_bytes": 0}
+    stages = [empty] * before + [
+        {"output_bytes": 10, "saved_bytes": 0, "forward_peak_bytes": 1000, "forward_peak_dropped_bytes": 20,
+         "recompute_peak_bytes": 1000},
+        {"output_bytes": 10, "saved_bytes": 600},
+        {"output_bytes": 10, "saved_bytes": 600},
+    ] + [empty] * after
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0,
+                         "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
+    frontier = pareto_frontier(trace)
+    assert [(p.peak_bytes, p.recompute_cost) for p in frontier] == \
+        exhaustive_frontier(trace, simulate_peak, recompute_cost)
+    assert frontier[0].peak_bytes == 1010 == simulate_peak(trace, frontier[0].checkpoints)
+
+
+def test_the_int64_fast_path_runs_while_the_sentinel_is_below_2_to_the_59(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented switch: int64 arrays below 2^59, Python integers from it on; ordinary traces, whose
+    peaks are far below, take the fast path."""
+    assert budget._entry_dtype((1 << 59) - 1) is np.int64
+    assert budget._entry_dtype(1 << 59) is object
+    seen: list[object] = []
+    locals_of = budget._first_segment_locals
+
+    def recording(a: dict[str, np.ndarray], t: object, i: int) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(a["d"].dtype)
+        return locals_of(a, t, i)
+
+    monkeypatch.setattr(budget, "_first_segment_locals", recording)
+    pareto_frontier(make_trace([10**9] * 40))
+    assert seen and set(seen) == {np.dtype(np.int64)}
