@@ -202,3 +202,15 @@ def test_the_int64_fast_path_runs_while_the_sentinel_is_below_2_to_the_59(monkey
     monkeypatch.setattr(budget, "_first_segment_locals", recording)
     pareto_frontier(make_trace([10**9] * 40))
     assert seen and set(seen) == {np.dtype(np.int64)}
+
+
+def test_a_300_stage_frontier_ends_at_the_linear_peak() -> None:
+    """Past 256 stages an index is no longer a shared small int, so an identity test on the last boundary
+    would price a segment starting there (found by mutation testing: ``i is n - 1``)."""
+    trace = make_trace([(i * 37) % 101 + 1 for i in range(300)], [(i * 53) % 97 for i in range(300)])
+    frontier = pareto_frontier(trace)
+    assert frontier[0].peak_bytes == pytorch_peak(trace, linear.plan(trace))
+    assert frontier[-1].checkpoints == () and frontier[-1].recompute_cost == 0
+    for point in frontier[:: max(1, len(frontier) // 8)]:
+        assert simulate_peak(trace, point.checkpoints) == point.peak_bytes
+        assert recompute_cost(trace, point.checkpoints) == point.recompute_cost
