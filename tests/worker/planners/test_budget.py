@@ -214,3 +214,18 @@ def test_a_300_stage_frontier_ends_at_the_linear_peak() -> None:
     for point in frontier[:: max(1, len(frontier) // 8)]:
         assert simulate_peak(trace, point.checkpoints) == point.peak_bytes
         assert recompute_cost(trace, point.checkpoints) == point.recompute_cost
+
+
+def test_a_frameless_segment_at_the_last_boundary_but_one_is_priced_once() -> None:
+    """Six views, the fifth with a backward peak above its recomputed one: found by mutation testing (a
+    recompute slice one entry too long at boundary n - 2 added a second, ordinarily priced copy of the
+    frameless segment (4, 5] that kept its zero base and could win, naming boundary n as its parent)."""
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+
+    view = {"output_bytes": 1, "saved_bytes": 0, "saves_nothing": True, "backward_peak_bytes": 1}
+    stages = [view] * 4 + [{**view, "forward_peak_dropped_bytes": 2, "backward_peak_bytes": 4,
+                            "recomputed_backward_peak_bytes": 1}, view]
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0,
+                         "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
+    assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(trace)] == \
+        exhaustive_frontier(trace, simulate_peak, recompute_cost)
