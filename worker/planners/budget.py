@@ -41,13 +41,14 @@ from remat.client.trace import Trace
 from remat.worker.cost_models import PytorchTables
 from remat.worker.recompute_time import cost_before
 
-_INT64_LIMIT = 1 << 59  # r and local stay below it, so every sum the numpy step forms stays below 2^60
+_INT64_LIMIT = 1 << 59
+_INT64_INFINITY = 1 << 62  # above every value below _INT64_LIMIT; plus one of them, still below 2^63
 
 
-def _entry_dtype(infinity: int) -> object:
-    """int64 while the "infinite" sentinel, the largest value of the recurrence, is below 2^59; Python
-    integers (object arrays: 200 stages take 0.22 s instead of 0.016 s) past it."""
-    return np.int64 if infinity < _INT64_LIMIT else object
+def _entry_dtype(largest: int) -> object:
+    """int64 while every value of the recurrence (at most ``largest``) is below 2^59; Python integers
+    (object arrays: 200 stages take 0.22 s instead of 0.016 s) past it."""
+    return np.int64 if largest < _INT64_LIMIT else object
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,10 @@ def _min_peaks_by_last_checkpoint(t: PytorchTables) -> tuple[list[int], np.ndarr
     """r_0[c] for c = 0..n-1 (the recurrence of the module docstring) and the first-segment ends chosen.
 
     Each boundary i is one numpy step over the block r[j, c] (j, c in i+1..n-1): r[j, c] is "infinite" for
-    c < j, so the minimum over j needs no mask, and ``argmin`` takes the smallest j among equals.
+    c < j, so the minimum over j needs no mask, and ``argmin`` takes the smallest j among equals. The
+    infinity is not derived from a bound on the peaks: 2^62 on the int64 path, which ``_entry_dtype`` only
+    takes while every value is below 2^59 (so 2^62 plus one d stays below 2^63), and a float infinity on
+    Python integers.
 
     Returns:
         (peaks, parent): peaks[c] is the smallest peak of a plan whose last checkpoint is c; parent[i, c]
@@ -97,11 +101,12 @@ def _min_peaks_by_last_checkpoint(t: PytorchTables) -> tuple[list[int], np.ndarr
     n = t.n
     names = ("back_ck", "fwd_mid", "rec", "rec_last", "delta", "d")
     values = [v for name in PytorchTables.__slots__ if name not in ("n", "frameless_end") for v in getattr(t, name)]
-    inf = 2 * (sum(t.d) + 2 * max(map(abs, values))) + 1  # above every peak a plan can have
-    dtype = _entry_dtype(inf)
+    # A peak sums kept d's and one local term of at most two entries: at most sum(d) + 2·max|entry|.
+    dtype = _entry_dtype(sum(t.d) + 2 * max(map(abs, values)))
+    infinity = _INT64_INFINITY if dtype is np.int64 else float("inf")
     arrays = {name: np.array(getattr(t, name), dtype=dtype) for name in names}
-    r = np.full((n, n), inf, dtype=dtype)  # r[i, c], c ≥ i
-    parent = np.full((n, n), -1, dtype=np.int32)  # n² entries: n is far below 2^31
+    r = np.full((n, n), infinity, dtype=dtype)  # r[i, c], c ≥ i
+    parent = np.zeros((n, n), dtype=np.int32)  # read for c > i only; n² entries: n is far below 2^31
     for i in range(n - 1, -1, -1):
         r[i, i] = t.d[i] + t.local(i, n)
         parent[i, i] = n

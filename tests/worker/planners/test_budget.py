@@ -188,10 +188,12 @@ def test_the_recompute_of_a_segments_first_stage_decides_the_least_peak(before: 
 
 
 def test_the_int64_fast_path_runs_while_the_sentinel_is_below_2_to_the_59(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The documented switch: int64 arrays below 2^59, Python integers from it on; ordinary traces, whose
-    peaks are far below, take the fast path."""
+    """The documented switch: int64 arrays while every value is below 2^59, Python integers from it on;
+    ordinary traces, whose peaks are far below, take the fast path."""
     assert budget._entry_dtype((1 << 59) - 1) is np.int64
     assert budget._entry_dtype(1 << 59) is object
+    # the int64 path's infinity is above every value it admits, and stays in range with one added
+    assert budget._INT64_LIMIT <= budget._INT64_INFINITY and budget._INT64_INFINITY + budget._INT64_LIMIT < 2**63
     seen: list[object] = []
     locals_of = budget._first_segment_locals
 
