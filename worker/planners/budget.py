@@ -134,9 +134,9 @@ def pareto_frontier(trace: Trace) -> list[FrontierPoint]:
     """Every plan not dominated in (``pytorch`` peak, recompute cost), by peak ascending and cost descending.
 
     Costs are :func:`remat.worker.recompute_time.recompute_cost` units (nanoseconds, or stages re-run).
+    A one-stage trace (a trace has at least one) gives the single point ((), its peak, 0) through the
+    same recurrence.
     """
-    if trace.num_stages <= 1:
-        return [FrontierPoint((), PytorchTables(trace).local(0, 1) if trace.num_stages else 0, 0)]
     t = PytorchTables(trace)
     peaks, parent = _min_peaks_by_last_checkpoint(t)
     costs = cost_before(trace)

@@ -231,3 +231,12 @@ def test_a_frameless_segment_at_the_last_boundary_but_one_is_priced_once() -> No
                          "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
     assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(trace)] == \
         exhaustive_frontier(trace, simulate_peak, recompute_cost)
+
+
+@pytest.mark.parametrize("saves_nothing", [False, True])
+def test_a_one_stage_trace_has_one_point(saves_nothing: bool) -> None:
+    trace = make_trace([7], [5])
+    if saves_nothing:
+        trace = dataclasses.replace(trace, stages=(dataclasses.replace(trace.stages[0], saved_bytes=0,
+                                                                       saves_nothing=True),))
+    assert pareto_frontier(trace) == [budget.FrontierPoint((), simulate_peak(trace, ()), 0)]
