@@ -240,3 +240,19 @@ def test_a_one_stage_trace_has_one_point(saves_nothing: bool) -> None:
         trace = dataclasses.replace(trace, stages=(dataclasses.replace(trace.stages[0], saved_bytes=0,
                                                                        saves_nothing=True),))
     assert pareto_frontier(trace) == [budget.FrontierPoint((), simulate_peak(trace, ()), 0)]
+
+
+@pytest.mark.parametrize("big", [1000, 2**40])
+def test_a_segment_starting_at_boundary_2_counts_only_its_own_stages_recompute(big: int) -> None:
+    """Found by mutation testing: the recompute prefix maximum of the first segments (2, j] taken from
+    index ``2 ^ 2`` = 0 instead of 4 misprices them here (parameter gradients alive, a view at stage 3, a
+    large output at 4) and the frontier differs; 500 random traces did not decide there."""
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+
+    layer = {"output_bytes": 0, "saved_bytes": 5, "param_grad_bytes": 1}
+    stages = [layer, layer, {"output_bytes": 2, "saved_bytes": 0, "saves_nothing": True, "param_grad_bytes": 1},
+              {**layer, "output_bytes": big}, layer, layer, layer]
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0,
+                         "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
+    assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(trace)] == \
+        exhaustive_frontier(trace, simulate_peak, recompute_cost)
