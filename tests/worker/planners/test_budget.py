@@ -256,3 +256,17 @@ def test_a_segment_starting_at_boundary_2_counts_only_its_own_stages_recompute(b
                          "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
     assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(trace)] == \
         exhaustive_frontier(trace, simulate_peak, recompute_cost)
+
+
+def test_a_one_stage_segment_at_an_odd_boundary_stops_its_recompute_at_its_own_last_saved_tensor() -> None:
+    """Found by mutation testing: a one-stage segment (i, i + 1] priced with stage i - 1's recompute at
+    odd i (``i ^ 1``). Every stage here re-runs to a 1024-byte peak, so only the saved bytes below it (U)
+    tell the stages apart; the frontier differs when the wrong stage's is taken."""
+    from remat.client.trace import TRACE_FORMAT, parse_trace
+
+    stages = [{"output_bytes": 0, "saved_bytes": 0, "saves_nothing": True, "recompute_peak_bytes": 1024}]
+    stages += [{"output_bytes": 0, "saved_bytes": 1, "recompute_peak_bytes": 1024}] * 5
+    trace = parse_trace({"format": TRACE_FORMAT, "input_bytes": 0,
+                         "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
+    assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(trace)] == \
+        exhaustive_frontier(trace, simulate_peak, recompute_cost)
