@@ -270,3 +270,16 @@ def test_a_one_stage_segment_at_an_odd_boundary_stops_its_recompute_at_its_own_l
                          "stages": [{"name": f"s{i + 1}", **stage} for i, stage in enumerate(stages)]})
     assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(trace)] == \
         exhaustive_frontier(trace, simulate_peak, recompute_cost)
+
+
+@pytest.mark.parametrize(("outputs", "saved"), [([1] * 4, [0] * 4), ([2, 1], [2, 1]), ([1, 1], [1, 1]),
+                                                 ([3, 1, 1], [3, 1, 1])])
+@pytest.mark.parametrize("exponent", [58, 59, 60, 61])
+def test_sizes_near_2_to_the_62_pick_the_integer_path_by_their_largest_value(outputs: list[int], saved: list[int],
+                                                                             exponent: int) -> None:
+    """Found by mutation testing: a dtype bound that can come out small for huge traces (Σd ^ 2·max, zero
+    when Σd = 2·max as in the four equal outputs; Σd & 2·max) sends 2^61-byte traces down the int64 path,
+    where they overflow or meet the infinity. The exact frontier needs Python integers there."""
+    trace = make_trace([s << exponent for s in outputs], [s << exponent for s in saved])
+    assert [(p.peak_bytes, p.recompute_cost) for p in pareto_frontier(trace)] == \
+        exhaustive_frontier(trace, simulate_peak, recompute_cost)
