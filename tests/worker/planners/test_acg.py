@@ -431,6 +431,11 @@ def test_two_vertices() -> None:
     ([1, 1, 1], [(0, 1, 2)], "pair"),
     ([1, 1, 1, 1], [(0, 2), (1, 2), (2, 3)], "vertex 1 has no in-edge"),
     ([1, 1, 1, 1], [(0, 1), (0, 2), (2, 3)], "vertex 1 has no out-edge"),
+    # the last vertex checked each way, with the whole message (found by mutation testing)
+    ([1, 1, 1], [(0, 1)], "vertex 2 has no in-edge: a second source, not on a path from 0 to 2 "
+                          "(vertex 0 must be the only source)"),
+    ([1, 1, 1, 1], [(0, 1), (0, 2), (1, 3)], "vertex 2 has no out-edge: a second sink, not on a path from 0 to 3 "
+                                             "(vertex 3 must be the only sink)"),
 ])
 def test_bad_graphs_are_refused(weights: list, edges: list, message: str) -> None:
     with pytest.raises(PlanError) as info:
