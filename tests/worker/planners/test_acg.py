@@ -19,7 +19,14 @@ from remat.client.errors import PlanError
 from remat.client.trace import make_trace
 from remat.worker.cost_models import classic_peak
 from remat.worker.planners import acg, cubic
-from remat.worker.planners.acg import GraphPlan, Segment, chain_as_graph, graph_cost, plan_graph
+from remat.worker.planners.acg import (
+    DEFAULT_EXHAUSTIVE_LIMIT,
+    GraphPlan,
+    Segment,
+    chain_as_graph,
+    graph_cost,
+    plan_graph,
+)
 from tests.strategies import byte_columns, traces
 
 Edges = list[tuple[int, int]]
@@ -410,6 +417,26 @@ def test_nas_cell_needs_the_complicated_level() -> None:
     assert result.value == oracle_min(weights, edges) == 23
     assert result.segments == (Segment(entry=0, exit=6, interior=(2, 4)), Segment(entry=0, exit=6, interior=(5,)))
     assert plan_graph(weights, edges, exhaustive_limit=0).value == 27  # nodes kept, two ops dropped: 3 + 4 + 6 + 8 + 6
+
+
+_CROSSED_PAIR = [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3), (3, 4), (3, 5), (4, 5), (4, 6), (5, 6)]
+
+
+@pytest.mark.parametrize(("weights", "edges", "kept"), [
+    ([0, 5, 5, 3, 5, 5, 0], _CROSSED_PAIR, (0, 3, 6)),
+    ([9, 3, 8, 2, 4, 2, 1, 9], [*_CROSSED_PAIR, (6, 7)], (0, 3, 7)),
+])
+def test_the_restricted_family_drops_whole_regions_when_that_is_best(weights: list[int], edges: Edges,
+                                                                     kept: tuple[int, ...]) -> None:
+    """Two crossed regions (s→a, s→b, a→b, a→t, b→t) in series: dropping both whole and keeping vertex 3
+    costs 13, with the largest component a region's whole interior, a bound that only the regions' totals
+    offer as a candidate (the first case's ladder tries 11 and 5; in the second the best plan before the
+    candidates keeps everything, bound 0, below that total). Found by mutation testing: totals dropped from
+    the candidates, or filtered against the best bound instead of the best cost."""
+    assert oracle_min(weights, edges) == 13
+    for limit in (0, DEFAULT_EXHAUSTIVE_LIMIT):
+        result = plan_graph(weights, edges, exhaustive_limit=limit)
+        assert (result.value, result.kept) == (13, kept)
 
 
 def test_two_vertices() -> None:
