@@ -439,6 +439,17 @@ def test_the_restricted_family_drops_whole_regions_when_that_is_best(weights: li
         assert (result.value, result.kept) == (13, kept)
 
 
+def test_a_run_in_a_restricted_region_is_a_chain_between_its_kept_ends() -> None:
+    """A crossed region whose a→t edge is the run a→3→4→t: with the restricted family the run is a chain DP
+    of its own vertices only. Found by mutation testing: a run whose splitting positions reached its end
+    treated the (absent) end as a vertex, "kept" it as vertex -1 and failed."""
+    weights = [7, 8, 4, 0, 8, 0]
+    edges = [(0, 1), (0, 2), (1, 2), (1, 3), (3, 4), (4, 5), (2, 5)]
+    for limit in (0, DEFAULT_EXHAUSTIVE_LIMIT):
+        result = plan_graph(weights, edges, exhaustive_limit=limit)
+        assert result.value == graph_cost(weights, edges, result.kept) == oracle_min(weights, edges) == 20
+
+
 def test_two_vertices() -> None:
     assert plan_graph([3, 4], [(0, 1)]) == GraphPlan(value=0, max_term=0, kept=(0, 1), segments=())
 
@@ -455,6 +466,7 @@ def test_two_vertices() -> None:
     ([1, 1, 1], [(0, 2), (2, 1), (1, 2)], "goes backward"),
     ([1, 1, 1], [(0, 1), (1, 3)], "out of range"),
     ([1, 1, 1], [(0, 1), (-1, 2)], "out of range"),
+    ([1, 1, 1], [(0, 1), (1, 2), (1, 7)], "vertex 7 is out of range 0..2"),  # past n, not only at it
     ([1, 1, 1], [(0, 1, 2)], "pair"),
     ([1, 1, 1, 1], [(0, 2), (1, 2), (2, 3)], "vertex 1 has no in-edge"),
     ([1, 1, 1, 1], [(0, 1), (0, 2), (2, 3)], "vertex 1 has no out-edge"),
