@@ -450,6 +450,15 @@ def test_a_run_in_a_restricted_region_is_a_chain_between_its_kept_ends() -> None
         assert result.value == graph_cost(weights, edges, result.kept) == oracle_min(weights, edges) == 20
 
 
+def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_members() -> None:
+    """Found by mutation testing (one graph in about 90,000 random ones): a flood that added a vertex only if
+    it was an in- or an out-neighbour of the component, not both, lost a vertex lying between two members
+    and so missed the optimal dropped set of this nine-vertex graph's complicated region."""
+    weights = [1, 9, 0, 2, 6, 6, 4, 6, 4]
+    edges = [(0, 1), (0, 2), (1, 7), (2, 3), (2, 4), (2, 7), (3, 4), (3, 6), (4, 5), (4, 8), (5, 6), (6, 8), (7, 8)]
+    assert plan_graph(weights, edges).value == oracle_min(weights, edges) == 24
+
+
 def test_two_vertices() -> None:
     assert plan_graph([3, 4], [(0, 1)]) == GraphPlan(value=0, max_term=0, kept=(0, 1), segments=())
 
