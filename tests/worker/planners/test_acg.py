@@ -340,6 +340,16 @@ def test_ties_go_to_the_least_largest_component() -> None:
     assert (result.value, result.max_term) == (12, 6) == oracle_best(*chain_as_graph(d))
 
 
+def test_ties_go_to_the_least_largest_component_in_the_first_interval() -> None:
+    """Dropping vertex 1 (8 bytes) or vertex 2 (5) both cost 13 with 4 dropped beside it: the least largest
+    component is 5. Found by mutation testing: the tie test read the wrong end of the first interval
+    (``candidates[i - 1]`` at i = 0 is the largest candidate) and skipped it."""
+    weights = [0, 8, 5, 0, 1, 3]
+    edges = [(0, 1), (0, 5), (1, 2), (2, 3), (3, 4), (3, 5), (4, 5)]
+    result = plan_graph(weights, edges)
+    assert (result.value, result.max_term) == (13, 5) == oracle_best(weights, edges)
+
+
 def test_chain_as_graph() -> None:
     assert chain_as_graph([4, 5, 6]) == ([4, 5, 6], [(0, 1), (1, 2)])
 
