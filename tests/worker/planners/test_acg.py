@@ -494,6 +494,28 @@ def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_
     assert plan_graph(weights, edges).value == oracle_min(weights, edges) == 24
 
 
+def test_three_branches_are_a_branch_level_not_a_complicated_region() -> None:
+    """Three diamonds (a→b, a→c, b→d, c→d) side by side between source and sink: each is dropped whole (the
+    largest, 20 bytes, is the cost) even with no enumeration at all. Found by mutation testing: a branch
+    level recognised only at exactly two components sent three to the restricted family, which keeps a and d."""
+    edges = [e for k in range(3) for a, b, c, d in [(1 + 4 * k, 2 + 4 * k, 3 + 4 * k, 4 + 4 * k)]
+             for e in ((0, a), (a, b), (a, c), (b, d), (c, d), (d, 13))]
+    weights = [0, 5, 2, 2, 5, 6, 1, 1, 6, 7, 3, 3, 7, 0]
+    assert oracle_best(weights, edges) == (20, 20)
+    for limit in (0, DEFAULT_EXHAUSTIVE_LIMIT):
+        assert plan_graph(weights, edges, exhaustive_limit=limit).kept == (0, 13)
+
+
+def test_each_largest_component_keeps_its_least_kept_weight() -> None:
+    """Found by mutation testing: the enumeration kept the last valid subset seen for each largest component
+    rather than the one keeping the least weight; the total stayed 33 here, but the reported plan was not
+    the one with the least largest component (9)."""
+    weights = [7, 7, 9, 6, 6, 3, 9, 5, 0]
+    edges = [(0, 1), (0, 4), (0, 6), (0, 7), (1, 2), (1, 5), (2, 3), (3, 4), (4, 7), (5, 8), (6, 7), (7, 8)]
+    result = plan_graph(weights, edges)
+    assert (result.value, result.max_term) == (33, 9) == oracle_best(weights, edges)
+
+
 def test_two_vertices() -> None:
     assert plan_graph([3, 4], [(0, 1)]) == GraphPlan(value=0, max_term=0, kept=(0, 1), segments=())
 
