@@ -485,6 +485,20 @@ def test_a_run_in_a_restricted_region_is_a_chain_between_its_kept_ends() -> None
         assert result.value == graph_cost(weights, edges, result.kept) == oracle_min(weights, edges) == 20
 
 
+def test_a_run_from_the_first_vertex_is_a_chain_like_any_other() -> None:
+    """Vertices 1, 2 (in = out = 1) run from the source to 3 inside a crossed region; with the restricted family
+    3 and 5 are kept, and each run is a chain. The best cost, 7, comes two ways: drop 2 and 4 (largest 3) or
+    drop 1, 2 and 4 (largest 4); ties go to the least largest component. Found by mutation testing: a run
+    handed on as an ordinary region from vertex 1 (not as a run) lost the plans that keep 1 and drop 2."""
+    weights = [1, 1, 3, 3, 3, 0, 2]
+    edges = [(0, 1), (0, 5), (1, 2), (2, 3), (3, 4), (3, 5), (3, 6), (4, 5), (5, 6)]
+    family = [{0, 3, 5, 6, *rest} for size in range(4) for rest in combinations((1, 2, 4), size)]
+    scored = sorted((score, sorted(kept)) for kept in family if (score := oracle_score(weights, edges, kept)))
+    assert scored[0] == ((7, 3), [0, 1, 3, 5, 6])
+    result = plan_graph(weights, edges, exhaustive_limit=0)
+    assert ((result.value, result.max_term), list(result.kept)) == scored[0]
+
+
 def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_members() -> None:
     """Found by mutation testing (one graph in about 90,000 random ones): a flood that added a vertex only if
     it was an in- or an out-neighbour of the component, not both, lost a vertex lying between two members
