@@ -499,6 +499,53 @@ def test_a_run_from_the_first_vertex_is_a_chain_like_any_other() -> None:
     assert ((result.value, result.max_term), list(result.kept)) == scored[0]
 
 
+def test_the_default_limit_enumerates_a_complicated_region_of_14_vertices() -> None:
+    """The documented guarantee: optimal whenever no complicated region has more than 14 interior vertices.
+    This graph's interior is one such region of exactly 14, where the restricted family (limit 13) costs 64
+    and the optimum 57. Found by mutation testing (DEFAULT_EXHAUSTIVE_LIMIT = 13)."""
+    weights = [2, 4, 2, 7, 5, 9, 5, 6, 6, 7, 8, 6, 6, 6, 7, 8]
+    edges = [(0, 1), (0, 2), (0, 3), (0, 4), (0, 7), (0, 10), (1, 5), (2, 3), (3, 11), (4, 8), (5, 6), (5, 11),
+             (5, 12), (6, 9), (6, 13), (6, 14), (7, 12), (8, 9), (9, 13), (10, 13), (11, 14), (12, 13), (13, 15),
+             (14, 15)]
+    assert plan_graph(weights, edges).value == oracle_min(weights, edges) == 57
+    assert plan_graph(weights, edges, exhaustive_limit=13).value == 64
+
+
+def test_the_enumeration_drops_the_first_interior_vertex_alone() -> None:
+    """Vertices 1, 2, 3, 4, 6 are a complicated region whose lowest vertex 1 can be dropped on its own (entry 0,
+    exit 2); with vertex 5 (a branch of 6 bytes) dropped too that plan costs 35 with largest component 7,
+    which ties dropping everything (largest 35): ties go to the least largest component. Found by mutation
+    testing: the enumeration starting at subset 2 never tried subset 1, the lowest vertex alone."""
+    weights = [9, 7, 7, 9, 8, 6, 4, 7]
+    edges = [(0, 1), (0, 3), (0, 4), (0, 5), (1, 2), (2, 3), (2, 4), (3, 6), (3, 7), (4, 6), (5, 7), (6, 7)]
+    result = plan_graph(weights, edges)
+    assert (result.value, result.max_term) == oracle_best(weights, edges) == (35, 7)
+    assert result.kept == (0, 2, 3, 4, 6, 7)
+
+
+def test_a_region_past_the_256th_splitting_vertex_is_reconstructed() -> None:
+    """A chain of 260 free vertices, then two parallel arms of nine 1-byte vertices: the best plan keeps one
+    vertex of each arm (2 kept + largest component 4 = 6), in a piece of the top chain DP at index 260.
+    Found by mutation testing: ``i is j - 1`` for ``i == j - 1`` (equal past 256, not identical) left that
+    piece's region out of the reconstruction, so the plan kept nothing in it and cost 9, not the 6 reported."""
+    chain = 260
+    weights = [0] * (chain + 1)
+    edges = [(v, v + 1) for v in range(chain)]
+    for _ in range(2):
+        prev = chain
+        for _ in range(9):
+            weights.append(1)
+            edges.append((prev, len(weights) - 1))
+            prev = len(weights) - 1
+        edges.append((prev, chain + 19))
+    weights += [0, 0]
+    edges.append((chain + 19, chain + 20))
+    result = plan_graph(weights, edges)
+    assert result.value == 6
+    assert_consistent(weights, edges, result)
+    assert oracle_score(weights, edges, set(result.kept)) == (6, 4)
+
+
 def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_members() -> None:
     """Found by mutation testing (one graph in about 90,000 random ones): a flood that added a vertex only if
     it was an in- or an out-neighbour of the component, not both, lost a vertex lying between two members
@@ -555,6 +602,8 @@ def test_two_vertices() -> None:
                           "(vertex 0 must be the only source)"),
     ([1, 1, 1, 1], [(0, 1), (0, 2), (1, 3)], "vertex 2 has no out-edge: a second sink, not on a path from 0 to 3 "
                                              "(vertex 3 must be the only sink)"),
+    ([1, 1, 1, 1], [(0, 1), (1, 3), (2, 3)], "vertex 2 has no in-edge: a second source, not on a path from 0 to 3 "
+                                             "(vertex 0 must be the only source)"),  # n even: n - 1, not n ^ 1
 ])
 def test_bad_graphs_are_refused(weights: list, edges: list, message: str) -> None:
     with pytest.raises(PlanError) as info:
@@ -562,6 +611,16 @@ def test_bad_graphs_are_refused(weights: list, edges: list, message: str) -> Non
     assert message in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(PlanError):
         graph_cost(weights, edges, [0, len(weights) - 1])
+
+
+def test_a_self_loop_past_256_is_refused() -> None:
+    """Vertex ids built separately, as a traced graph's are: equal, not identical, past CPython's small ints.
+    Found by mutation testing (``u is v`` for ``u == v``)."""
+    n = 302
+    edges = [(v, v + 1) for v in range(n - 1)]
+    edges.append((int("300"), int("300")))
+    with pytest.raises(PlanError, match=r"edges\[301\]: \(300, 300\) is a self-loop"):
+        plan_graph([1] * n, edges)
 
 
 @pytest.mark.parametrize(("kept", "message"), [
