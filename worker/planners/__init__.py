@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from remat.client.trace import Trace
 from remat.worker.planners import acg, baselines, cubic, linear
 
 PlannerFn = Callable[..., tuple[int, ...]]
@@ -57,7 +56,3 @@ def get_planner(name: str) -> PlannerSpec:
     except KeyError:
         raise ValueError(f"algorithm {name!r} is unknown; choose one of {', '.join(PLANNERS)} or all") from None
 
-
-def run_planner(name: str, trace: Trace, *, cost_model: str | None = None) -> tuple[int, ...]:
-    spec = get_planner(name)
-    return spec.fn(trace, cost_model=cost_model or spec.native_cost_model)
