@@ -628,6 +628,7 @@ def test_a_self_loop_past_256_is_refused() -> None:
     ([0, 1, 2], "vertex 3 is missing"),
     ([0, 4, 3], "kept: vertex 4 is out of range 0..3"),
     ([0, 9, 3], "kept: vertex 9 is out of range 0..3"),
+    ([0, -1, 3], "kept: vertex -1 is out of range 0..3"),  # not the sink by Python's negative index
     ([0, 1, 3], "2 entries"),
 ])
 def test_bad_plans_are_refused(kept: list[int], message: str) -> None:
