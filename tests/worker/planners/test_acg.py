@@ -6,6 +6,7 @@ components by breadth-first search and checks the one-entry/one-exit rule itself
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -546,6 +547,18 @@ def test_a_region_past_the_256th_splitting_vertex_is_reconstructed() -> None:
     assert oracle_score(weights, edges, set(result.kept)) == (6, 4)
 
 
+def test_an_empty_piece_adds_nothing_when_the_plan_is_rebuilt() -> None:
+    """Vertex 5 is a branch beside the rest; inside it, 2 and 4 split 1..4, and the pieces 0→1→2 (interior 1),
+    2→{3}→4 and 4→6 (empty) form a chain DP that the reconstruction runs again with every region's value
+    known. Found by mutation testing: an empty piece marked ``False`` rather than -1 read the root's value
+    (index 0) there, so the rebuilt plan was not the one priced (a cost of 8 for the 7 reported)."""
+    weights = [4, 1, 3, 1, 2, 5, 3]
+    edges = [(0, 1), (0, 2), (0, 5), (0, 6), (1, 2), (2, 3), (2, 4), (3, 4), (4, 6), (5, 6)]
+    result = plan_graph(weights, edges)
+    assert (result.value, result.max_term) == oracle_best(weights, edges) == (7, 5)
+    assert result.kept == (0, 4, 6)
+
+
 def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_members() -> None:
     """Found by mutation testing (one graph in about 90,000 random ones): a flood that added a vertex only if
     it was an in- or an out-neighbour of the component, not both, lost a vertex lying between two members
@@ -575,6 +588,18 @@ def test_each_largest_component_keeps_its_least_kept_weight() -> None:
     edges = [(0, 1), (0, 4), (0, 6), (0, 7), (1, 2), (1, 5), (2, 3), (3, 4), (4, 7), (5, 8), (6, 7), (7, 8)]
     result = plan_graph(weights, edges)
     assert (result.value, result.max_term) == (33, 9) == oracle_best(weights, edges)
+
+
+def test_plans_are_immutable_values() -> None:
+    """A plan and its segments are values a caller can keep, compare, hash and put in sets (both are public);
+    found by mutation testing (``frozen=False``)."""
+    result = plan_graph([1, 5, 5, 1], [(0, 1), (0, 2), (1, 3), (2, 3)])
+    assert len({result, plan_graph([1, 5, 5, 1], [(0, 1), (0, 2), (1, 3), (2, 3)])}) == 1
+    assert len(set(result.segments)) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.value = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.segments[0].entry = 1  # type: ignore[misc]
 
 
 def test_two_vertices() -> None:
