@@ -559,6 +559,30 @@ def test_an_empty_piece_adds_nothing_when_the_plan_is_rebuilt() -> None:
     assert result.kept == (0, 4, 6)
 
 
+def test_a_candidate_just_below_the_best_total_is_tried() -> None:
+    """On this chain the optimum's largest component, 893 (vertices 3 and 4), is an interval sum whose end A
+    is B[i] + 893 with B[i] = 553 + 856 + 562: its bit pattern overlaps the bound's. Found by mutation
+    testing: the candidates' upper end written ``B[i] | high - 1`` (not +) dropped it, and the plan cost 1611."""
+    weights, edges = chain_as_graph([553, 856, 562, 487, 406, 654])
+    result = plan_graph(weights, edges)
+    assert (result.value, result.max_term) == oracle_best(weights, edges) == (1455, 893)
+    assert result.kept == (0, 2, 5)
+
+
+def test_a_complicated_region_past_vertex_256_reaches_its_own_ends() -> None:
+    """A chain of 280 vertices, then a cell whose input (vertex 279) feeds every node and whose output is the
+    sink (vertex 286): a complicated region enumerated with s = 279 and t = 286 built apart from the edges'
+    copies of those numbers. Found by mutation testing: ``u is not t`` for ``u != t`` (equal past 256, not
+    identical) counted the sink as an interior neighbour, a KeyError."""
+    _, cell = nas_skip_cell_graph()
+    shift = 279
+    edges = [(v, v + 1) for v in range(shift)] + [(u + shift, v + shift) for u, v in cell]
+    weights = [1] * (shift + 1) + [3, 2, 4, 6, 6, 8, 1]
+    result = plan_graph(weights, edges)
+    assert_consistent(weights, edges, result)
+    assert oracle_score(weights, edges, set(result.kept)) == (result.value, result.max_term)
+
+
 def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_members() -> None:
     """Found by mutation testing (one graph in about 90,000 random ones): a flood that added a vertex only if
     it was an in- or an out-neighbour of the component, not both, lost a vertex lying between two members
