@@ -512,6 +512,18 @@ def test_the_default_limit_enumerates_a_complicated_region_of_14_vertices() -> N
     assert plan_graph(weights, edges, exhaustive_limit=13).value == 64
 
 
+def test_the_default_limit_leaves_a_15_vertex_region_to_the_restricted_family() -> None:
+    """The other side of the limit, which bounds planning time (every vertex past it doubles the enumeration):
+    a complicated region of 15 interior vertices gets the restricted family's plan (60) unless the caller
+    raises the limit (57). Found by mutation testing (DEFAULT_EXHAUSTIVE_LIMIT = 15)."""
+    weights = [4, 6, 2, 5, 2, 8, 2, 6, 4, 7, 5, 1, 6, 3, 6, 5, 4]
+    edges = [(0, 1), (0, 5), (0, 6), (1, 2), (1, 3), (1, 4), (1, 5), (1, 10), (2, 3), (2, 4), (3, 4), (3, 8),
+             (4, 12), (5, 6), (5, 8), (5, 9), (5, 15), (5, 16), (6, 7), (6, 9), (7, 11), (8, 14), (8, 16), (9, 11),
+             (10, 15), (11, 14), (12, 13), (12, 14), (13, 14), (14, 16), (15, 16)]
+    assert plan_graph(weights, edges).value == plan_graph(weights, edges, exhaustive_limit=0).value == 60
+    assert plan_graph(weights, edges, exhaustive_limit=15).value == 57
+
+
 def test_the_enumeration_drops_the_first_interior_vertex_alone() -> None:
     """Vertices 1, 2, 3, 4, 6 are a complicated region whose lowest vertex 1 can be dropped on its own (entry 0,
     exit 2); with vertex 5 (a branch of 6 bytes) dropped too that plan costs 35 with largest component 7,
