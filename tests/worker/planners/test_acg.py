@@ -608,6 +608,31 @@ def test_a_complicated_region_keeps_only_its_non_dominated_subsets() -> None:
     assert result.kept == (0, 1, 3, 5, 6, 7)
 
 
+def test_two_branches_past_256_vertices_are_a_branch_level() -> None:
+    """Two parallel branches from source to sink, each a diamond (a→b, a→c, b→d, c→d) then 124 free
+    vertices: 258 positions in the region, so the sink's position is past CPython's small ints. As a branch
+    level each branch is dropped whole (largest 22). Found by mutation testing: ``p is not len(pos) - 1``
+    for ``p < len(pos) - 1`` let the flood cross the sink, saw one component, and sent the region to the
+    restricted family, which keeps every a and d (cost 44)."""
+    weights, edges = [0], []
+    ends = []
+    for _ in range(2):
+        a = len(weights)
+        weights += [10, 1, 1, 10]
+        edges += [(0, a), (a, a + 1), (a, a + 2), (a + 1, a + 3), (a + 2, a + 3)]
+        prev = a + 3
+        for _ in range(124):
+            weights.append(0)
+            edges.append((prev, len(weights) - 1))
+            prev = len(weights) - 1
+        ends.append(prev)
+    weights.append(0)
+    edges += [(end, len(weights) - 1) for end in ends]
+    result = plan_graph(weights, edges)
+    assert (result.value, result.max_term) == (22, 22)
+    assert_consistent(weights, edges, result)
+
+
 def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_members() -> None:
     """Found by mutation testing (one graph in about 90,000 random ones): a flood that added a vertex only if
     it was an in- or an out-neighbour of the component, not both, lost a vertex lying between two members
