@@ -633,6 +633,21 @@ def test_two_branches_past_256_vertices_are_a_branch_level() -> None:
     assert_consistent(weights, edges, result)
 
 
+def test_branches_beside_a_skip_edge_stay_linear_without_enumeration() -> None:
+    """A series-parallel graph: two branches of diamonds and single vertices from 0 to 18, and a skip edge 0→18.
+    With no enumeration at all it must still be exact (23, as the enumeration finds): each branch is a linear
+    region of its own once the skip edge has made a branch level. Found by mutation testing: the skip edge
+    counted inside each branch (``and direct`` for ``and not direct``) left no splitting vertex there and sent
+    the branches to the restricted family, which keeps every diamond's ends (27)."""
+    weights = [1, 1, 4, 1, 7, 7, 6, 3, 1, 6, 0, 7, 4, 3, 1, 5, 0, 0, 0]
+    edges = [(0, 1), (1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (5, 6), (5, 7), (6, 8), (7, 8), (8, 9), (0, 10),
+             (10, 11), (10, 12), (11, 13), (12, 13), (13, 14), (14, 15), (14, 16), (15, 17), (16, 17), (9, 18),
+             (17, 18), (0, 18)]
+    result = plan_graph(weights, edges, exhaustive_limit=0)
+    assert result.value == plan_graph(weights, edges).value == 23
+    assert_consistent(weights, edges, result)
+
+
 def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_members() -> None:
     """Found by mutation testing (one graph in about 90,000 random ones): a flood that added a vertex only if
     it was an in- or an out-neighbour of the component, not both, lost a vertex lying between two members
