@@ -648,6 +648,22 @@ def test_branches_beside_a_skip_edge_stay_linear_without_enumeration() -> None:
     assert_consistent(weights, edges, result)
 
 
+def test_a_branch_past_256_vertices_beside_a_skip_edge_stays_linear() -> None:
+    """The graph above with 260 free (0-byte) vertices added to the end of the first branch: the skip edge's
+    end is then at a position past 256 inside that branch's region. Found by mutation testing: ``q is len(order) - 1``
+    for ``==`` (equal there, not identical) counted the skip edge inside the branch."""
+    weights = [1, 1, 4, 1, 7, 7, 6, 3, 1, 6] + [0] * 260 + [0, 7, 4, 3, 1, 5, 0, 0, 0]
+    pad = list(range(10, 270))
+    edges = [(0, 1), (1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (5, 6), (5, 7), (6, 8), (7, 8), (8, 9), (9, 10)]
+    edges += [(v, v + 1) for v in pad[:-1]]
+    b = 270  # the second branch, shifted by 260
+    edges += [(0, b), (b, b + 1), (b, b + 2), (b + 1, b + 3), (b + 2, b + 3), (b + 3, b + 4), (b + 4, b + 5),
+              (b + 4, b + 6), (b + 5, b + 7), (b + 6, b + 7), (269, b + 8), (b + 7, b + 8), (0, b + 8)]
+    result = plan_graph(weights, edges, exhaustive_limit=0)
+    assert result.value == 23  # the free vertices can all be kept: the optimum of the graph above
+    assert_consistent(weights, edges, result)
+
+
 def test_the_enumeration_floods_a_component_through_a_vertex_between_two_of_its_members() -> None:
     """Found by mutation testing (one graph in about 90,000 random ones): a flood that added a vertex only if
     it was an in- or an out-neighbour of the component, not both, lost a vertex lying between two members
