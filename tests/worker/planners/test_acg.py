@@ -633,32 +633,39 @@ def test_two_branches_past_256_vertices_are_a_branch_level() -> None:
     assert_consistent(weights, edges, result)
 
 
-def test_branches_beside_a_skip_edge_stay_linear_without_enumeration() -> None:
-    """A series-parallel graph: two branches of diamonds and single vertices from 0 to 18, and a skip edge 0→18.
-    With no enumeration at all it must still be exact (23, as the enumeration finds): each branch is a linear
-    region of its own once the skip edge has made a branch level. Found by mutation testing: the skip edge
-    counted inside each branch (``and direct`` for ``and not direct``) left no splitting vertex there and sent
-    the branches to the restricted family, which keeps every diamond's ends (27)."""
+def skip_edge_graph(pad: int = 0) -> tuple[list[int], Edges]:
+    """Two branches of diamonds and single vertices from 0 to the sink, and a skip edge 0→sink; ``pad`` free
+    (0-byte) vertices lengthen the first branch just before the sink."""
     weights = [1, 1, 4, 1, 7, 7, 6, 3, 1, 6, 0, 7, 4, 3, 1, 5, 0, 0, 0]
     edges = [(0, 1), (1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (5, 6), (5, 7), (6, 8), (7, 8), (8, 9), (0, 10),
-             (10, 11), (10, 12), (11, 13), (12, 13), (13, 14), (14, 15), (14, 16), (15, 17), (16, 17), (9, 18),
-             (17, 18), (0, 18)]
+             (10, 11), (10, 12), (11, 13), (12, 13), (13, 14), (14, 15), (14, 16), (15, 17), (16, 17), (17, 18),
+             (0, 18)]
+
+    def shift(v: int) -> int:
+        return v if v < 10 else v + pad
+
+    padded = [(shift(u), shift(v)) for u, v in edges]
+    padded += [(v, v + 1) for v in range(9, 9 + pad)] + [(9 + pad, 18 + pad)]
+    return weights[:10] + [0] * pad + weights[10:], padded
+
+
+def test_branches_beside_a_skip_edge_stay_linear_without_enumeration() -> None:
+    """A series-parallel graph (skip_edge_graph): with no enumeration at all it must still be exact (23, as the
+    enumeration finds): each branch is a linear region of its own once the skip edge has made a branch level.
+    Found by mutation testing: the skip edge counted inside each branch (``and direct`` for ``and not
+    direct``) left no splitting vertex there and sent the branches to the restricted family, which keeps every
+    diamond's ends (27)."""
+    weights, edges = skip_edge_graph()
     result = plan_graph(weights, edges, exhaustive_limit=0)
     assert result.value == plan_graph(weights, edges).value == 23
     assert_consistent(weights, edges, result)
 
 
 def test_a_branch_past_256_vertices_beside_a_skip_edge_stays_linear() -> None:
-    """The graph above with 260 free (0-byte) vertices added to the end of the first branch: the skip edge's
-    end is then at a position past 256 inside that branch's region. Found by mutation testing: ``q is len(order) - 1``
+    """The graph above with 260 free vertices added to the end of the first branch: the skip edge's end is
+    then at a position past 256 inside that branch's region. Found by mutation testing: ``q is len(order) - 1``
     for ``==`` (equal there, not identical) counted the skip edge inside the branch."""
-    weights = [1, 1, 4, 1, 7, 7, 6, 3, 1, 6] + [0] * 260 + [0, 7, 4, 3, 1, 5, 0, 0, 0]
-    pad = list(range(10, 270))
-    edges = [(0, 1), (1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (5, 6), (5, 7), (6, 8), (7, 8), (8, 9), (9, 10)]
-    edges += [(v, v + 1) for v in pad[:-1]]
-    b = 270  # the second branch, shifted by 260
-    edges += [(0, b), (b, b + 1), (b, b + 2), (b + 1, b + 3), (b + 2, b + 3), (b + 3, b + 4), (b + 4, b + 5),
-              (b + 4, b + 6), (b + 5, b + 7), (b + 6, b + 7), (269, b + 8), (b + 7, b + 8), (0, b + 8)]
+    weights, edges = skip_edge_graph(pad=260)
     result = plan_graph(weights, edges, exhaustive_limit=0)
     assert result.value == 23  # the free vertices can all be kept: the optimum of the graph above
     assert_consistent(weights, edges, result)
