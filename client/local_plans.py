@@ -10,7 +10,13 @@ Public API::
     LocalPlanCache(directory=None)
     cache.get(key, algorithm) -> CachedPlan | None
     cache.put(key, plan, source=...) -> Path
+    cache.get_probe_facts(key) -> dict | None    # how the key's model is cut into stages, as plain JSON
+    cache.put_probe_facts(key, facts) -> Path
     default_cache_dir() -> Path
+
+Beside the plans, in ``probe-facts/``, one file per key keeps the probe facts its stage chain was cut from
+(``remat.client.write_probe.ProbeFacts``), so a hit cuts the chain without running the model. They are a
+speed-up only: an unreadable or malformed facts file is ignored (and rewritten by the next probe).
 """
 
 from __future__ import annotations
@@ -97,9 +103,37 @@ class LocalPlanCache:
         """Store ``plan`` for ``key`` (replacing what was there), atomically."""
         body: dict[str, Any] = {"format": CACHE_FORMAT, "source": source,
                                 "plan": {**plan.to_dict(), "key": key.to_dict()}}
-        path = self.path(key, plan.algorithm, variant)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".tmp", dir=self.directory)
+        return self._write(self.path(key, plan.algorithm, variant), body)
+
+    def probe_facts_path(self, key: PlanKey) -> Path:
+        """The file of ``key``'s probe facts (one per key, whatever the algorithm), in a subdirectory: the
+        cache directory's own ``*.json`` are plans."""
+        text = json.dumps(key.to_dict(), sort_keys=True, separators=(",", ":"))
+        return self.directory / "probe-facts" / f"{hashlib.sha256(text.encode('utf-8')).hexdigest()[:40]}.json"
+
+    def get_probe_facts(self, key: PlanKey) -> dict[str, Any] | None:
+        """The probe facts stored for ``key`` as a dict, or None (none stored, or a file that is not ours)."""
+        path = self.probe_facts_path(key)
+        try:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                return None
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        same_key = isinstance(data, dict) and data.get("key") == json.loads(json.dumps(key.to_dict()))
+        if not same_key or data.get("format") != CACHE_FORMAT:
+            return None
+        facts = data.get("probe_facts")
+        return facts if isinstance(facts, dict) else None
+
+    def put_probe_facts(self, key: PlanKey, facts: dict[str, Any]) -> Path:
+        """Store ``key``'s probe facts (replacing what was there), atomically."""
+        return self._write(self.probe_facts_path(key),
+                           {"format": CACHE_FORMAT, "key": key.to_dict(), "probe_facts": facts})
+
+    def _write(self, path: Path, body: dict[str, Any]) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(body, f, indent=1)

@@ -118,8 +118,8 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     except ModelError:
         graph = None  # build_stage_chain falls back to the top-level children and says why if it cannot
     example = example_input.detach()
-    built = _build_for_apply(pipeline, request, model, example, graph)
     cache = LocalPlanCache(cache_dir)
+    built = _build_for_apply(pipeline, request, model, example, graph, cache)
 
     if spec is not None:
         plan = _find_for_budget(built.key, spec, cache, server, token, timeout_s)
@@ -148,15 +148,33 @@ batch size, the probe's cost does (a forward of the whole batch was most of a hi
 Two, not one: a BatchNorm in train mode refuses one value per channel."""
 
 
-def _build_for_apply(pipeline: Any, request: Any, model: Any, example: Any, graph: Any) -> Any:
-    """The model's chain and key, probing a slice of the batch; the whole batch when the slice fails (a model
-    that needs a batch divisible by something, say)."""
+def _build_for_apply(pipeline: Any, request: Any, model: Any, example: Any, graph: Any,
+                     cache: LocalPlanCache) -> Any:
+    """The model's chain and key: cut from the probe facts cached for the key when there are some (no run of
+    the model at all), else probing a slice of the batch, or the whole batch when the slice fails (a model
+    that needs a batch divisible by something, say). Facts a probe here found are cached for next time."""
+    from remat.client.write_probe import ProbeFacts
+
+    key = facts = None
+    if graph is not None:
+        key = pipeline.model_key(request, model, graph)
+        facts = ProbeFacts.from_dict(cache.get_probe_facts(key))
+    built = None
     if example.shape[0] > PROBE_BATCH:
         try:
-            return pipeline.build_from_model(request, model, example, graph=graph, probe=example[:PROBE_BATCH])
+            built = pipeline.build_from_model(request, model, example, graph=graph, probe=example[:PROBE_BATCH],
+                                              facts=facts, key=key)
         except (RematError, RuntimeError):
             pass
-    return pipeline.build_from_model(request, model, example, graph=graph)
+    if built is None:
+        built = pipeline.build_from_model(request, model, example, graph=graph, facts=facts, key=key)
+    found = built.chain.probe_facts
+    if built.chain.probed and found is not None and built.key == key:
+        try:
+            cache.put_probe_facts(built.key, found.to_dict())
+        except OSError as exc:  # a read-only or full cache directory costs the next start a probe, no more
+            logger.info("remat: probe facts not cached (%s)", exc)
+    return built
 
 
 def _find(key: PlanKey, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,

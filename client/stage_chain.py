@@ -68,6 +68,12 @@ class StageChain:
     _example_values: dict[str, Any] = field(default_factory=dict, repr=False)
     _probe_env: dict[str, Any] = field(default_factory=dict, repr=False)
     train: bool = True
+    probe_facts: Any = field(default=None, repr=False)
+    """What the probe learned (``write_probe.ProbeFacts``), to cut the same chain again without running the
+    model; None for the children fallback or when the facts cannot be named."""
+    probed: bool = True
+    """False when the chain was cut from cached ``probe_facts`` without a probe run: it serves ``run`` (and
+    ``apply``) only, since ``stage(i)`` may need values from the build-time example run that it did not make."""
 
     @property
     def num_stages(self) -> int:

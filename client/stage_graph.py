@@ -65,6 +65,7 @@ from remat.client.errors import ModelError
 from remat.client.fx_trace import _one_line, _training_mode, trace_model
 from remat.client.stage_chain import StageChain, _ChildrenStage, _Stage
 from remat.client.write_probe import (
+    ProbeFacts,
     _buffer_owners,
     _RecordingInterpreter,
     _running_stat_slots,
@@ -139,7 +140,7 @@ def _unique(names: list[str]) -> list[str]:
 
 
 def _build_from_fx(
-    model: nn.Module, gm: torch.fx.GraphModule, example: torch.Tensor, train: bool
+    model: nn.Module, gm: torch.fx.GraphModule, example: torch.Tensor, train: bool, facts: ProbeFacts | None = None
 ) -> StageChain:
     graph = gm.graph
     nodes = list(graph.nodes)
@@ -149,23 +150,34 @@ def _build_from_fx(
             f"{type(model).__name__}.forward takes {len(placeholders)} inputs; only one tensor is supported"
         )
 
-    with _training_mode(model, train), _untouched(model, example):
-        recorder = _WriteRecorder(_buffer_owners(model, gm))
-        interp = _RecordingInterpreter(gm, recorder)
-        with recorder:
-            interp.run(example)
+    probed = facts is None or not facts.fits(model, gm)
+    small_values: dict[str, Any] = {}
+    if probed:
+        with _training_mode(model, train), _untouched(model, example):
+            recorder = _WriteRecorder(_buffer_owners(model, gm))
+            interp = _RecordingInterpreter(gm, recorder)
+            with recorder:
+                interp.run(example)
+        facts = ProbeFacts.recorded(model, gm, interp.has_tensor, interp.is_tensor, recorder)
+        has_tensor, is_tensor, hits = interp.has_tensor, interp.is_tensor, recorder.hits
+        buffer_writes = recorder.buffer_writes
+        small_values = interp.small_values
+    else:
+        assert facts is not None
+        has_tensor, is_tensor, hits = facts.has_tensor, facts.is_tensor, list(facts.hits)
+        buffer_writes = facts.buffer_slots(model, gm)
 
     # Tensor-carrying edges, restricted to input→output paths.
     order = [_node_name(n) for n in nodes]
     edges: dict[str, list[str]] = {}
     for n in nodes:
-        if n.op != "output" and interp.has_tensor.get(n.name, False):
+        if n.op != "output" and has_tensor.get(n.name, False):
             edges[_node_name(n)] = [_node_name(u) for u in n.users]
     path_edges = _on_path_edges(order, edges, _INPUT, _OUTPUT)
     # A stage hands the next one a single tensor: a cut vertex whose value is a tuple (shufflenet's channel
     # split, x.chunk(2)) is no boundary; the nodes that unpack it stay in its stage.
-    cuts = [c for c in _cut_vertices(order, path_edges, _INPUT, _OUTPUT) if interp.is_tensor.get(c, False)]
-    bounds, unsafe = _safe_boundaries([n.name for n in nodes], cuts, recorder.hits, path_edges)
+    cuts = [c for c in _cut_vertices(order, path_edges, _INPUT, _OUTPUT) if is_tensor.get(c, False)]
+    bounds, unsafe = _safe_boundaries([n.name for n in nodes], cuts, hits, path_edges)
 
     # Every node goes to a stage by its position: stage k holds the nodes after boundary k-1 up to and
     # including boundary k. Keeping fx's order (rather than moving nodes next to their users) keeps the
@@ -223,7 +235,7 @@ def _build_from_fx(
         called = [stage_gm.get_submodule(str(n.target)) for n in stage_nodes if n.op == "call_module"]
         slots = _running_stat_slots(called)
         for n in stage_nodes:
-            slots += recorder.buffer_writes.get(n.name, [])
+            slots += buffer_writes.get(n.name, [])
         stages.append(
             _Stage(
                 module=stage_gm,
@@ -248,8 +260,10 @@ def _build_from_fx(
         dropped=unsafe,
         _edges=path_edges,
         _root=gm,
-        _example_values={k: v for k, v in interp.small_values.items() if k in last_use},
+        _example_values={k: v for k, v in small_values.items() if k in last_use},
         train=train,
+        probe_facts=facts,
+        probed=probed,
     )
 
 
@@ -360,7 +374,7 @@ def _build_from_children(model: nn.Module, example: torch.Tensor, train: bool) -
 # ----------------------------------------------------------------------------------------------------------
 
 def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: bool = True,
-                      graph: torch.fx.GraphModule | None = None) -> StageChain:
+                      graph: torch.fx.GraphModule | None = None, facts: ProbeFacts | None = None) -> StageChain:
     """Cut ``model`` into a chain of stages for checkpointing; raise ``ModelError`` if it cannot be.
 
     Args:
@@ -371,6 +385,9 @@ def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: b
             between modes (aux heads), so a chain belongs to one mode.
         graph: ``trace_model(model, train=train)`` when the caller already has it (the key's hash needs the
             same trace): fx tracing runs the model's Python once more for nothing otherwise.
+        facts: an earlier probe's ``chain.probe_facts`` for the same plan key (from the plan cache): the chain
+            is cut from them without running the model, when they name exactly this graph's nodes and this
+            model's buffers; otherwise the probe runs as without them. Such a chain has ``probed`` False.
 
     Returns:
         The chain; its stages share the model's submodules, parameters and buffers.
@@ -380,7 +397,7 @@ def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: b
     run_error = None
     try:
         gm = graph if graph is not None else trace_model(model, train=train)
-        return _build_from_fx(model, gm, example_input, train)
+        return _build_from_fx(model, gm, example_input, train, facts)
     except ModelError as exc:
         fx_reason = str(exc)
     except Exception as exc:  # noqa: BLE001 - a traced graph that cannot run is as unusable as no graph

@@ -5,13 +5,19 @@ write in place into a value another node produced (``_WriteRecorder.hits``, for 
 boundaries in ``boundaries``), and which buffers each writes (restored after a checkpointed recompute by
 ``stage_chain``). ``preserved_state`` restores buffers (BN running statistics) and RNG states on exit, for
 the probe and for profilers that run stages in train mode.
+
+``ProbeFacts`` is what a probe of a traced graph learned, by node and module name, as plain JSON: the plan
+cache keeps it beside the plans of the same key (the architecture hash covers the graph and every module's
+configuration, so the facts are the key's), and a cache hit cuts the chain from it without running the model
+(remat.client.plan_lookup; the probe forward was most of a hit's time).
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +26,9 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["preserved_state"]
+__all__ = ["PROBE_FACTS_FORMAT", "ProbeFacts", "preserved_state"]
+
+PROBE_FACTS_FORMAT = "remat-probe-facts/1"
 
 
 def _storages(value: Any) -> list[torch.UntypedStorage]:
@@ -110,6 +118,102 @@ class _WriteRecorder(TorchDispatchMode):
                 if buf is not None and buf[0] is storage:
                     self.buffer_writes.setdefault(writer, []).extend(buf[1])
         return out
+
+
+@dataclass(frozen=True)
+class ProbeFacts:
+    """What one probe run of a traced graph recorded, by fx node name: enough to cut the graph into the same
+    chain again without running it.
+
+    ``buffer_writes`` names each written buffer slot by its module's qualified name in the model (``""``: the
+    model itself), or ``graph:`` and its name in the traced GraphModule for modules only the trace has (the
+    GraphModule root, which holds the buffers a ``get_attr`` reads), and the buffer's name. Built from a
+    probe by :meth:`recorded`; read back by :meth:`from_dict` and checked against a model and its trace by
+    :meth:`fits` before use.
+    """
+
+    has_tensor: Mapping[str, bool]
+    is_tensor: Mapping[str, bool]
+    hits: tuple[tuple[str, str], ...]
+    buffer_writes: Mapping[str, tuple[tuple[str, str], ...]]
+
+    @classmethod
+    def recorded(cls, model: nn.Module, gm: torch.fx.GraphModule, has_tensor: Mapping[str, bool],
+                 is_tensor: Mapping[str, bool], recorder: _WriteRecorder) -> ProbeFacts | None:
+        """The facts of a finished probe; None when a written buffer's module is neither the model's nor the
+        trace's (then the facts cannot be named, and the chain is probed every time)."""
+        names = {id(m): f"{GRAPH_PREFIX}{name}" for name, m in gm.named_modules(remove_duplicate=False)}
+        names.update({id(m): name for name, m in model.named_modules(remove_duplicate=False)})
+        writes: dict[str, tuple[tuple[str, str], ...]] = {}
+        for node, slots in recorder.buffer_writes.items():
+            if any(id(module) not in names for module, _ in slots):
+                return None
+            writes[node] = tuple((names[id(module)], buf) for module, buf in slots)
+        return cls(has_tensor=dict(has_tensor), is_tensor=dict(is_tensor), hits=tuple(recorder.hits),
+                   buffer_writes=writes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PROBE_FACTS_FORMAT, "has_tensor": dict(self.has_tensor), "is_tensor": dict(self.is_tensor),
+                "hits": [list(h) for h in self.hits],
+                "buffer_writes": {node: [list(s) for s in slots] for node, slots in self.buffer_writes.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProbeFacts | None:
+        """The facts in ``data``, or None when it is not a well-formed ``remat-probe-facts/1`` dict."""
+
+        def flags(value: Any) -> dict[str, bool] | None:
+            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, bool)
+                                                      for k, v in value.items()):
+                return None
+            return value
+
+        def pairs(value: Any) -> tuple[tuple[str, str], ...] | None:
+            if not isinstance(value, list) or not all(
+                    isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in value):
+                return None
+            return tuple((a, b) for a, b in value)
+
+        if not isinstance(data, dict) or data.get("format") != PROBE_FACTS_FORMAT:
+            return None
+        has_tensor, is_tensor = flags(data.get("has_tensor")), flags(data.get("is_tensor"))
+        hits, writes_in = pairs(data.get("hits")), data.get("buffer_writes")
+        if has_tensor is None or is_tensor is None or hits is None or not isinstance(writes_in, dict):
+            return None
+        writes: dict[str, tuple[tuple[str, str], ...]] = {}
+        for node, slots in writes_in.items():
+            named = pairs(slots)
+            if not isinstance(node, str) or named is None:
+                return None
+            writes[node] = named
+        return cls(has_tensor=has_tensor, is_tensor=is_tensor, hits=hits, buffer_writes=writes)
+
+    def fits(self, model: nn.Module, gm: torch.fx.GraphModule) -> bool:
+        """Whether these facts name exactly ``gm``'s nodes and only buffers ``model`` has."""
+        nodes = {n.name for n in gm.graph.nodes}
+        if set(self.has_tensor) != nodes or set(self.is_tensor) != nodes:
+            return False
+        if any(a not in nodes or b not in nodes for a, b in self.hits) or not set(self.buffer_writes) <= nodes:
+            return False
+        return all(_named_owner(model, gm, module, buf) is not None
+                   for slots in self.buffer_writes.values() for module, buf in slots)
+
+    def buffer_slots(self, model: nn.Module, gm: torch.fx.GraphModule) -> dict[str, list[tuple[nn.Module, str]]]:
+        """``buffer_writes`` with the module objects of ``model`` and ``gm`` (call after :meth:`fits`)."""
+        return {node: [(_named_owner(model, gm, module, buf), buf) for module, buf in slots]  # type: ignore[misc]
+                for node, slots in self.buffer_writes.items()}
+
+
+GRAPH_PREFIX = "graph:"
+
+
+def _named_owner(model: nn.Module, gm: torch.fx.GraphModule, module: str, buf: str) -> nn.Module | None:
+    """The module ``module`` names (in ``model``, or in ``gm`` after ``graph:``) if it has buffer ``buf``."""
+    root, path = (gm, module.removeprefix(GRAPH_PREFIX)) if module.startswith(GRAPH_PREFIX) else (model, module)
+    try:
+        owner = root.get_submodule(path)
+    except AttributeError:
+        return None
+    return owner if buf in owner._buffers else None
 
 
 @contextlib.contextmanager

@@ -58,7 +58,8 @@ class BuiltModel:
     chain: Any
     key: PlanKey
     probe_batch: int | None = None
-    """Batch size the chain's probe ran on when it was not the example's (``build_from_model``'s ``probe``)."""
+    """Batch size the chain's probe ran on when it was not the example's (``build_from_model``'s ``probe``);
+    0 when no probe ran (the chain was cut from cached probe facts). Such a chain serves ``run`` only."""
     op_graph: Any = None
     """The model's op graph (``remat.client.op_graph.OpGraph``), built by :func:`profile` in train mode; None
     before, in eval mode, or when the model has none (``acg`` then plans the chain)."""
@@ -138,14 +139,23 @@ def build(request: ModelRequest) -> BuiltModel:
     return build_from_model(request, model, x)
 
 
+def model_key(request: ModelRequest, model: Any, graph: Any = None) -> PlanKey:
+    """The plan key of ``model`` for ``request``; ``graph``: the model's fx trace when the caller holds it
+    (the chain's ``graph_module``), else the hash traces the model itself."""
+    return PlanKey.for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
+                             grads=request.grads, device=request.device, graph=graph)
+
+
 def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: Any = None,
-                     probe: Any = None) -> BuiltModel:
+                     probe: Any = None, facts: Any = None, key: PlanKey | None = None) -> BuiltModel:
     """``build`` for a model the caller already holds (``remat.client.checkpoint``): its stage chain, cut
     from ``graph`` when the caller traced it already, and its key.
 
     ``probe``: the input the chain builder's probe forward runs on instead of ``example`` (a slice of the
     batch: the stage structure does not depend on the batch size, the probe's cost does). A chain built so
-    serves ``run`` only; profiling needs one probed with the full example.
+    serves ``run`` only; profiling needs one probed with the full example. ``facts``: cached probe facts
+    for this key (``build_stage_chain``), which spare the probe altogether; ``key``: ``model_key(request,
+    model, graph)`` when the caller computed it already (used when the chain was cut from ``graph``).
 
     Raises:
         ModelError: a model that cannot run on or be cut at this input (one line, with what to change).
@@ -154,7 +164,7 @@ def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: 
 
     try:
         chain = build_stage_chain(model, example if probe is None else probe, train=request.mode == "train",
-                                  graph=graph)
+                                  graph=graph, facts=facts)
     except ModelError as exc:
         hint = _input_hint(request, str(exc))
         if not hint:
@@ -165,10 +175,10 @@ def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: 
         text = str(exc).splitlines()[0]
         raise ModelError(f"{request.name} cannot run on input {list(request.input_shape)}: "
                          f"{text}{_input_hint(request, text)}") from None
-    key = PlanKey.for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
-                            grads=request.grads, device=request.device, graph=chain.graph_module)
-    return BuiltModel(request=request, model=model, example=example, chain=chain, key=key,
-                      probe_batch=int(probe.shape[0]) if probe is not None else None)
+    if key is None or graph is None or chain.graph_module is not graph:
+        key = model_key(request, model, chain.graph_module)
+    probe_batch = 0 if not chain.probed else int(probe.shape[0]) if probe is not None else None
+    return BuiltModel(request=request, model=model, example=example, chain=chain, key=key, probe_batch=probe_batch)
 
 
 def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:

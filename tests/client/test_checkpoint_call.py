@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import remat.client
-from remat.client import embedded, fx_trace
+from remat.client import embedded, fx_trace, write_probe
 from remat.client.apply_plan import applied_chain, applied_plan
 from remat.client.errors import PlanError, PlanMismatchError, PlanNotFoundError
 from remat.client.local_plans import LocalPlanCache
@@ -115,17 +115,58 @@ def test_a_cache_hit_traces_the_model_once_and_looks_no_further(cache_dir: Path,
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(fx_trace._Tracer, "trace", counting)
+    probes = []
+    monkeypatch.setattr(write_probe._RecordingInterpreter, "run", lambda *a, **k: probes.append(1))
     other_instance = _model(seed=5)  # other weights, same architecture: the same plan
     reference = copy.deepcopy(other_instance)
     remat.client.checkpoint(other_instance, x, grads="kept", cache_dir=cache_dir)
     assert applied_plan(other_instance) == applied_plan(made_here)
     assert len(traces) == 1, f"traced {len(traces)} times for key, chain and apply"
+    assert probes == [], "a hit cuts the chain from the cached probe facts without running the model"
     assert applied_chain(other_instance) is not None
-    # On a hit the chain's probe ran on two samples of the batch: the chain must still train the whole batch
+    # The chain was cut from facts a probe of another instance recorded: it must still train the whole batch
     # exactly like the unmodified model.
     batches = _batches(3)
     for step, (a, b) in enumerate(zip(_train(reference, batches), _train(other_instance, batches), strict=True)):
         assert torch.equal(a, b), f"step {step}"
+
+
+def test_cached_probe_facts_without_a_plan_still_profile_on_a_whole_batch_probe(
+        cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The facts spare a hit its probe; a miss profiles stage by stage, which needs the chain probed with the
+    # whole batch. Here the facts are cached and the plan is not (another local store, the plan file gone).
+    x = _batches(1)[0][0]
+    first = _model()
+    remat.client.checkpoint(first, x, cache_dir=cache_dir)
+    key = PlanKey.for_model(first, SHAPE)
+    cache = LocalPlanCache(cache_dir)
+    assert cache.get_probe_facts(key) is not None
+    cache.path(key, "linear").unlink()
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'other.sqlite'}")
+    model = _model(seed=3)
+    reference = copy.deepcopy(model)
+    remat.client.checkpoint(model, x, cache_dir=cache_dir)
+    again, before = applied_plan(model), applied_plan(first)
+    assert again is not None and before is not None
+    assert (again.num_stages, again.checkpoints) == (before.num_stages, before.checkpoints), "profiled afresh"
+    batches = _batches(3)
+    for step, (a, b) in enumerate(zip(_train(reference, batches), _train(model, batches), strict=True)):
+        assert torch.equal(a, b), f"step {step}"
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": "remat-plan-cache/1", "key": {}, "probe_facts": {}}'])
+def test_an_unusable_probe_facts_file_is_probed_past_and_rewritten(cache_dir: Path, content: str) -> None:
+    x = _batches(1)[0][0]
+    remat.client.checkpoint(_model(), x, cache_dir=cache_dir)
+    key = PlanKey.for_model(_model(), SHAPE)
+    cache = LocalPlanCache(cache_dir)
+    written = cache.get_probe_facts(key)
+    cache.probe_facts_path(key).write_text(content)
+    assert cache.get_probe_facts(key) is None
+    model = _model()
+    remat.client.checkpoint(model, x, cache_dir=cache_dir)
+    assert applied_plan(model) is not None
+    assert cache.get_probe_facts(key) == written
 
 
 def test_the_local_store_answers_before_the_service_and_fills_the_cache(cache_dir: Path, tmp_path: Path,
