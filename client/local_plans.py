@@ -49,6 +49,12 @@ def default_cache_dir() -> Path:
     return Path(user_cache_dir("remat")) / "plans"
 
 
+def _file_name(fields: dict[str, Any]) -> str:
+    """A file name that is a digest of ``fields``: the same in every process, one ``open`` per lookup."""
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return f"{hashlib.sha256(text.encode('utf-8')).hexdigest()[:40]}.json"
+
+
 @dataclass(frozen=True)
 class CachedPlan:
     """A plan from the cache and where it first came from (``service http://…`` or ``profiled here``)."""
@@ -69,8 +75,7 @@ class LocalPlanCache:
         fields: dict[str, Any] = {"key": key.to_dict(), "algorithm": algorithm}
         if variant:
             fields["variant"] = variant
-        text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-        return self.directory / f"{hashlib.sha256(text.encode('utf-8')).hexdigest()[:40]}.json"
+        return self.directory / _file_name(fields)
 
     def get(self, key: PlanKey, algorithm: str, *, variant: str = "") -> CachedPlan | None:
         """The cached plan for ``key``, or None.
@@ -108,8 +113,7 @@ class LocalPlanCache:
     def probe_facts_path(self, key: PlanKey) -> Path:
         """The file of ``key``'s probe facts (one per key, whatever the algorithm), in a subdirectory: the
         cache directory's own ``*.json`` are plans."""
-        text = json.dumps(key.to_dict(), sort_keys=True, separators=(",", ":"))
-        return self.directory / "probe-facts" / f"{hashlib.sha256(text.encode('utf-8')).hexdigest()[:40]}.json"
+        return self.directory / "probe-facts" / _file_name(key.to_dict())
 
     def get_probe_facts(self, key: PlanKey) -> dict[str, Any] | None:
         """The probe facts stored for ``key`` as a dict, or None (none stored, or a file that is not ours)."""

@@ -169,7 +169,7 @@ def _build_for_apply(pipeline: Any, request: Any, model: Any, example: Any, grap
     if built is None:
         built = pipeline.build_from_model(request, model, example, graph=graph, facts=facts, key=key)
     found = built.chain.probe_facts
-    if built.chain.probed and found is not None and built.key == key:
+    if built.chain.probed and found is not None:  # facts exist for fx chains only, cut from the traced graph
         try:
             cache.put_probe_facts(built.key, found.to_dict())
         except OSError as exc:  # a read-only or full cache directory costs the next start a probe, no more

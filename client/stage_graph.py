@@ -150,9 +150,13 @@ def _build_from_fx(
             f"{type(model).__name__}.forward takes {len(placeholders)} inputs; only one tensor is supported"
         )
 
-    probed = facts is None or not facts.fits(model, gm)
     small_values: dict[str, Any] = {}
-    if probed:
+    if facts is not None and facts.fits(model, gm):
+        probed = False
+        has_tensor, is_tensor, hits = facts.has_tensor, facts.is_tensor, list(facts.hits)
+        buffer_writes = facts.buffer_slots(model, gm)
+    else:
+        probed = True
         with _training_mode(model, train), _untouched(model, example):
             recorder = _WriteRecorder(_buffer_owners(model, gm))
             interp = _RecordingInterpreter(gm, recorder)
@@ -162,10 +166,6 @@ def _build_from_fx(
         has_tensor, is_tensor, hits = interp.has_tensor, interp.is_tensor, recorder.hits
         buffer_writes = recorder.buffer_writes
         small_values = interp.small_values
-    else:
-        assert facts is not None
-        has_tensor, is_tensor, hits = facts.has_tensor, facts.is_tensor, list(facts.hits)
-        buffer_writes = facts.buffer_slots(model, gm)
 
     # Tensor-carrying edges, restricted to input→output paths.
     order = [_node_name(n) for n in nodes]
