@@ -18,11 +18,11 @@ import time
 import torch
 
 from remat.client.errors import RematError
+from remat.client.graph.op_graph import build_op_graph
 from remat.client.model_spec import build_model
-from remat.client.op_graph import build_op_graph
+from remat.client.planning.planners.acg import plan_graph
 from remat.client.request import default_request
 from remat.client.zoo_batch import select_models
-from remat.worker.planners.acg import plan_graph
 
 
 def solve_time(name: str, repeats: int) -> tuple[int, float]:

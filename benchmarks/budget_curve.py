@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
+from remat.client.planning.plans import frontier_plans, make_plan
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
-from remat.worker.planning import frontier_plans, make_plan
 
 MIB = 2**20
 

@@ -23,12 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.utils.nas_cell as a model spec
 
+from remat.client.graph.op_graph import build_op_graph  # noqa: E402
+from remat.client.graph.stage_graph import build_stage_chain  # noqa: E402
 from remat.client.model_spec import build_model  # noqa: E402
-from remat.client.op_graph import build_op_graph  # noqa: E402
-from remat.client.stage_graph import build_stage_chain  # noqa: E402
+from remat.client.planning.planners.acg import plan_graph  # noqa: E402
+from remat.client.planning.plans import make_plan  # noqa: E402
 from remat.worker.measure import measure_step  # noqa: E402
-from remat.worker.planners.acg import plan_graph  # noqa: E402
-from remat.worker.planning import make_plan  # noqa: E402
 from remat.worker.profilers import profile  # noqa: E402
 
 MIB = 1024 * 1024

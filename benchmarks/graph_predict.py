@@ -3,7 +3,7 @@
 For each model: one profiled step of the unmodified model (``remat.worker.graph_profile.profile_graph``),
 then for each plan — no checkpointing, acg's classic plan, random valid dropped sets (uniform subsets, and
 acg's plans for randomly perturbed vertex weights, which drop far more) — the predicted peak
-(``remat.worker.graph_predict.predict_graph_peak``, pure Python) beside the peak ``measure_step`` measures.
+(``remat.client.planning.graph_predict.predict_graph_peak``, pure Python) beside the peak ``measure_step`` measures.
 With ``--search`` it also runs ``search_plan`` and measures its plan's cut against no checkpointing.
 
     uv run python benchmarks/graph_predict.py --models tests.utils.nas_cell:nas_net,resnet18 --random 3
@@ -26,12 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.utils.nas_cell as a model spec
 
 from remat.client.errors import PlanError  # noqa: E402
+from remat.client.graph.op_graph import build_op_graph  # noqa: E402
 from remat.client.model_spec import build_model  # noqa: E402
-from remat.client.op_graph import build_op_graph  # noqa: E402
-from remat.worker.graph_predict import predict_graph_peak, search_plan  # noqa: E402
+from remat.client.planning.graph_predict import predict_graph_peak, search_plan  # noqa: E402
+from remat.client.planning.planners.acg import plan_graph  # noqa: E402
 from remat.worker.graph_profile import executor_units, profile_graph  # noqa: E402
 from remat.worker.measure import measure_step  # noqa: E402
-from remat.worker.planners.acg import plan_graph  # noqa: E402
 
 MIB = 1024 * 1024
 

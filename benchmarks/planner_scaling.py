@@ -17,8 +17,8 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
+from remat.client.planning.planners import budget, cubic, linear
 from remat.client.trace import Stage, Trace
-from remat.worker.planners import budget, cubic, linear
 
 
 def random_trace(n: int, seed: int) -> Trace:

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import redis
 
+from remat.client.planning.plans import plan_all
 from remat.client.trace import TRACE_FORMAT, parse_trace
 from remat.service import repository
 from remat.service.db import Database
 from remat.service.migrate import ensure_current
-from remat.worker.planning import plan_all
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 HOST = "127.0.0.1"

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
+from remat.client.planning.planners import PLANNERS
+from remat.client.planning.plans import make_plan
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
-from remat.worker.planners import PLANNERS
-from remat.worker.planning import make_plan
 
 DEFAULT_MODELS = "resnet50,resnet152,vgg19,densenet121,mobilenet_v2"
 MIB = 1024 * 1024

@@ -29,12 +29,12 @@ import torch
 from torch import nn
 
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
-from remat.client.hashing import architecture_hash
-from remat.client.op_graph import OpGraph, build_op_graph
+from remat.client.graph.hashing import architecture_hash
+from remat.client.graph.op_graph import OpGraph, build_op_graph
+from remat.client.graph.stage_graph import StageChain, build_stage_chain, trace_model
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey, current_torch_version
 from remat.client.precision import autocast_dtype, precision_of_call
-from remat.client.stage_graph import StageChain, build_stage_chain, trace_model
 
 __all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "remove"]
 

@@ -73,7 +73,7 @@ def _load_trace_or_fail(path: str) -> Trace:
 
 
 def _algorithms(name: str) -> list[str]:
-    from remat.worker.planners import PLANNERS
+    from remat.client.planning.planners import PLANNERS
 
     if name == "all":
         return list(PLANNERS)
@@ -149,7 +149,7 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
                                as_json=as_json)
         return
     names = _algorithms(algorithm)
-    from remat.worker.planning import plan_all
+    from remat.client.planning.plans import plan_all
 
     plans = plan_all(trace, cost_model=cost_model, algorithms=names)
     if as_json:
@@ -171,7 +171,7 @@ def _budget_or_fail(text: str) -> Any:
 def _plan_trace_for_budget(trace: Trace, budget: Any, *, label: str, as_json: bool) -> None:
     """``plan --trace FILE --budget X``: the budget plan beside none and linear, all predicted."""
     from remat.client.budget_spec import BudgetError
-    from remat.worker.planning import make_budget_plan, plan_all
+    from remat.client.planning.plans import make_budget_plan, plan_all
 
     plans = plan_all(trace, cost_model="pytorch", algorithms=["none", "linear"])
     try:
@@ -544,7 +544,7 @@ def evaluate_command(trace_path: str, cost_model: str, checkpoints_file: str, as
     """
     trace = _load_trace_or_fail(trace_path)
     sets = _read_checkpoint_sets(checkpoints_file, trace.num_stages)
-    from remat.worker.cost_models import peak
+    from remat.client.planning.cost_models import peak
 
     peaks = [peak(trace, s, cost_model) for s in sets]
     if as_json:

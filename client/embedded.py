@@ -69,7 +69,7 @@ def cached_report(request: ModelRequest) -> ModelReport | None:
 
 def _report_from_records(request: ModelRequest, records: list[Any]) -> ModelReport | None:
     """The newest trace's plans as a report, when every algorithm has a measured plan."""
-    from remat.worker.planners import PLANNERS
+    from remat.client.planning.planners import PLANNERS
 
     if not records:
         return None
@@ -140,8 +140,8 @@ def budget_report(request: ModelRequest, budget: Any, progress: Any = None, *, r
     from remat.client.budget_spec import pick_for_budget
     from remat.client.plan import BUDGET_ALGORITHM
     from remat.client.plan_key import PlanKey
+    from remat.client.planning.plans import frontier_plans
     from remat.worker.pipeline import fit_bytes_for
-    from remat.worker.planning import frontier_plans
 
     report = None if refresh else cached_report(request)
     if report is None:
@@ -314,8 +314,8 @@ def plan_held_model(built: Any, algorithm: str, progress: Any = None, *, budget:
     Raises:
         remat.client.budget_spec.BudgetInfeasibleError: no plan fits the budget.
     """
+    from remat.client.planning.plans import FRONTIER_MAX_STAGES
     from remat.worker import pipeline
-    from remat.worker.planning import FRONTIER_MAX_STAGES
 
     say = progress or (lambda message, fraction: None)
     say(f"profiling {built.chain.num_stages} stages", 0.1)
@@ -425,7 +425,7 @@ def stored_reports(*, request: ModelRequest | None = None, model_hash: str | Non
 
 
 def _algorithm_order(name: str) -> int:
-    from remat.worker.planners import PLANNERS
+    from remat.client.planning.planners import PLANNERS
 
     names = list(PLANNERS)
     return names.index(name) if name in names else len(names)

@@ -170,8 +170,8 @@ def report_from_service(request: ModelRequest, client: PlanServiceClient, *, upl
         PlanNotFoundError: nothing stored and ``upload`` is False.
         ServiceError: unreachable service, refused token, or an error answer.
     """
+    from remat.client.planning.planners import PLANNERS
     from remat.worker import pipeline
-    from remat.worker.planners import PLANNERS
 
     say = progress or (lambda message, fraction: None)
     say(f"building {request.name}", 0.0)

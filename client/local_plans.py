@@ -15,7 +15,7 @@ Public API::
     default_cache_dir() -> Path
 
 Beside the plans, in ``probe-facts/``, one file per key keeps the probe facts its stage chain was cut from
-(``remat.client.write_probe.ProbeFacts``), so a hit cuts the chain without running the model. They are a
+(``remat.client.graph.write_probe.ProbeFacts``), so a hit cuts the chain without running the model. They are a
 speed-up only: an unreadable or malformed facts file is ignored (and rewritten by the next probe).
 """
 

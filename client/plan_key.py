@@ -180,7 +180,7 @@ class PlanKey:
         ``device`` defaults to the device class of the model's parameters; ``graph`` is passed on to
         ``architecture_hash`` (a train-mode trace from ``trace_model``, or None to trace here).
         """
-        from remat.client.hashing import architecture_hash
+        from remat.client.graph.hashing import architecture_hash
 
         if device is None:
             tensor = next(model.parameters(), None)

@@ -86,9 +86,9 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     from torch import nn
 
     from remat.client.apply_plan import apply_with_chain, remove
+    from remat.client.graph.stage_graph import ModelError, trace_model
     from remat.client.precision import precision_of_call
     from remat.client.request import ModelRequest
-    from remat.client.stage_graph import ModelError, trace_model
     from remat.worker import pipeline
 
     if not isinstance(model, nn.Module):
@@ -153,7 +153,7 @@ def _build_for_apply(pipeline: Any, request: Any, model: Any, example: Any, grap
     """The model's chain and key: cut from the probe facts cached for the key when there are some (no run of
     the model at all), else probing a slice of the batch, or the whole batch when the slice fails (a model
     that needs a batch divisible by something, say). Facts a probe here found are cached for next time."""
-    from remat.client.write_probe import ProbeFacts
+    from remat.client.graph.write_probe import ProbeFacts
 
     key = facts = None
     if graph is not None:

@@ -144,7 +144,7 @@ class GraphVertex:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class TraceGraph:
-    """The op graph of the traced model (``remat.client.op_graph.OpGraph`` without the model).
+    """The op graph of the traced model (``remat.client.graph.op_graph.OpGraph`` without the model).
 
     Vertices are numbered in topological order: vertex 0 is the input, the last vertex the output (a weight-0
     vertex joining several outputs), every edge ``(u, v)`` has u < v, and every vertex lies on a path from

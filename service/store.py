@@ -8,7 +8,7 @@ stores exactly what the HTTP API stores.
 Example::
 
     from remat.service.store import PlanStore
-    from remat.worker.planning import STORED_COST_MODEL, plan_all
+    from remat.client.planning.plans import STORED_COST_MODEL, plan_all
 
     with PlanStore() as store:                      # REMAT_DATABASE_URL or the user cache SQLite file
         key = store.save_trace_and_plans(trace, plan_all(trace, cost_model=STORED_COST_MODEL))

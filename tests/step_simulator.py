@@ -6,7 +6,7 @@ a step runs — forward segment by segment, then backward from the last segment 
 segment re-run before its stages' backward — and every stage's profiled transient (F, F°, F′, B, B°) is
 added on top of the ledger while that stage runs. The peak is the highest of those moments: every tensor is
 born inside some stage's window, so the stage's transient is where its birth can set a peak. Nothing here shares
-code or arrays with worker/cost_models.py, so a wrong index or a dropped term there disagrees with this.
+code or arrays with client/planning/cost_models.py, so a wrong index or a dropped term there disagrees with this.
 
 Autocast: a stage's lower-precision parameter copies (W) enter autocast's cast cache at their first use and
 stay there until the autocast region exits, after forward and loss; a copy the stage saves is one of its saved

@@ -4,7 +4,7 @@
 ``measure_step`` does) through its traced graph module, under a storage recorder (the CPU
 :class:`~remat.worker.memory_meter.MemoryMeter`, extended to log every storage's birth and death), autograd's
 saved-tensor hooks, and pre/post hooks on every autograd node of the step. The result is a JSON-able dict
-that :func:`remat.worker.graph_predict.predict_graph_peak` replays for any dropped set of the graph, so that
+that :func:`remat.client.planning.graph_predict.predict_graph_peak` replays for any dropped set of the graph, so that
 a planner can judge thousands of plans from one profile without running them.
 
 Why these records (what the predictor must know to replay what PyTorch does with a plan):
@@ -39,8 +39,8 @@ import torch.fx
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from remat.client.op_graph import OpGraph
-from remat.client.write_probe import _running_stat_slots
+from remat.client.graph.op_graph import OpGraph
+from remat.client.graph.write_probe import running_stat_slots
 from remat.worker.measure import make_loss
 from remat.worker.memory_meter import MemoryMeter, storage_key
 from remat.worker.profilers.common import preserved_state, set_grad_convention
@@ -257,7 +257,7 @@ def _module_slots(gm: torch.fx.GraphModule, graph: OpGraph, n: torch.fx.Node) ->
     """Buffers the checkpoint's BatchNorm restore snapshots for this node: [slot name, bytes]."""
     slots = []
     if n.op == "call_module":
-        slots += _running_stat_slots([gm.get_submodule(str(n.target))])
+        slots += running_stat_slots([gm.get_submodule(str(n.target))])
     slots += graph._slots.get(n.name, [])
     out = []
     for module, name in dict.fromkeys(slots):

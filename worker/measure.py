@@ -237,7 +237,7 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
             extra["baseline_reserved_peak_bytes"] = base["reserved_peak_bytes"]
     predicted = baseline_predicted = None
     if trace is not None:
-        from remat.worker.cost_models import pytorch_peak
+        from remat.client.planning.cost_models import pytorch_peak
 
         predicted = pytorch_peak(trace, checkpoints)
         baseline_predicted = pytorch_peak(trace, ())
@@ -352,7 +352,7 @@ def measure_plan(model: nn.Module, example_input: torch.Tensor, algorithm: str, 
     The plan is chosen and predicted under the ``pytorch`` cost model, whatever the planner optimises, so
     that ``predicted_peak_bytes`` and ``measured_peak_bytes`` speak of the same quantity.
     """
-    from remat.worker.planning import make_plan
+    from remat.client.planning.plans import make_plan
     from remat.worker.profilers import profile
 
     backend = backend_for(device)

@@ -1,6 +1,6 @@
 """A model's training output: one tensor, or a tuple of tensors whose first is the main output.
 
-Stage boundaries always carry one tensor (client/boundaries.py), but the *last* stage returns whatever the
+Stage boundaries always carry one tensor (client/graph/boundaries.py), but the *last* stage returns whatever the
 model returns. GoogLeNet and Inception v3 return a namedtuple in train mode — the main logits and the
 auxiliary classifiers' logits (``GoogLeNetOutputs(logits, aux_logits2, aux_logits1)``,
 ``InceptionOutputs(logits, aux_logits)``) — so the profiler and the measured step accept a tuple, list or

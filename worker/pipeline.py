@@ -61,7 +61,7 @@ class BuiltModel:
     """Batch size the chain's probe ran on when it was not the example's (``build_from_model``'s ``probe``);
     0 when no probe ran (the chain was cut from cached probe facts). Such a chain serves ``run`` only."""
     op_graph: Any = None
-    """The model's op graph (``remat.client.op_graph.OpGraph``), built by :func:`profile` in train mode; None
+    """The model's op graph (``remat.client.graph.op_graph.OpGraph``), built by :func:`profile` in train mode; None
     before, in eval mode, or when the model has none (``acg`` then plans the chain)."""
     graph_profile: dict[str, Any] | None = None
     """One instrumented step on the op graph (``remat.worker.graph_profile``), from which graph plans' peaks
@@ -160,7 +160,7 @@ def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: 
     Raises:
         ModelError: a model that cannot run on or be cut at this input (one line, with what to change).
     """
-    from remat.client.stage_graph import build_stage_chain
+    from remat.client.graph.stage_graph import build_stage_chain
 
     try:
         chain = build_stage_chain(model, example if probe is None else probe, train=request.mode == "train",
@@ -209,7 +209,7 @@ def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
 def _op_graph(built: BuiltModel) -> Any:
     """The op graph from the chain's own trace, its sizes probed in the request's precision; None when the
     model has none (one source, one sink, a tensor input: the chain's rules)."""
-    from remat.client.op_graph import build_op_graph
+    from remat.client.graph.op_graph import build_op_graph
     from remat.client.precision import autocast_context
 
     try:
@@ -220,7 +220,7 @@ def _op_graph(built: BuiltModel) -> Any:
 
 
 SEARCH_EVALUATIONS = 2000
-"""Plans the graph search predicts for ``acg`` (remat.worker.graph_predict.search_plan): 2–25 ms each on
+"""Plans the graph search predicts for ``acg`` (remat.client.planning.graph_predict.search_plan): 2–25 ms each on
 torchvision models (about 15 s for DenseNet-121 on the 2-core CI machine, beside a profile and validation
 that take minutes); a count, not a clock, so the plan does not depend on the machine's load."""
 
@@ -235,10 +235,10 @@ def graph_planned(built: BuiltModel, trace: Trace, plan: Plan) -> Plan:
         return plan
     import functools
 
-    from remat.worker.graph_predict import predict_graph_peak, search_plan
+    from remat.client.planning.graph_predict import predict_graph_peak, search_plan
+    from remat.client.planning.planners import PLANNERS
+    from remat.client.planning.plans import plans_to_store
     from remat.worker.graph_profile import executor_units
-    from remat.worker.planners import PLANNERS
-    from remat.worker.planning import plans_to_store
 
     graph, _ = _cut(built, plan)
     chain = built.chain
@@ -256,7 +256,7 @@ def plans_for(built: BuiltModel, trace: Trace, *, algorithms: Sequence[str] | No
               frontier: bool | None = None) -> tuple[Plan, ...]:
     """Every planner's plan for a profiled model (``planning.plans_to_store``), graph plans searched under the
     predictor where the profile allows (:func:`graph_planned`): what ``run`` and the one-call path store."""
-    from remat.worker.planning import plans_to_store
+    from remat.client.planning.plans import plans_to_store
 
     return tuple(graph_planned(built, trace, p)
                  for p in plans_to_store(trace, algorithms=algorithms, frontier=frontier))
@@ -339,7 +339,7 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rou
     ``on_key`` is called with the plan key as soon as the model is built (seconds, before the minutes of
     profiling): the worker records it on the job and stops here, by raising, when the key already has plans.
     """
-    from remat.worker.planning import FRONTIER_MAX_STAGES, frontier_to_validate
+    from remat.client.planning.plans import FRONTIER_MAX_STAGES, frontier_to_validate
 
     say = progress or _silent
     say(f"building {request.name}", 0.0)
@@ -392,8 +392,8 @@ def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: Progre
     The plan is predicted under the ``pytorch`` cost model, the one whose prediction speaks of the measured
     quantity.
     """
+    from remat.client.planning.plans import STORED_COST_MODEL, make_plan
     from remat.worker.measure import measure_step
-    from remat.worker.planning import STORED_COST_MODEL, make_plan
 
     say = progress or _silent
     say(f"building {request.name}", 0.0)

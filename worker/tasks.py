@@ -147,7 +147,7 @@ def _plan_entries(records: list[PlanRecord]) -> list[dict[str, Any]]:
 
 def _validated_plans(store: PlanStore, key: PlanKey) -> list[PlanRecord] | None:
     """The key's stored plans when every planner has one with a measurement (else the job must run)."""
-    from remat.worker.planners import PLANNERS
+    from remat.client.planning.planners import PLANNERS
 
     with store.db.read_session() as session:
         records = [r for r in repository.find_plans(session=session, key=key) if r.plan.budget_bytes is None]
@@ -268,7 +268,7 @@ def plan_trace(task: Task, job_id: str) -> str:
     if claim.outcome != "run" or claim.job is None:
         return claim.outcome
     from remat.client.plan import BUDGET_ALGORITHM
-    from remat.worker.planning import STORED_COST_MODEL, frontier_plans, make_plan
+    from remat.client.planning.plans import STORED_COST_MODEL, frontier_plans, make_plan
 
     request = claim.job.request
     with Heartbeat(store, job_id, owner, settings.job_lease_s) as beat:

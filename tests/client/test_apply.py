@@ -13,9 +13,9 @@ from torch import nn
 
 from remat.client.apply_plan import applied_chain, applied_plan, apply, remove
 from remat.client.errors import PlanMismatchError
+from remat.client.graph.stage_graph import StageChain
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
-from remat.client.stage_graph import StageChain
 
 SHAPE = (2, 3, 64, 64)
 
@@ -241,7 +241,7 @@ def test_cuda_step_matches(resnet: nn.Module, deterministic_cuda: None) -> None:
 
 def test_shufflenet_boundaries_carry_one_tensor_and_train_identically() -> None:
     """Its channel split makes a tuple an articulation node of the graph; no stage may end there."""
-    from remat.client.stage_graph import build_stage_chain
+    from remat.client.graph.stage_graph import build_stage_chain
 
     torch.manual_seed(0)
     model = torchvision.models.shufflenet_v2_x0_5(num_classes=10)

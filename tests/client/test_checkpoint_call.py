@@ -116,7 +116,7 @@ def test_a_cache_hit_traces_the_model_once_and_looks_no_further(cache_dir: Path,
 
     monkeypatch.setattr(fx_trace._Tracer, "trace", counting)
     probes = []
-    monkeypatch.setattr(write_probe._RecordingInterpreter, "run", lambda *a, **k: probes.append(1))
+    monkeypatch.setattr(write_probe.RecordingInterpreter, "run", lambda *a, **k: probes.append(1))
     other_instance = _model(seed=5)  # other weights, same architecture: the same plan
     reference = copy.deepcopy(other_instance)
     remat.client.checkpoint(other_instance, x, grads="kept", cache_dir=cache_dir)

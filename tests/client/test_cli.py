@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from remat.client.planning.cost_models import peak
+from remat.client.planning.planners import PLANNERS
 from remat.client.trace import TRACE_FORMAT
-from remat.worker.cost_models import peak
-from remat.worker.planners import PLANNERS
 from tests.utils.cli import run_cli
 
 SCRIPT = str(Path(sys.executable).parent / "remat-client")

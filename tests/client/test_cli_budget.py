@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from remat.client.budget_spec import BudgetError, fit_bytes, parse_budget
+from remat.client.planning.cost_models import pytorch_peak
+from remat.client.planning.planners.budget import pareto_frontier
+from remat.client.planning.recompute_time import recompute_cost
 from remat.client.trace import load_trace
-from remat.worker.cost_models import pytorch_peak
-from remat.worker.planners.budget import pareto_frontier
-from remat.worker.recompute_time import recompute_cost
 from tests.utils.cli import run_cli
 
 SMALL = ["resnet18", "--batch-size", "2", "--input-shape", "3,32,32", "--grads", "kept"]

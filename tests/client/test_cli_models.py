@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from remat.client.planning.planners import PLANNERS
 from remat.client.trace import load_trace
-from remat.worker.planners import PLANNERS
 from tests.utils.cli import run_cli
 
 SMALL = ["resnet18", "--batch-size", "2", "--input-shape", "3,32,32"]

@@ -22,8 +22,8 @@ import torchvision
 from remat.client import embedded
 from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
 from remat.client.fetch import fetch_and_apply, fetch_plan
+from remat.client.planning.planners import PLANNERS
 from remat.client.service_client import PlanServiceClient, ServiceResponseError
-from remat.worker.planners import PLANNERS
 from tests.service.factories import TOKEN, closed_port_url
 from tests.utils.cli import run_cli
 from tests.utils.live_service import live_service

@@ -26,10 +26,10 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from remat.client.planning.planners import PLANNERS
 from remat.service import migrate
 from remat.service.db import Database
 from remat.service.models import JobRow, MeasurementRow, PlanRow, TraceRow
-from remat.worker.planners import PLANNERS
 from tests.conftest import require_service
 
 TOKEN = "e2e-token"

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from remat.worker.cost_models import peak_candidates, pytorch_peak
+from remat.client.planning.cost_models import peak_candidates, pytorch_peak
 from remat.worker.measure import measure_step
 from remat.worker.profilers import profile
 from tests.worker.torch_models import SequentialChain

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from remat.client.planning.plans import frontier_plans
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
-from remat.worker.planning import frontier_plans
 
 
 @pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])

@@ -7,13 +7,13 @@ import pytest
 import torch
 import torchvision
 
-from remat.client.op_graph import build_op_graph
-from remat.client.stage_graph import build_stage_chain
+from remat.client.graph.op_graph import build_op_graph
+from remat.client.graph.stage_graph import build_stage_chain
+from remat.client.planning.planners.acg import graph_cost, plan_graph
+from remat.client.planning.plans import make_plan
 from remat.worker.measure import measure_step
-from remat.worker.planners.acg import graph_cost, plan_graph
-from remat.worker.planning import make_plan
 from remat.worker.profilers import profile
-from tests.client.test_op_graph import _step
+from tests.client.graph.test_op_graph import _step
 from tests.utils.nas_cell import nas_net
 
 MODELS = {
@@ -69,7 +69,7 @@ def test_a_profiling_run_plans_measures_and_applies_the_graph_plan() -> None:
     """``plan MODEL``'s pipeline: the trace carries the op graph, acg's plan is a graph plan measured with a
     real step and a gradient check, and ``apply`` trains the model with it like the unmodified model."""
     from remat.client.apply_plan import applied_chain, apply
-    from remat.client.op_graph import OpGraph
+    from remat.client.graph.op_graph import OpGraph
     from remat.client.request import ModelRequest
     from remat.worker.pipeline import run
 
@@ -82,7 +82,7 @@ def test_a_profiling_run_plans_measures_and_applies_the_graph_plan() -> None:
     measured = result.measurements["acg"]
     assert measured.dropped_vertices == acg.dropped_vertices and measured.checkpoints == ()
     assert measured.grad_check_passed is True and acg.cost_model == "pytorch"
-    # Predicted by replaying the profiled step on the op graph (worker/graph_predict.py): exact storage bytes.
+    # Predicted by replaying the profiled step on the op graph (client/planning/graph_predict.py): exact storage bytes.
     assert measured.predicted_peak_bytes == acg.predicted_peak_bytes
     assert acg.predicted_peak_bytes == pytest.approx(measured.measured_peak_bytes, rel=0.005)
     assert measured.measured_peak_bytes < result.measurements["linear"].measured_peak_bytes

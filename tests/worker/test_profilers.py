@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from remat.client.planning.cost_models import pytorch_peak
 from remat.client.trace import parse_trace
-from remat.worker.cost_models import pytorch_peak
 from remat.worker.measure import measure_step
 from remat.worker.profilers import profile
 from tests.worker.torch_models import SequentialChain, mlp, small_resnet

@@ -1,5 +1,5 @@
 """The ``pytorch`` cost model against an independent oracle: tests/step_simulator.py replays a step as
-allocation events from docs/cost-model.md, sharing no code with worker/cost_models.py. Planners are judged by
+allocation events from docs/cost-model.md, sharing no code with client/planning/cost_models.py. Planners are judged by
 the simulator too, so a table bug that a planner and the evaluator share cannot hide."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from remat.client.planning.cost_models import peak_candidates, pytorch_peak
+from remat.client.planning.planners import linear
 from remat.client.trace import Trace
-from remat.worker.cost_models import peak_candidates, pytorch_peak
-from remat.worker.planners import linear
 from tests.oracles import exhaustive_min
 from tests.step_simulator import simulate_peak
 from tests.strategies import traces

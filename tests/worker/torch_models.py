@@ -1,7 +1,7 @@
 """Small torch models and a stage-chain adapter for the profiler, meter and measurement tests.
 
 ``SequentialChain`` runs an ``nn.Sequential`` whose children are the stages the way
-``remat.client.stage_graph.StageChain.run`` does: every segment but the last under non-reentrant
+``remat.client.graph.stage_graph.StageChain.run`` does: every segment but the last under non-reentrant
 checkpointing, BatchNorm running statistics swapped for clones during the recompute (feasibility.md §3),
 so the profiler and ``measure_step`` are tested independently of the fx stage graph.
 """

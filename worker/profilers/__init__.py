@@ -48,7 +48,7 @@ def profile(model: nn.Module, example_input: torch.Tensor, *, device: torch.devi
             or ``kept`` (allocated before the step, so only their accumulation transients count).
         train: profile train mode (the default) or eval mode.
         chain: a stage chain of ``model`` built beforehand; by default
-            ``remat.client.stage_graph.build_stage_chain(model, example_input, train=train)``.
+            ``remat.client.graph.stage_graph.build_stage_chain(model, example_input, train=train)``.
         model_name, model_hash: recorded in the trace metadata.
         timing_repeats: unmetered timing runs per stage (0: no times).
         precision: ``float32``, ``bfloat16``… or ``autocast_bfloat16`` (remat.client.precision); default

@@ -42,9 +42,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from remat.client.errors import ModelError
+from remat.client.graph.write_probe import preserved_state as client_preserved_state
 from remat.client.precision import autocast_context, autocast_dtype, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
-from remat.client.write_probe import preserved_state as client_preserved_state
 from remat.worker.memory_meter import storage_key
 from remat.worker.model_output import output_tensors, seeded_sum
 from remat.worker.model_output import requires_grad as any_requires_grad
@@ -57,7 +57,7 @@ AmpContext = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 class StageChainLike(Protocol):
-    """What the profiler needs of ``remat.client.stage_graph.StageChain``."""
+    """What the profiler needs of ``remat.client.graph.stage_graph.StageChain``."""
 
     @property
     def num_stages(self) -> int: ...
@@ -115,8 +115,8 @@ class Backend:
 
 
 def build_chain(model: nn.Module, example_input: torch.Tensor, *, train: bool = True) -> StageChainLike:
-    """The model's stage chain from ``remat.client.stage_graph`` (imported lazily: it is client code)."""
-    from remat.client.stage_graph import build_stage_chain
+    """The model's stage chain from ``remat.client.graph.stage_graph`` (imported lazily: it is client code)."""
+    from remat.client.graph.stage_graph import build_stage_chain
 
     return build_stage_chain(model, example_input, train=train)
 
@@ -135,7 +135,7 @@ def cpu_name() -> str:
 
 @contextlib.contextmanager
 def preserved_state(model: nn.Module, *, devices: Sequence[torch.device] = ()) -> Iterator[None]:
-    """The client's :func:`remat.client.write_probe.preserved_state`, taking the backend's devices."""
+    """The client's :func:`remat.client.graph.write_probe.preserved_state`, taking the backend's devices."""
     cuda = [d.index if d.index is not None else torch.cuda.current_device() for d in devices if d.type == "cuda"]
     with client_preserved_state(model, cuda_devices=cuda):
         yield

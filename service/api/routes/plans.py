@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from remat.client.plan import BUDGET_ALGORITHM
 from remat.client.plan_key import UNKNOWN, PlanKey, normalize_device, normalize_dtype
+from remat.client.planning.planners import DEFAULT_PLANNER, PLANNERS
 from remat.service import repository
 from remat.service.api.deps import OPTIONAL_AUTH, READ_RESPONSES, StateDep, require_reader
 from remat.service.keys import (
@@ -21,7 +22,6 @@ from remat.service.keys import (
     TORCH_VERSION_PATTERN,
 )
 from remat.service.schemas import ErrorOut, FrontierOut, PlanRecordOut, PlansPage, TimelineOut
-from remat.worker.planners import DEFAULT_PLANNER, PLANNERS
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_reader)])
 

@@ -48,8 +48,8 @@ def split_algorithms(num_stages: int, settings: ServiceSettings) -> tuple[list[s
     job up to FRONTIER_MAX_STAGES.
     """
     from remat.client.plan import BUDGET_ALGORITHM
-    from remat.worker.planners import PLANNERS  # torch-free
-    from remat.worker.planning import FRONTIER_INLINE_STAGES, FRONTIER_MAX_STAGES
+    from remat.client.planning.planners import PLANNERS  # torch-free
+    from remat.client.planning.plans import FRONTIER_INLINE_STAGES, FRONTIER_MAX_STAGES
 
     inline = [a for a in PLANNERS if a != "cubic" or num_stages <= settings.inline_cubic_stages]
     deferred, skipped = [], {}
@@ -72,7 +72,7 @@ def split_algorithms(num_stages: int, settings: ServiceSettings) -> tuple[list[s
 def _store(state: ServiceState, body: bytes) -> JSONResponse:
     # planners are pure Python, but only this route needs them
     from remat.client.plan import BUDGET_ALGORITHM
-    from remat.worker.planning import plans_to_store
+    from remat.client.planning.plans import plans_to_store
 
     trace = _parse(body, state.settings)
     inline, deferred, skipped = split_algorithms(trace.num_stages, state.settings)

@@ -8,7 +8,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from remat.worker.planners import PLANNERS
+from remat.client.planning.planners import PLANNERS
 from tests.service.factories import AUTH, REDIS_URL, closed_port_url, trace_dict
 
 QUERY = {"input_shape": "8,3,32,32", "dtype": "float32", "device": "cpu"}
@@ -161,8 +161,8 @@ def test_a_measured_timeline_is_served_apart_from_the_plan(client: TestClient) -
 
 
 def test_a_budget_is_answered_from_the_stored_frontier(client: TestClient) -> None:
+    from remat.client.planning.planners.budget import pareto_frontier
     from remat.client.trace import parse_trace
-    from remat.worker.planners.budget import pareto_frontier
 
     body = trace_dict(num_stages=12)
     stored = client.post("/v1/traces", json=body, headers=AUTH).json()

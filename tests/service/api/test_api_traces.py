@@ -7,7 +7,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from remat.worker.planners import PLANNERS
+from remat.client.planning.planners import PLANNERS
 from tests.service.factories import AUTH, TORCH, trace_dict
 
 

@@ -1,0 +1,246 @@
+"""The stage chain executor: stages 1..n of a model, run whole with checkpointed segments or one at a time.
+
+``StageChain.run`` runs every segment but the last under non-reentrant ``torch.utils.checkpoint``, with
+the BatchNorm-safe recompute context (NOTE [BatchNorm running stats under recompute]) and the RNG state
+preserved for the recompute (NOTE [RNG on recompute]). Chains are built by ``stage_graph.build_stage_chain``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from remat.client.errors import ModelError, PlanError
+
+__all__ = ["StageChain"]
+
+
+@dataclass(eq=False)
+class ChainStage:
+    module: Callable[..., tuple[Any, ...]]
+    """Called as ``module(x, *extra)``; returns ``(x_out, *exports)``."""
+    inputs: tuple[tuple[str, str], ...]
+    """Extra inputs after x: ("attr", target) looked up on the live model, or ("value", node name)."""
+    exports: tuple[str, ...]
+    """Names of the values after x_out in the returned tuple, used by later stages."""
+    slots: tuple[tuple[nn.Module, str], ...]
+    """Buffers the stage updates in place in train mode (restored after it is recomputed)."""
+    nodes: tuple[str, ...]
+    name: str = ""
+    modules: tuple[nn.Module, ...] = ()
+    """The (leaf) modules the stage calls."""
+
+
+class ChildrenStage:
+    """A run of consecutive top-level children (the fallback when fx cannot trace the model)."""
+
+    def __init__(self, children: Sequence[nn.Module]) -> None:
+        self.children = list(children)
+
+    def __call__(self, x: Any) -> tuple[Any]:
+        for child in self.children:
+            x = child(x)
+        return (x,)
+
+
+@dataclass(eq=False)
+class StageChain:
+    """A model cut into stages 1..n; see the module docstring for the API."""
+
+    model: nn.Module
+    source: str
+    graph_module: torch.fx.GraphModule | None
+    _stages: list[ChainStage]
+    boundaries: list[str]
+    cut_vertices: list[str]
+    dropped: list[str]
+    _edges: dict[str, list[str]] = field(repr=False)
+    """Tensor-carrying edges (by node name) restricted to input→output paths, for the brute-force check."""
+    _root: nn.Module | None = field(default=None, repr=False)
+    _example_values: dict[str, Any] = field(default_factory=dict, repr=False)
+    _probe_env: dict[str, Any] = field(default_factory=dict, repr=False)
+    train: bool = True
+    probe_facts: Any = field(default=None, repr=False)
+    """What the probe learned (``write_probe.ProbeFacts``), to cut the same chain again without running the
+    model; None for the children fallback or when the facts cannot be named."""
+    probed: bool = True
+    """False when the chain was cut from cached ``probe_facts`` without a probe run: it serves ``run`` (and
+    ``apply``) only, since ``stage(i)`` may need values from the build-time example run that it did not make."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self._stages)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self._stages]
+
+    @property
+    def stage_nodes(self) -> list[list[str]]:
+        return [list(s.nodes) for s in self._stages]
+
+    def stage_parameters(self, i: int) -> list[nn.Parameter]:
+        """Parameters stage ``i`` uses (its modules' and its ``get_attr`` ones), each once, in order of use.
+
+        A parameter shared by several stages (tied weights) is listed for each of them.
+        """
+        st = self._stages[i - 1]
+        found: dict[int, nn.Parameter] = {}
+        for module in st.modules:
+            for p in module.parameters():
+                found.setdefault(id(p), p)
+        for kind, name in st.inputs:
+            if kind == "attr":
+                value = self._resolve((kind, name), {})
+                if isinstance(value, nn.Parameter):
+                    found.setdefault(id(value), value)
+        return list(found.values())
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def _resolve(self, spec: tuple[str, str], env: dict[str, Any]) -> Any:
+        kind, name = spec
+        if kind != "attr":
+            return env[name]
+        # The live model first (parameters moved by .to(), buffers restored by the recompute context), then
+        # the traced root for the tracer's own constants (_tensor_constant0…), which only it holds.
+        for obj in (self.model, self._root):
+            try:
+                for part in name.split("."):
+                    obj = getattr(obj, part)
+                return obj
+            except AttributeError:
+                continue
+        raise ModelError(f"the model has no attribute {name!r} any more (was it changed after planning?)")
+
+    def _run_stages(self, lo: int, hi: int, x: Any, env: dict[str, Any]) -> Any:
+        for st in self._stages[lo - 1 : hi]:
+            out = st.module(x, *(self._resolve(spec, env) for spec in st.inputs))
+            x = out[0]
+            env.update(zip(st.exports, out[1:], strict=True))
+        return x
+
+    def stage(self, i: int) -> Callable[[Any], Any]:
+        """Stage ``i`` (1-indexed) as a callable mapping x_{i-1} to x_i, for profiling one stage at a time.
+
+        Parameters and buffers are looked up on the live model at each call. Values that the stage takes
+        from earlier stages other than x_{i-1} (rare: shape integers such as a batch size, constants) come
+        from earlier ``stage(j)`` calls made through this chain, or else from the build-time example run.
+        """
+        if not 1 <= i <= self.num_stages:
+            raise IndexError(f"stage {i} is not in 1..{self.num_stages}")
+        st = self._stages[i - 1]
+
+        def call(x: Any) -> Any:
+            env = {**self._example_values, **self._probe_env}
+            missing = [name for kind, name in st.inputs if kind == "value" and name not in env]
+            if missing:
+                raise ModelError(f"stage {i} needs {missing} from earlier stages: run stages 1..{i - 1} first")
+            out = st.module(x, *(self._resolve(spec, env) for spec in st.inputs))
+            self._probe_env.update(zip(st.exports, out[1:], strict=True))
+            return out[0]
+
+        call.__name__ = f"stage_{i}"
+        return call
+
+    def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
+        """Run the whole chain on ``x``; boundaries in ``checkpoints`` (1..n-1) keep their activations.
+
+        Segments are the runs of stages between consecutive kept boundaries. Every segment but the last
+        runs under non-reentrant ``torch.utils.checkpoint`` so that only its input is kept and its inside is
+        recomputed during backward. Without grad mode nothing is checkpointed (there is no backward).
+        """
+        n = self.num_stages
+        cps = tuple(sorted(checkpoints))
+        if len(set(cps)) != len(cps) or any(
+            isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= n - 1 for c in cps
+        ):
+            raise PlanError(f"checkpoints {list(checkpoints)} must be distinct boundaries in 1..{n - 1}")
+        env: dict[str, Any] = {}
+        if not torch.is_grad_enabled():
+            return self._run_stages(1, n, x, env)
+        bounds = (0, *cps, n)
+        for k in range(len(bounds) - 1):
+            lo, hi = bounds[k] + 1, bounds[k + 1]
+            if k == len(bounds) - 2:
+                return self._run_stages(lo, hi, x, env)
+            slots = tuple(dict.fromkeys(s for st in self._stages[lo - 1 : hi] for s in st.slots))
+            # The env is copied: checkpoint keeps its arguments for the recompute, which must see the
+            # values as they were at this point, not as later segments extend them.
+            x, new = checkpoint(
+                partial(self._segment, lo, hi),
+                x,
+                dict(env),
+                use_reentrant=False,
+                preserve_rng_state=True,
+                context_fn=partial(recompute_contexts, slots),
+            )
+            env.update(new)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    __call__ = run
+
+    def _segment(self, lo: int, hi: int, x: Any, env: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        local = dict(env)
+        x = self._run_stages(lo, hi, x, local)
+        return x, {k: v for k, v in local.items() if k not in env}
+
+
+# NOTE [BatchNorm running stats under recompute]
+# A checkpointed segment runs its forward twice: once for real and once during backward to rebuild the
+# activations. In train mode BatchNorm updates running_mean/var and num_batches_tracked on *every* forward,
+# so a plain recompute updates them twice (feasibility §3: 150/159 buffers wrong after one ResNet-50 step,
+# num_batches_tracked = 2). Disabling track_running_stats during the recompute does not work: the BN node
+# saves the running stats, so the number of saved tensors differs and checkpoint raises. What works is to
+# snapshot the running-stat buffers when the recompute starts and copy the snapshot back on exit: the
+# recompute computes the same outputs (train-mode BN normalises with batch statistics), its updates are
+# undone, and the exit also runs when non-reentrant checkpoint stops the recompute early. Buffers that the
+# recorded run saw written in place (custom EMA buffers, functional batch_norm on get_attr buffers) are
+# restored the same way.
+# An earlier version swapped the buffers for clones instead (feasibility's other working option). Because
+# BN saves its running stats for backward, every clone then stayed alive until that BN's backward: memory no
+# trace can see, up to -1.7% prediction error on kept-gradient plans (docs/cost-model.md, Calibration).
+# The snapshot is freed as soon as the recompute ends.
+
+
+class _RestoreBuffers:
+    """Context manager: snapshot buffer values on enter, copy them back in place on exit."""
+
+    def __init__(self, slots: Sequence[tuple[nn.Module, str]]) -> None:
+        self.slots = slots
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> _RestoreBuffers:
+        for module, name in self.slots:
+            buf = module._buffers.get(name)
+            if buf is not None:
+                self.saved.append((buf, buf.detach().clone()))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with torch.no_grad():
+            for buf, snapshot in reversed(self.saved):
+                buf.copy_(snapshot)
+        self.saved.clear()
+
+
+# NOTE [RNG on recompute]
+# Dropout and stochastic depth inside a checkpointed segment must draw the same masks when the segment is
+# recomputed, or the backward differentiates a different function than the forward computed: the loss is
+# unchanged but gradients are silently wrong (feasibility P7: max abs diff 0.05 on VGG-19's classifier).
+# run() passes preserve_rng_state=True, which saves the CPU and device RNG states before each checkpointed
+# segment and restores them for its recompute. Stages keep fx's node order (see _build_from_fx in
+# stage_graph.py), so the sequence of random ops, hence every mask, is also the eager model's.
+
+
+def recompute_contexts(slots: Sequence[tuple[nn.Module, str]]) -> tuple[Any, Any]:
+    """``context_fn`` for checkpoint: nothing around the forward, buffer restore around the recompute."""
+    return contextlib.nullcontext(), _RestoreBuffers(slots)

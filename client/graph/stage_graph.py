@@ -1,0 +1,415 @@
+"""Cut a model into a chain of stages that can be checkpointed segment by segment.
+
+Public API (what profilers, ``apply`` and tests code against)::
+
+    chain = build_stage_chain(model, example_input, train=True)   # -> StageChain; raises ModelError
+    chain.num_stages            # n
+    chain.names                 # list[str], n human-readable stage labels (module paths)
+    chain.boundaries            # list[str], n-1 boundary labels (fx node names / child names): x_1..x_{n-1}
+    chain.stage_nodes           # list[list[str]], the fx nodes (or children) of each stage
+    chain.cut_vertices          # every articulation node found (before unsafe ones were dropped)
+    chain.dropped               # cut vertices dropped because a later node writes their storage in place
+    chain.source                # "fx" or "children" (fallback when torch.fx cannot trace the model)
+    chain.graph_module          # the full traced torch.fx.GraphModule, None for the "children" fallback
+    chain.stage(i)              # callable x_{i-1} -> x_i for stage i (1-indexed); parameters are bound
+    chain.stage_parameters(i)   # list[nn.Parameter] stage i uses (for parameter-gradient bytes G_i)
+    chain.run(x, checkpoints=(2, 5))   # the whole chain; every segment but the last checkpointed
+    chain(x, checkpoints=...)          # same as run
+    trace_model(model, train=True)     # -> GraphModule (the tracer used for stages and hashing)
+    with preserved_state(model, cuda_devices=(0,)): ...   # restores buffers (BN stats) and RNG on exit
+    brute_force_cut_vertices(chain)    # -> list[str]; O(V·E) reference for chain.cut_vertices (tests)
+
+How the chain is found (docs/apply.md and /work/shared/feasibility.md §2–3 explain why):
+
+1. Trace with torch.fx, treating ``torchvision.ops.StochasticDepth`` as a leaf so the train/eval switch is
+   not baked into the graph, in the requested mode (aux heads still depend on it: one chain per mode).
+2. Run the graph once on ``example_input`` (no grad, RNG forked, buffers restored afterwards, so the model
+   is left exactly as it was) under a dispatch mode that records which storages each node writes in place
+   and whether each node's value carries a tensor.
+3. Boundaries = articulation nodes of the graph restricted to tensor-carrying edges (``x.size()`` and
+   ``x.shape`` edges are ignored: shapes are static for a plan), by a linear sweep over topological order.
+   A boundary whose storage a later node writes in place (``ReLU(inplace=True)`` after a BN) is dropped,
+   which keeps the in-place op in its producer's stage. The node feeding only the output is not a boundary.
+4. Each stage becomes its own small GraphModule sharing the model's submodules. ``get_attr`` parameters and
+   buffers are not copied into the stages: they are looked up on the live model every time a stage runs,
+   so ``model.to(device)`` after building still works and the BN recompute context can restore buffers.
+
+If fx cannot trace the model (or the traced graph cannot run), the model's top-level children are used
+when they form a chain (each child called once, in turn, on the previous child's output, with no other
+op in between); otherwise ``ModelError`` says both reasons in one line.
+
+Where each part lives: ``fx_trace`` (the tracer, ``trace_model``, the train/eval mode context),
+``write_probe`` (the recording probe run, ``preserved_state``), ``boundaries`` (cut vertices, in-place
+safety, ``brute_force_cut_vertices``), ``stage_chain`` (``StageChain``, checkpointed runs, the BN and RNG
+notes). This module builds the chain from those and re-exports the public API above.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from remat.client.errors import ModelError
+from remat.client.graph.boundaries import (
+    INPUT,
+    OUTPUT,
+    brute_force_cut_vertices,
+    cut_vertices,
+    on_path_edges,
+    safe_boundaries,
+)
+from remat.client.graph.fx_trace import one_line, trace_model, training_mode
+from remat.client.graph.stage_chain import ChainStage, ChildrenStage, StageChain
+from remat.client.graph.write_probe import (
+    ProbeFacts,
+    RecordingInterpreter,
+    WriteRecorder,
+    buffer_owners,
+    preserved_state,
+    running_stat_slots,
+    untouched,
+)
+
+__all__ = [
+    "StageChain",
+    "brute_force_cut_vertices",
+    "build_stage_chain",
+    "preserved_state",
+    "trace_model",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building from an fx graph
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _node_name(n: torch.fx.Node) -> str:
+    if n.op == "placeholder":
+        return INPUT
+    if n.op == "output":
+        return OUTPUT
+    return n.name
+
+
+def module_path(n: torch.fx.Node) -> str:
+    if n.op == "call_module":
+        return str(n.target)
+    stack = n.meta.get("nn_module_stack")
+    return next(reversed(stack)) if stack else ""
+
+
+def _common_prefix(paths: list[str]) -> str:
+    parts = [p.split(".") if p else [] for p in paths]
+    common: list[str] = []
+    for group in zip(*parts, strict=False):
+        if all(g == group[0] for g in group):
+            common.append(group[0])
+        else:
+            break
+    return ".".join(common)
+
+
+def _stage_name(nodes: list[torch.fx.Node], used: set[str]) -> str:
+    """A module path for the stage: the enclosing module when the stage is one module (a ResNet block),
+    else "first..last" module paths."""
+    compute = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")] or nodes
+    paths = [module_path(n) for n in compute]
+    prefix = _common_prefix(paths)
+    if prefix and prefix in paths and prefix not in used:
+        return prefix
+
+    def label(n: torch.fx.Node) -> str:
+        return module_path(n) or n.name
+
+    first, last = label(compute[0]), label(compute[-1])
+    return first if first == last else f"{first}..{last}"
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return out
+
+
+def _build_from_fx(
+    model: nn.Module, gm: torch.fx.GraphModule, example: torch.Tensor, train: bool, facts: ProbeFacts | None = None
+) -> StageChain:
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise ModelError(
+            f"{type(model).__name__}.forward takes {len(placeholders)} inputs; only one tensor is supported"
+        )
+
+    small_values: dict[str, Any] = {}
+    if facts is not None and facts.fits(model, gm):
+        probed = False
+        has_tensor, is_tensor, hits = facts.has_tensor, facts.is_tensor, list(facts.hits)
+        buffer_writes = facts.buffer_slots(model, gm)
+    else:
+        probed = True
+        with training_mode(model, train), untouched(model, example):
+            recorder = WriteRecorder(buffer_owners(model, gm))
+            interp = RecordingInterpreter(gm, recorder)
+            with recorder:
+                interp.run(example)
+        facts = ProbeFacts.recorded(model, gm, interp.has_tensor, interp.is_tensor, recorder)
+        has_tensor, is_tensor, hits = interp.has_tensor, interp.is_tensor, recorder.hits
+        buffer_writes = recorder.buffer_writes
+        small_values = interp.small_values
+
+    # Tensor-carrying edges, restricted to input→output paths.
+    order = [_node_name(n) for n in nodes]
+    edges: dict[str, list[str]] = {}
+    for n in nodes:
+        if n.op != "output" and has_tensor.get(n.name, False):
+            edges[_node_name(n)] = [_node_name(u) for u in n.users]
+    path_edges = on_path_edges(order, edges, INPUT, OUTPUT)
+    # A stage hands the next one a single tensor: a cut vertex whose value is a tuple (shufflenet's channel
+    # split, x.chunk(2)) is no boundary; the nodes that unpack it stay in its stage.
+    cuts = [c for c in cut_vertices(order, path_edges, INPUT, OUTPUT) if is_tensor.get(c, False)]
+    bounds, unsafe = safe_boundaries([n.name for n in nodes], cuts, hits, path_edges)
+
+    # Every node goes to a stage by its position: stage k holds the nodes after boundary k-1 up to and
+    # including boundary k. Keeping fx's order (rather than moving nodes next to their users) keeps the
+    # order of random ops, hence dropout masks, identical to the eager model's.
+    bound_set = set(bounds)
+    stage_of: dict[str, int] = {}
+    k = 1
+    for n in nodes:
+        stage_of[n.name] = k
+        if n.name in bound_set:
+            k += 1
+    members: list[list[torch.fx.Node]] = [[] for _ in range(len(bounds) + 1)]
+    for n in nodes:
+        if n.op != "get_attr":  # parameters are looked up per stage, never handed between stages
+            members[stage_of[n.name] - 1].append(n)
+
+    # The last stage that uses each value computed in an earlier stage.
+    last_use: dict[str, int] = {}
+    for n in nodes:
+        for u in n.all_input_nodes:
+            if u.op != "get_attr" and stage_of[u.name] < stage_of[n.name]:
+                last_use[u.name] = max(last_use.get(u.name, 0), stage_of[n.name])
+
+    stages: list[ChainStage] = []
+    incoming = placeholders[0]
+    for idx, stage_nodes in enumerate(members, start=1):
+        g = torch.fx.Graph()
+        env: dict[torch.fx.Node, torch.fx.Node] = {incoming: g.placeholder("x")}
+        inputs: list[tuple[str, str]] = []
+        # Extra inputs first: placeholders must precede every other node.
+        for n in stage_nodes:
+            for u in n.all_input_nodes:
+                if u not in env and (u.op == "get_attr" or stage_of[u.name] < idx):
+                    inputs.append(("attr", str(u.target)) if u.op == "get_attr" else ("value", u.name))
+                    env[u] = g.placeholder(f"in_{u.name}")
+        boundary = stage_nodes[-1] if idx <= len(bounds) else None
+        export_nodes = [
+            n for n in stage_nodes
+            if last_use.get(n.name, 0) > (idx + 1 if n is boundary else idx)
+        ]
+        for n in stage_nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                result = torch.fx.map_arg(n.args[0], env.__getitem__)
+                g.output((result, *(env[e] for e in export_nodes)))
+                continue
+            env[n] = g.node_copy(n, env.__getitem__)
+        if boundary is not None:
+            assert boundary.name == bounds[idx - 1]
+            g.output((env[boundary], *(env[e] for e in export_nodes)))
+            incoming = boundary
+        g.lint()
+        stage_gm = torch.fx.GraphModule(gm, g, class_name=f"Stage{idx}")
+        called = [stage_gm.get_submodule(str(n.target)) for n in stage_nodes if n.op == "call_module"]
+        slots = running_stat_slots(called)
+        for n in stage_nodes:
+            slots += buffer_writes.get(n.name, [])
+        stages.append(
+            ChainStage(
+                module=stage_gm,
+                inputs=tuple(inputs),
+                exports=tuple(e.name for e in export_nodes),
+                slots=tuple(dict.fromkeys(slots)),
+                nodes=tuple(n.name for n in stage_nodes),
+                name=_stage_name(stage_nodes, {st.name for st in stages}),
+                modules=tuple(dict.fromkeys(called)),
+            )
+        )
+    for st, name in zip(stages, _unique([st.name for st in stages]), strict=True):
+        st.name = name
+
+    return StageChain(
+        model=model,
+        source="fx",
+        graph_module=gm,
+        _stages=stages,
+        boundaries=bounds,
+        cut_vertices=cuts,
+        dropped=unsafe,
+        _edges=path_edges,
+        _root=gm,
+        _example_values={k: v for k, v in small_values.items() if k in last_use},
+        train=train,
+        probe_facts=facts,
+        probed=probed,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fallback: top-level children that form a chain
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _build_from_children(model: nn.Module, example: torch.Tensor, train: bool) -> StageChain:
+    """Use the top-level children as stage units if the forward is exactly "each child on the last output".
+
+    Checked on one eager run with hooks: every child is called once, in order, with the previous child's
+    output object (the example input for the first) as its only argument, the forward returns the last
+    child's output object, and no aten op runs outside a child.
+    """
+    children = list(model.named_children())
+    if not children:
+        raise ModelError("it has no children")
+    calls: list[str] = []
+    problems: list[str] = []
+    last_output: list[Any] = [example]
+    handles = []
+
+    with training_mode(model, train), untouched(model, example):
+        recorder = WriteRecorder(buffer_owners(model))
+
+        def pre_hook(name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if recorder.current != "<between>":
+                problems.append(f"child {name!r} runs inside child {recorder.current!r}")
+            elif kwargs or len(args) != 1 or args[0] is not last_output[0]:
+                problems.append(f"child {name!r} does not take the previous output as its only input")
+            calls.append(name)
+            recorder.current = name
+
+        def post_hook(name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            recorder.register(name, output)
+            last_output[0] = output
+            recorder.current = "<between>"
+
+        for name, child in children:
+            handles.append(child.register_forward_pre_hook(partial(pre_hook, name), with_kwargs=True))
+            handles.append(child.register_forward_hook(partial(post_hook, name), with_kwargs=True))
+        try:
+            with recorder:
+                recorder.current = "<between>"
+                # The class's forward, not the instance attribute: apply() may have replaced the latter.
+                result = type(model).forward(model, example)
+                recorder.current = None
+        except Exception as exc:  # noqa: BLE001 - the eager model failing on the example is a user error
+            raise ModelError(f"running it on the example input failed: {one_line(exc)}") from exc
+        finally:
+            for h in handles:
+                h.remove()
+    names = [name for name, _ in children]
+    if problems:
+        raise ModelError(problems[0])
+    if calls != names:
+        missing = [n for n in names if n not in calls]
+        if missing:
+            raise ModelError(f"child {missing[0]!r} is never called")
+        raise ModelError(f"its children are called in the order {calls}, not once each in turn")
+    if result is not last_output[0]:
+        raise ModelError("its output is not the last child's output")
+    outside = [op for op in recorder.ops_outside if op]
+    if outside:
+        raise ModelError(f"its forward runs {outside[0]} between children")
+
+    order = [INPUT, *names, OUTPUT]
+    edges = {u: [v] for u, v in zip(order[:-1], order[1:], strict=False)}
+    bounds, unsafe = safe_boundaries(order, list(names), recorder.hits, edges)
+    modules = dict(children)
+    groups: list[list[str]] = [[]]
+    for name in names:
+        groups[-1].append(name)
+        if name in bounds:
+            groups.append([])
+    stages = []
+    for group in groups:
+        mods = [modules[n] for n in group]
+        slots = running_stat_slots(mods) + [s for n in group for s in recorder.buffer_writes.get(n, [])]
+        stages.append(
+            ChainStage(
+                module=ChildrenStage(mods),
+                inputs=(),
+                exports=(),
+                slots=tuple(dict.fromkeys(slots)),
+                nodes=tuple(group),
+                name=group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}",
+                modules=tuple(mods),
+            )
+        )
+    return StageChain(
+        model=model,
+        source="children",
+        graph_module=None,
+        _stages=stages,
+        boundaries=bounds,
+        cut_vertices=list(names),
+        dropped=unsafe,
+        _edges=edges,
+        _root=model,
+        train=train,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------------------------------
+
+def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: bool = True,
+                      graph: torch.fx.GraphModule | None = None, facts: ProbeFacts | None = None) -> StageChain:
+    """Cut ``model`` into a chain of stages for checkpointing; raise ``ModelError`` if it cannot be.
+
+    Args:
+        model: the model; it is not modified (its buffers and the RNG are restored after the probe run).
+        example_input: one input batch (its values do not matter, its shape, dtype and device do: the
+            probe run records which nodes carry tensors and which write in place).
+        train: trace and probe in train mode (True, what checkpointing needs) or eval mode. Graphs differ
+            between modes (aux heads), so a chain belongs to one mode.
+        graph: ``trace_model(model, train=train)`` when the caller already has it (the key's hash needs the
+            same trace): fx tracing runs the model's Python once more for nothing otherwise.
+        facts: an earlier probe's ``chain.probe_facts`` for the same plan key (from the plan cache): the chain
+            is cut from them without running the model, when they name exactly this graph's nodes and this
+            model's buffers; otherwise the probe runs as without them. Such a chain has ``probed`` False.
+
+    Returns:
+        The chain; its stages share the model's submodules, parameters and buffers.
+    """
+    if not isinstance(example_input, torch.Tensor):
+        raise ModelError(f"example_input must be a tensor, got {type(example_input).__name__}")
+    run_error = None
+    try:
+        gm = graph if graph is not None else trace_model(model, train=train)
+        return _build_from_fx(model, gm, example_input, train, facts)
+    except ModelError as exc:
+        fx_reason = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a traced graph that cannot run is as unusable as no graph
+        run_error = one_line(exc)
+        fx_reason = f"the traced graph does not run: {run_error}"
+    try:
+        return _build_from_children(model, example_input, train)
+    except ModelError as exc:
+        if run_error is not None and run_error in str(exc):  # the model itself refuses this input
+            raise ModelError(f"{type(model).__name__} does not run on input {list(example_input.shape)}: "
+                             f"{run_error}") from None
+        raise ModelError(
+            f"cannot cut {type(model).__name__} into stages: {fx_reason}; "
+            f"and its top-level children do not form a chain: {exc}"
+        ) from None

@@ -1,0 +1,148 @@
+"""Turn a trace into reported plans: run a planner, evaluate it, estimate its recompute time.
+
+This is the one place that knows how a planner's checkpoints become a :class:`~remat.client.plan.Plan`, so
+the CLI, the service and the worker all report the same figures for the same trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from remat.client.plan import BUDGET_ALGORITHM, COST_MODELS, Plan
+from remat.client.planning.cost_models import peak
+from remat.client.planning.planners import PLANNERS, get_planner
+from remat.client.planning.recompute_time import recompute_ms
+from remat.client.trace import Trace
+
+STORED_COST_MODEL = "pytorch"
+"""The model every stored plan is reported under, whatever its planner optimises: its prediction is then
+comparable with the peak a validation step measures (the classic model counts no saved tensors)."""
+
+
+def step_ms(trace: Trace) -> float | None:
+    """Forward plus backward time of one step without checkpointing, when the trace has both times."""
+    if not trace.has_times or any(s.backward_ms is None for s in trace.stages):
+        return None
+    return sum((s.forward_ms or 0.0) + (s.backward_ms or 0.0) for s in trace.stages)
+
+
+def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) -> Plan:
+    """Run one planner and report its plan under ``cost_model`` (default: the planner's own).
+
+    A planner that ``plans_graphs`` returns a graph plan when the trace has an op graph; such a plan is
+    reported under the ``classic`` model whatever is asked, the only one defined on graphs so far.
+    """
+    spec = get_planner(algorithm)
+    model = cost_model or spec.native_cost_model
+    if model not in COST_MODELS:
+        raise ValueError(f"cost model {model!r} is unknown; choose one of {', '.join(COST_MODELS)}")
+    if spec.plans_graphs and trace.graph is not None:
+        return graph_plan(trace, algorithm)
+    return _reported(trace, algorithm, spec.fn(trace, cost_model=model), model)
+
+
+def graph_plan(trace: Trace, algorithm: str = "acg") -> Plan:
+    """``acg``'s plan on the trace's op graph, reported under the classic model: the kept vertices' bytes
+    plus the largest recomputed group, against keeping every vertex."""
+    from remat.client.planning.planners.acg import graph_cost, plan_trace_graph
+
+    assert trace.graph is not None
+    result = plan_trace_graph(trace)
+    weights, edges = trace.graph.weights, trace.graph.edges
+    dropped = tuple(v for seg in result.segments for v in seg.interior)
+    return Plan(
+        algorithm=algorithm, cost_model="classic", checkpoints=(), dropped_vertices=dropped,
+        num_vertices=trace.graph.num_vertices, predicted_peak_bytes=result.value,
+        baseline_peak_bytes=graph_cost(weights, edges, range(len(weights))), num_stages=trace.num_stages,
+        recompute_ms=None, step_ms=step_ms(trace),
+    )
+
+
+def _reported(trace: Trace, algorithm: str, checkpoints: Sequence[int], cost_model: str,
+              budget_bytes: int | None = None) -> Plan:
+    """A planner's checkpoints as a Plan with the figures every plan reports, under ``cost_model``."""
+    return Plan(
+        algorithm=algorithm,
+        cost_model=cost_model,
+        checkpoints=tuple(checkpoints),
+        predicted_peak_bytes=peak(trace, checkpoints, cost_model),
+        baseline_peak_bytes=peak(trace, (), cost_model),
+        num_stages=trace.num_stages,
+        recompute_ms=recompute_ms(trace, checkpoints),
+        step_ms=step_ms(trace),
+        budget_bytes=budget_bytes,
+    )
+
+
+def plan_all(trace: Trace, *, cost_model: str | None = None,
+             algorithms: Sequence[str] | None = None) -> list[Plan]:
+    """Plans from every registered algorithm (or those named), in registry order."""
+    return [make_plan(trace, name, cost_model=cost_model) for name in (algorithms or list(PLANNERS))]
+
+
+
+
+def make_budget_plan(trace: Trace, budget_bytes: int) -> Plan:
+    """The least-recompute plan whose ``pytorch`` peak fits ``budget_bytes``: the frontier plan it picks,
+    stored (like every frontier plan) under its own peak, the tightest budget it answers.
+
+    Raises:
+        remat.client.budget_spec.BudgetInfeasibleError: no plan fits; it names the smallest peak.
+    """
+    from remat.client.planning.planners import budget
+
+    point = budget.pick(budget.pareto_frontier(trace), budget_bytes)
+    return _reported(trace, BUDGET_ALGORITHM, point.checkpoints, STORED_COST_MODEL, point.peak_bytes)
+
+
+def frontier_plans(trace: Trace) -> list[Plan]:
+    """The Pareto frontier as plans, tightest peak first; each plan's ``budget_bytes`` is its own peak (the
+    smallest budget it answers)."""
+    from remat.client.planning.planners import budget
+
+    return [_reported(trace, BUDGET_ALGORITHM, p.checkpoints, STORED_COST_MODEL, p.peak_bytes)
+            for p in budget.pareto_frontier(trace)]
+
+
+FRONTIER_INLINE_STAGES = 500
+"""Up to this many stages the frontier is computed with the other plans (about 0.7 s at 500 stages on the
+2-core CI machine, docs/benchmarks.md "Budgets"); a service upload defers larger traces to a plan job."""
+FRONTIER_MAX_STAGES = 2000
+"""Above this the frontier is not computed at all: O(n²) vector steps, tens of seconds at 2,000 stages."""
+VALIDATED_SHARES = (0.7, 0.5)
+"""Budgets, as shares of the no-checkpoint peak, whose frontier plans a profiling run measures: the stored
+curve is measured at the points users ask for most, not only estimated. Two, because each costs every
+`plan MODEL` run a plan's worth of steps (ResNet-152 at 128 px: about a minute on the 2-core CI machine)."""
+
+
+def plans_to_store(trace: Trace, *, algorithms: Sequence[str] | None = None,
+                   frontier: bool | None = None) -> list[Plan]:
+    """Every registered planner's plan (or those named) and, unless too large or told not to, the frontier."""
+    plans = plan_all(trace, cost_model=STORED_COST_MODEL, algorithms=algorithms)
+    if frontier if frontier is not None else trace.num_stages <= FRONTIER_INLINE_STAGES:
+        plans += frontier_plans(trace)
+    return plans
+
+
+def frontier_to_validate(plans: Sequence[Plan]) -> list[Plan]:
+    """The frontier plans a profiling run measures: those answering :data:`VALIDATED_SHARES` of the
+    no-checkpoint peak, then the point halfway along the frontier — at most ``len(VALIDATED_SHARES)``, each
+    once, leaving out plans whose checkpoints a registered planner's plan has (measured anyway: the ends of
+    the frontier are usually ``none`` and ``linear``)."""
+    frontier = sorted((p for p in plans if p.algorithm == BUDGET_ALGORITHM and p.budget_bytes),
+                      key=lambda p: p.predicted_peak_bytes)
+    if not frontier:
+        return []
+    base = frontier[-1].baseline_peak_bytes
+    measured_elsewhere = {p.checkpoints for p in plans if not p.budget_bytes}
+    candidates = []
+    for share in VALIDATED_SHARES:
+        fitting = [p for p in frontier if p.predicted_peak_bytes <= share * base]
+        if fitting:
+            candidates.append(fitting[-1])
+    candidates.append(frontier[len(frontier) // 2])
+    chosen: list[Plan] = []
+    for plan in candidates:
+        if plan not in chosen and plan.checkpoints not in measured_elsewhere and len(chosen) < len(VALIDATED_SHARES):
+            chosen.append(plan)
+    return chosen

@@ -1,0 +1,129 @@
+"""Architecture hash and plan key: stable where plans transfer, different where they do not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from remat.client.errors import PlanError
+from remat.client.graph.hashing import architecture_hash
+from remat.client.graph.stage_graph import trace_model
+from remat.client.plan_key import KEY_FIELDS, PlanKey, current_torch_version
+
+
+def _mlp(width: int = 16, blocks: int = 2) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(8, width)]
+    for _ in range(blocks):
+        layers += [nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, width)]
+    return nn.Sequential(*layers, nn.Linear(width, 2))
+
+
+def _resnet18_hash(seed: int) -> str:
+    torch.manual_seed(seed)
+    return architecture_hash(torchvision.models.resnet18(num_classes=10))
+
+
+def test_same_architecture_other_weights_same_hash_in_another_process() -> None:
+    here = _resnet18_hash(0)
+    assert len(here) == 64 and int(here, 16) >= 0
+    assert _resnet18_hash(1) == here
+    code = textwrap.dedent(
+        """
+        import torch, torchvision
+        from remat.client.graph.hashing import architecture_hash
+        torch.manual_seed(7)
+        model = torchvision.models.resnet18(num_classes=10)
+        model.to(torch.float32).eval()  # mode and a no-op move: neither is part of the architecture
+        print(architecture_hash(model))
+        """
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "99"},
+    )
+    assert other.stdout.strip() == here
+
+
+def test_graph_argument_gives_the_same_hash() -> None:
+    model = _mlp()
+    assert architecture_hash(model, graph=trace_model(model)) == architecture_hash(model)
+    assert architecture_hash(model, graph=trace_model(model).graph) == architecture_hash(model)
+    assert architecture_hash(model, graph=trace_model(model, train=False)) == architecture_hash(model)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param(lambda: _mlp(width=17), id="layer width"),
+        pytest.param(lambda: _mlp(blocks=3), id="one extra block"),
+        pytest.param(lambda: _mlp().double(), id="dtype"),
+        pytest.param(lambda: _mlp().requires_grad_(False), id="frozen"),
+    ],
+)
+def test_architecture_changes_change_the_hash(other: object) -> None:
+    assert architecture_hash(other()) != architecture_hash(_mlp())  # type: ignore[operator]
+
+
+def test_hyper_parameters_without_shapes_change_the_hash() -> None:
+    a, b = _mlp(), _mlp()
+    b[1].eps = 1e-3  # BatchNorm eps: same shapes, other computation
+    assert architecture_hash(a) != architecture_hash(b)
+
+
+def test_resnet_width_and_depth_change_the_hash() -> None:
+    base = _resnet18_hash(0)
+    assert architecture_hash(torchvision.models.resnet18(num_classes=11)) != base
+    assert architecture_hash(torchvision.models.resnet34(num_classes=10)) != base
+
+
+def test_plan_keys_differ_by_input_shape_and_name_the_difference() -> None:
+    model = _mlp()
+    a = PlanKey.for_model(model, (4, 8))
+    b = PlanKey.for_model(model, (8, 8))
+    assert a != b
+    assert a.describe_mismatch(b) == "input_shape: [4, 8] vs [8, 8]"
+    assert a.describe_mismatch(PlanKey.for_model(model, (4, 8))) is None
+    c = PlanKey.for_model(_mlp(width=17), (4, 8), grads="kept")
+    message = a.describe_mismatch(c)
+    assert message is not None and message.startswith("model_hash: ") and "grads: none vs kept" in message
+
+
+def test_plan_key_round_trip_and_normalisation() -> None:
+    key = PlanKey(
+        model_hash="ab" * 32,
+        input_shape=[2, 3, 64, 64],  # type: ignore[arg-type]
+        dtype="torch.bfloat16",
+        device="cuda:1",
+        torch_version="2.15.0+cu132",
+        grads="kept",
+    )
+    assert key.input_shape == (2, 3, 64, 64)
+    assert (key.dtype, key.device, key.torch_version, key.mode) == ("bfloat16", "cuda", "2.15", "train")
+    assert tuple(key.to_dict()) == KEY_FIELDS
+    assert PlanKey.from_dict(key.to_dict()) == key
+    # A trace's metadata carries the same names plus others, which are ignored.
+    metadata = {**key.to_dict(), "model": "resnet18", "device_name": "H100", "batch_size": 2}
+    assert PlanKey.from_dict(metadata) == key
+    assert PlanKey(model_hash="x", input_shape=(1,)).torch_version == current_torch_version()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"mode": "training"}, "mode"), ({"grads": "zero"}, "grads"), ({"input_shape": [2, 0]}, "input_shape"),
+     ({"model_hash": ""}, "model_hash"), ({"torch_version": "latest"}, "torch_version")],
+)
+def test_plan_key_rejects_bad_fields(change: dict, field: str) -> None:
+    with pytest.raises(PlanError, match=field):
+        PlanKey.from_dict({"model_hash": "ab", "input_shape": [2, 3], **change})
+    with pytest.raises(PlanError, match="input_shape"):
+        PlanKey.from_dict({"model_hash": "ab"})

@@ -1,0 +1,140 @@
+"""The graph predictor against measured steps: one profile of the unmodified model predicts any plan's peak.
+
+Small models (seconds each): the DARTS-like cells (branches crossing inside cells, recompute peaks), a
+ResNet-18 at 32x32 (in-place ReLUs, residual adds: a gradient passed on as the same tensor) and a small
+DenseNet (concatenations: gradients as views of one buffer, accumulated out of place). Each plan is
+predicted from the profile alone and measured with ``measure_step``; CPU storage bytes are exact, so the
+tolerance is tight (0.5%).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+
+import pytest
+import torch
+import torchvision
+
+from remat.client.errors import PlanError
+from remat.client.graph.op_graph import build_op_graph
+from remat.client.planning.graph_predict import predict_graph_peak, search_plan
+from remat.client.planning.planners.acg import plan_graph
+from remat.worker.graph_profile import executor_units, profile_graph
+from remat.worker.measure import measure_step
+from tests.utils.nas_cell import nas_net
+
+TOLERANCE = 0.005
+
+MODELS = {
+    "nas_cells": (lambda: nas_net(cells=3), (2, 3, 16, 16)),
+    "resnet18": (lambda: torchvision.models.resnet18(weights=None), (2, 3, 32, 32)),
+    "densenet_small": (lambda: torchvision.models.DenseNet(growth_rate=8, block_config=(2, 3), num_init_features=16,
+                                                           bn_size=2, num_classes=10), (2, 3, 32, 32)),
+}
+
+
+def _plans(graph, count: int = 2) -> dict[str, list[int]]:
+    gp = plan_graph(graph.weights, graph.edges)
+    plans = {"none": [], "acg": sorted(v for seg in gp.segments for v in seg.interior)}
+    rng = random.Random(0)
+    for k in range(count):  # acg on perturbed weights: large, structured dropped sets
+        w = [int(x * rng.uniform(0.05, 3.0)) for x in graph.weights]
+        plans[f"perturbed{k}"] = sorted(v for seg in plan_graph(w, graph.edges).segments for v in seg.interior)
+    tries = 0
+    while sum(k.startswith("uniform") for k in plans) < count and tries < 500:
+        tries += 1
+        d = sorted(rng.sample(range(1, graph.sink), rng.randint(1, max(1, (graph.sink - 1) // 3))))
+        try:
+            executor_units(graph, d)
+        except PlanError:
+            continue
+        plans[f"uniform{tries}"] = d
+    return plans
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_predicted_peaks_match_measured(name: str) -> None:
+    torch.set_num_threads(1)
+    make, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = make().train()
+    x = torch.randn(*shape)
+    graph = build_op_graph(model, x)
+    profile = profile_graph(model, x, graph, grads="kept")
+    json.dumps(profile)  # torch-free, storable
+    for label, dropped in _plans(graph).items():
+        predicted = predict_graph_peak(profile, executor_units(graph, dropped))
+        measured = measure_step(model, x, dropped, grads="kept", chain=graph, baseline=False,
+                                timing_repeats=0).measured_peak_bytes
+        assert abs(predicted.peak / measured - 1) <= TOLERANCE, (label, predicted, measured)
+        assert predicted.unexplained == 0
+
+
+def _profiled_cells() -> tuple:
+    """Two DARTS-like cells at 16x16: the model, its input, its op graph and one profiled step."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nas_net(cells=2).train()
+    x = torch.randn(2, 3, 16, 16)
+    graph = build_op_graph(model, x)
+    return model, x, graph, profile_graph(model, x, graph, grads="kept")
+
+
+def test_profile_run_is_the_measured_step() -> None:
+    """The instrumentation (hooks, detached packs) changes no allocation: its own peak is the measured one."""
+    model, x, graph, profile = _profiled_cells()
+    measured = measure_step(model, x, (), grads="kept", chain=graph, baseline=False, timing_repeats=0)
+    assert profile["measured_peak"] == measured.measured_peak_bytes
+
+
+def test_search_never_predicts_above_acg_and_its_plan_measures_as_predicted() -> None:
+    model, x, graph, profile = _profiled_cells()
+    units_of = functools.partial(executor_units, graph)
+    acg = sorted(v for seg in plan_graph(graph.weights, graph.edges).segments for v in seg.interior)
+    result = search_plan(profile, graph.weights, graph.edges, units_of, vertex_nodes=graph.vertex_nodes,
+                         max_evaluations=150)
+    assert result.prediction.peak <= predict_graph_peak(profile, units_of(acg)).peak
+    again = search_plan(profile, graph.weights, graph.edges, units_of, vertex_nodes=graph.vertex_nodes,
+                        max_evaluations=150)
+    assert (again.dropped, again.prediction.peak) == (result.dropped, result.prediction.peak)  # no luck, no clock
+    measured = measure_step(model, x, result.dropped, grads="kept", chain=graph, baseline=False,
+                            timing_repeats=0).measured_peak_bytes
+    assert abs(result.prediction.peak / measured - 1) <= TOLERANCE
+
+
+def test_groups_and_cuts_of_a_dense_block() -> None:
+    """A dense block: x0 → a, b, c, each layer reading every earlier feature, c the exit. Keeping the cut at
+    a splits the call in two; the cut after b is every feature b's successors still read."""
+    from remat.client.planning.graph_predict import _cuts, _groups
+
+    # 0 input, 1 a, 2 b, 3 c, 4 sink; 1, 2, 3 read everything before them.
+    succ = [{1, 2, 3}, {2, 3}, {3}, {4}, set()]
+    assert _groups([1, 2], succ) == [[1, 2]]
+    assert _groups([1, 3], succ) == [[1, 3]]  # 1 → 3 is an edge: one call
+    assert _cuts([1, 2, 3], succ) == [frozenset({1}), frozenset({1, 2})]
+    # A chain's group: each position's cut is the one vertex that crosses it.
+    chain = [{1}, {2}, {3}, {4}, set()]
+    assert _groups([1, 3], chain) == [[1], [3]]
+    assert _cuts([1, 2, 3], chain) == [frozenset({1}), frozenset({2})]
+
+
+def test_a_chain_plan_as_a_graph_plan_measures_like_the_chain_plan() -> None:
+    """``OpGraph.dropped_for_chain_plan``: the search's seeds are the chain planners' plans; run on the op graph
+    they keep what the chain keeps, so the step measures the chain plan's peak and trains the same."""
+    from remat.client.graph.stage_graph import build_stage_chain
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).train()
+    x = torch.randn(2, 3, 32, 32)
+    chain = build_stage_chain(model, x, train=True)
+    graph = build_op_graph(model, x, graph=chain.graph_module)
+    checkpoints = (2, 5, 7)
+    dropped = graph.dropped_for_chain_plan(chain.stage_nodes, chain.boundaries, checkpoints)
+    assert dropped and graph.sink not in dropped and 0 not in dropped
+    on_chain = measure_step(model, x, checkpoints, grads="kept", chain=chain, baseline=False, timing_repeats=0)
+    on_graph = measure_step(model, x, dropped, grads="kept", chain=graph, baseline=False, timing_repeats=0)
+    assert on_graph.measured_peak_bytes == pytest.approx(on_chain.measured_peak_bytes, rel=TOLERANCE)
+    assert len(graph.calls(dropped)) == len(checkpoints)  # one call per checkpointed segment
