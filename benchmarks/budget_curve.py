@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
+from remat.client.graph import built_model
 from remat.client.planning.plans import frontier_plans, make_plan
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
@@ -77,9 +78,9 @@ def build(name: str, batch: int, image: int, seq: int, grads: str, tied: bool = 
         request = ModelRequest(spec="custom:gpt2-shape", batch_size=batch, sample_shape=(seq,), grads=grads)
         gen = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, 50257, (batch, seq), generator=gen)
-        return pipeline.build_from_model(request, GPT2Shape(context=seq, tied=tied).train(), tokens)
+        return built_model.build_from_model(request, GPT2Shape(context=seq, tied=tied).train(), tokens)
     size = 224 if name.startswith("vit") else image
-    return pipeline.build(ModelRequest(spec=name, batch_size=batch, sample_shape=(3, size, size), grads=grads))
+    return built_model.build(ModelRequest(spec=name, batch_size=batch, sample_shape=(3, size, size), grads=grads))
 
 
 def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from remat.client.graph import built_model
 from remat.client.planning.planners import PLANNERS
 from remat.client.planning.plans import make_plan
 from remat.client.request import ModelRequest
@@ -51,7 +52,7 @@ def run_model(name: str, *, batch_size: int, image_size: int, grads_list: list[s
     for precision, grads in itertools.product(precisions, grads_list):
         request = ModelRequest(spec=name, batch_size=batch_size, sample_shape=(3, image_size, image_size),
                                device=device, grads=grads, dtype=precision)
-        built = pipeline.build(request)
+        built = built_model.build(request)
         started = time.perf_counter()
         trace = pipeline.profile(built, timing_repeats=timing_repeats)
         profile_s = time.perf_counter() - started

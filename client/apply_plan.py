@@ -36,7 +36,7 @@ from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey, current_torch_version
 from remat.client.precision import autocast_dtype, precision_of_call
 
-__all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "remove"]
+__all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "example_for", "remove"]
 
 _STATE = "_remat_applied"
 
@@ -77,7 +77,7 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _example_for(key: PlanKey, model: nn.Module) -> torch.Tensor:
+def example_for(key: PlanKey, model: nn.Module) -> torch.Tensor:
     """A probe input with the key's shape in its precision's floating dtype, on the model's device, without
     touching the global RNG (an autocast precision runs a float32 model on float32 inputs)."""
     dtype = getattr(torch, "float32" if autocast_dtype(key.dtype) else key.dtype)
@@ -180,6 +180,7 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
         raise PlanError(f"apply: expected a remat.client.plan.Plan, got {type(plan).__name__}")
     key = _plan_key(plan, key)
     remove(model)
+    graph = None  # the hash check's trace, when there is one, is the trace the chain is cut from
     if key is not None and strict:
         try:
             graph = trace_model(model, train=True)
@@ -189,7 +190,7 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
     state = _Applied(plan=plan, key=key, strict=strict)
     if key is not None:
         try:
-            _build(state, model, _example_for(key, model))
+            _build(state, model, example_for(key, model), graph=graph)
         except PlanMismatchError:
             raise
         except (RuntimeError, TypeError, ValueError, IndexError):
@@ -214,7 +215,7 @@ def apply_with_chain(model: nn.Module, plan: Plan, *, key: PlanKey, chain: Stage
             raise _mismatch(plan, f"{differs} (plan vs this model and input)")
     state = _Applied(plan=plan, key=key, strict=True, chain=chain)
     if plan.is_graph_plan:  # the op graph, from the caller's trace
-        _build(state, model, _example_for(key, model), graph=chain.graph_module)
+        _build(state, model, example_for(key, model), graph=chain.graph_module)
     _check_stages(state)
     _install(model, state)
     return model

@@ -13,9 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from remat.client.errors import PlanError
+
+if TYPE_CHECKING:
+    from remat.client.plan import Plan
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -113,6 +116,17 @@ def pick_for_budget(frontier: Sequence[T], budget_bytes: int, peak: Callable[[T]
     if not fitting:
         raise BudgetInfeasibleError(budget_bytes, peak(frontier[0]))
     return fitting[-1]
+
+
+def pick_from_frontier(frontier: Sequence[Plan], budget: BudgetSpec) -> Plan:
+    """The frontier plan answering ``budget`` (a share resolves against the no-checkpoint peak).
+
+    Raises:
+        BudgetInfeasibleError: no plan fits; it names the smallest peak.
+    """
+    ordered = sorted(frontier, key=lambda p: p.predicted_peak_bytes)
+    budget_bytes = budget.resolve(baseline_peak_bytes=ordered[-1].baseline_peak_bytes)
+    return pick_for_budget(ordered, budget_bytes, peak=lambda p: p.predicted_peak_bytes)
 
 
 def fit_bytes(device_total_bytes: int, static_bytes: int, margin: float = FIT_MARGIN) -> int:

@@ -31,6 +31,8 @@ from remat.client.trace import Trace, load_trace
 from remat.client.zoo_command import zoo_command
 
 PROG = "remat-client"
+MIN_HASH_PREFIX = 8
+"""`show HASH`: the shortest hash prefix read as a hash rather than a model name."""
 
 
 def _format_checkpoints(checkpoints: Sequence[int], limit: int = 12) -> str:
@@ -188,14 +190,14 @@ def _plan_trace_for_budget(trace: Trace, budget: Any, *, label: str, as_json: bo
 
 def _plan_model_for_budget(request: Any, budget: Any, *, refresh: bool, as_json: bool, server: str | None) -> None:
     """``plan MODEL --budget X``: embedded, or with ``--server`` picked by the service from its frontier."""
-    from remat.client import embedded
     from remat.client.budget_spec import BudgetError
+    from remat.client.local_planner import local_planner
 
     try:
         if server:
             report = _budget_report_from_server(request, budget, server, refresh=refresh, as_json=as_json)
         else:
-            report = _run_with_progress(lambda progress: embedded.budget_report(request, budget, progress,
+            report = _run_with_progress(lambda progress: local_planner().budget_report(request, budget, progress,
                                                                                 refresh=refresh), as_json)
     except BudgetError as exc:  # malformed, unresolvable here, or infeasible
         _fail_input(f"--{exc}")
@@ -243,11 +245,12 @@ def _print_model_table(report: Any, source: str | None = None) -> None:
 
 
 def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
-    from remat.client import embedded
+    from remat.client.local_planner import local_planner
 
-    report = None if refresh else embedded.cached_report(request)
+    report = None if refresh else local_planner().cached_report(request)
     if report is None:
-        report = _run_with_progress(lambda progress: embedded.profile_and_plan(request, progress, refresh=refresh),
+        planner = local_planner()
+        report = _run_with_progress(lambda progress: planner.profile_and_plan(request, progress, refresh=refresh),
                                     as_json)
     if as_json:
         _emit_json(report.to_dict())
@@ -456,10 +459,10 @@ def trace_command(model: str, batch_size: int | None, input_shape: str | None, d
     Example:
       remat-client trace resnet18 --batch-size 2 --input-shape 3,64,64 --out resnet18.json
     """
-    from remat.client import embedded
+    from remat.client.local_planner import local_planner
 
     request = _request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
-    trace = _run_with_progress(lambda progress: embedded.profile_trace(request, progress), out == "-" or as_json)
+    trace = _run_with_progress(lambda progress: local_planner().profile_trace(request, progress), out == "-" or as_json)
     text = json.dumps(trace.to_dict(), indent=1)
     if out == "-":
         click.echo(text)  # the trace is JSON already: --json changes nothing here
@@ -486,13 +489,13 @@ def measure_command(model: str, algorithm: str, batch_size: int | None, input_sh
     Example:
       remat-client measure resnet18 --algorithm linear --grads kept --json
     """
-    from remat.client import embedded
+    from remat.client.local_planner import local_planner
 
     names = _algorithms(algorithm)
     if len(names) != 1:
         _fail_input("--algorithm: measure takes one planner name, not all")
     request = _request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
-    result = _run_with_progress(lambda progress: embedded.measure_algorithm(request, names[0], progress),
+    result = _run_with_progress(lambda progress: local_planner().measure_algorithm(request, names[0], progress),
                                 as_json).to_dict()
     if as_json:
         _emit_json(result)
@@ -575,16 +578,16 @@ def show_command(target: str, batch_size: int | None, input_shape: str | None, d
     """
     import re
 
-    from remat.client import embedded
+    from remat.client.local_planner import local_planner
 
-    if re.fullmatch(r"[0-9a-f]+", target) and len(target) >= embedded.MIN_HASH_PREFIX:
+    if re.fullmatch(r"[0-9a-f]+", target) and len(target) >= MIN_HASH_PREFIX:
         if any(v is not None for v in (batch_size, input_shape, model_kwargs)):
             _fail_input("a HASH names every stored input of an architecture: --batch-size, --input-shape and "
                         "--model-kwargs apply to MODEL")
-        reports, what = embedded.stored_reports(model_hash=target), f"model_hash {target}…"
+        reports, what = local_planner().stored_reports(model_hash=target), f"model_hash {target}…"
     else:
         request = _request(target, batch_size, input_shape, device, grads, dtype, model_kwargs)
-        reports = embedded.stored_reports(request=request)
+        reports = local_planner().stored_reports(request=request)
         what = f"{request.name} at input {list(request.input_shape)} {request.dtype}, {request.device}, " \
                f"grads={request.grads}"
     if not reports:

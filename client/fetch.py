@@ -107,6 +107,11 @@ def fetch_plan(model: nn.Module, input_shape: Sequence[int], *, server: str | Pl
         PlanError: the arguments do not make a valid key, or the served plan is malformed.
     """
     key = PlanKey.for_model(model, input_shape, dtype=dtype, mode=mode, grads=grads, device=device)
+    return _fetch_for_key(key, server=server, token=token, algorithm=algorithm)
+
+
+def _fetch_for_key(key: PlanKey, *, server: str | PlanServiceClient, token: str | None, algorithm: str) -> Plan:
+    """The served ``algorithm`` plan for ``key`` (``fetch_plan``'s lookup, for a key already computed)."""
     with _service(server, token) as client:
         record = client.get_plan(key, algorithm=algorithm)
         if record is None:
@@ -121,19 +126,40 @@ def fetch_plan(model: nn.Module, input_shape: Sequence[int], *, server: str | Pl
 
 
 def fetch_and_apply(model: nn.Module, input_shape: Sequence[int], *, server: str | PlanServiceClient,
-                    strict: bool = True, **kw: Any) -> nn.Module:
-    """``apply(model, fetch_plan(model, input_shape, server=server, **kw))``: the one call of a training script.
+                    strict: bool = True, algorithm: str = "linear", dtype: torch.dtype | str = "float32",
+                    grads: str = "none", mode: str = "train", device: torch.device | str | None = None,
+                    token: str | None = None) -> nn.Module:
+    """The service's plan for ``model``, applied: the one call of a training script that uses a plan service.
+
+    It takes the train-time path of ``remat.client.checkpoint`` (``build_held_model``): the model is traced
+    once, for its key and its stage chain both, the chain cut from the key's cached probe facts when there are
+    some; only the lookup differs (the service alone, and a missing plan is an error).
 
     Args:
-        model, input_shape, server, **kw: as for ``fetch_plan``.
-        strict: passed to ``apply``: refuse the plan when the model or torch version does not match its key.
+        model, input_shape, server, algorithm, dtype, grads, mode, device, token: as for ``fetch_plan``.
+        strict: refuse the plan when the model or torch version does not match its key. ``strict=False`` (and
+            a mode other than ``train``) takes ``apply(model, fetch_plan(...), strict=strict)`` instead.
 
     Returns:
         ``model`` itself, its forward now running the plan's checkpointed segments in training.
-    """
-    from remat.client.apply_plan import apply
 
-    return apply(model, fetch_plan(model, input_shape, server=server, **kw), strict=strict)
+    Raises:
+        PlanNotFoundError, ServiceError, PlanError: as ``fetch_plan``; PlanMismatchError: as ``apply``.
+    """
+    from remat.client.apply_plan import apply, apply_with_chain, example_for, remove
+    from remat.client.local_plans import LocalPlanCache
+    from remat.client.plan_lookup import build_held_model
+
+    if not strict or mode != "train":
+        return apply(model, fetch_plan(model, input_shape, server=server, algorithm=algorithm, dtype=dtype,
+                                       grads=grads, mode=mode, device=device, token=token), strict=strict)
+    wanted = PlanKey(model_hash=UNKNOWN, input_shape=tuple(input_shape), dtype=dtype, mode=mode, grads=grads,
+                     device=str(device) if device is not None else "cpu")  # normalises and checks the arguments
+    remove(model)
+    example = example_for(wanted, model) if device is None else example_for(wanted, model).to(device)
+    built = build_held_model(model, example, grads=wanted.grads, dtype=wanted.dtype, cache=LocalPlanCache())
+    plan = _fetch_for_key(built.key, server=server, token=token, algorithm=algorithm)
+    return apply_with_chain(model, plan, key=built.key, chain=built.chain)
 
 
 # --- the CLI's server mode --------------------------------------------------------------------------------
@@ -170,12 +196,13 @@ def report_from_service(request: ModelRequest, client: PlanServiceClient, *, upl
         PlanNotFoundError: nothing stored and ``upload`` is False.
         ServiceError: unreachable service, refused token, or an error answer.
     """
+    from remat.client.graph.built_model import build
+    from remat.client.local_planner import local_planner
     from remat.client.planning.planners import PLANNERS
-    from remat.worker import pipeline
 
     say = progress or (lambda message, fraction: None)
     say(f"building {request.name}", 0.0)
-    built = pipeline.build(request)
+    built = build(request)
     key = built.key
     say("fetching plans", 0.3)
     records = [] if refresh else _fetch_all(client, key, list(PLANNERS))
@@ -186,7 +213,7 @@ def report_from_service(request: ModelRequest, client: PlanServiceClient, *, upl
                                 f"({describe_key(key)}); set REMAT_API_TOKEN to profile it here and upload "
                                 f"the trace, or POST a profiling job to /v1/jobs")
     say(f"profiling {built.chain.num_stages} stages", 0.4)
-    trace = pipeline.profile(built)
+    trace = local_planner().profile(built)
     say("uploading the trace", 0.9)
     client.upload_trace(trace)
     records = _fetch_all(client, key, list(PLANNERS))
@@ -216,7 +243,7 @@ def budget_report_from_service(request: ModelRequest, client: PlanServiceClient,
         raise ServiceError(f"remat service {client.base_url}: no none or linear plan for {describe_key(key)}")
     fit = None
     if budget.fit and request.device == "cuda":
-        from remat.worker.pipeline import fit_bytes_for
+        from remat.client.graph.built_model import fit_bytes_for
 
         fit = fit_bytes_for(request)
     budget_bytes = budget.resolve(baseline_peak_bytes=none_row.plan.predicted_peak_bytes, fit_bytes=fit)

@@ -32,6 +32,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from remat.client.errors import PlanError, PlanNotFoundError, RematError, ServiceError
+from remat.client.local_planner import local_planner, local_planner_or_none
 from remat.client.local_plans import LocalPlanCache
 
 if TYPE_CHECKING:
@@ -39,10 +40,12 @@ if TYPE_CHECKING:
     from torch import nn
 
     from remat.client.budget_spec import BudgetSpec
+    from remat.client.graph.built_model import BuiltModel
     from remat.client.plan import Plan
     from remat.client.plan_key import PlanKey
+    from remat.client.request import ModelRequest
 
-__all__ = ["ON_MISS", "checkpoint"]
+__all__ = ["ON_MISS", "build_held_model", "checkpoint"]
 
 logger = logging.getLogger("remat")
 
@@ -86,10 +89,8 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     from torch import nn
 
     from remat.client.apply_plan import apply_with_chain, remove
-    from remat.client.graph.stage_graph import ModelError, trace_model
+    from remat.client.graph.built_model import build_from_model
     from remat.client.precision import precision_of_call
-    from remat.client.request import ModelRequest
-    from remat.worker import pipeline
 
     if not isinstance(model, nn.Module):
         raise PlanError(f"checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -109,17 +110,10 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     token = token if token is not None else (os.environ.get("REMAT_API_TOKEN") or None)
 
     remove(model)  # a second call re-plans from the model's own forward
-    request = ModelRequest(spec=f"custom:{type(model).__name__}", batch_size=int(example_input.shape[0]),
-                           sample_shape=tuple(int(d) for d in example_input.shape[1:]),
-                           device=example_input.device.type, grads=grads,
-                           dtype=precision_of_call(model, example_input))
-    try:
-        graph = trace_model(model, train=True)
-    except ModelError:
-        graph = None  # build_stage_chain falls back to the top-level children and says why if it cannot
-    example = example_input.detach()
     cache = LocalPlanCache(cache_dir)
-    built = _build_for_apply(pipeline, request, model, example, graph, cache)
+    built = build_held_model(model, example_input, grads=grads, dtype=precision_of_call(model, example_input),
+                             cache=cache)
+    example = built.example
 
     if spec is not None:
         plan = _find_for_budget(built.key, spec, cache, server, token, timeout_s)
@@ -137,7 +131,7 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
                           stacklevel=2)
             return model
         if built.probe_batch is not None:  # profiling needs a chain probed with the whole batch
-            built = pipeline.build_from_model(request, model, example, graph=graph)
+            built = build_from_model(built.request, model, example, graph=built.chain.graph_module)
         plan = _profile_here(built, algorithm, cache, server, token, timeout_s, budget=spec)
     return apply_with_chain(model, plan, key=built.key, chain=built.chain)
 
@@ -148,26 +142,50 @@ batch size, the probe's cost does (a forward of the whole batch was most of a hi
 Two, not one: a BatchNorm in train mode refuses one value per channel."""
 
 
-def _build_for_apply(pipeline: Any, request: Any, model: Any, example: Any, graph: Any,
-                     cache: LocalPlanCache) -> Any:
+def build_held_model(model: nn.Module, example: torch.Tensor, *, grads: str, dtype: str,
+                     cache: LocalPlanCache) -> BuiltModel:
+    """The train-time path's one build, shared by :func:`checkpoint` and ``fetch_and_apply``: the model a
+    script holds, traced once (train mode); its plan key from that trace, and its stage chain cut from the same
+    trace (from the key's cached probe facts when there are some: no run of the model at all).
+
+    Args:
+        example: a batch, or a tensor of its shape, dtype and device.
+        dtype: the step's precision as keyed (``precision_of_call``, or what the caller says it trains in).
+    """
+    from remat.client.graph.stage_graph import ModelError, trace_model
+    from remat.client.request import ModelRequest
+
+    request = ModelRequest(spec=f"custom:{type(model).__name__}", batch_size=int(example.shape[0]),
+                           sample_shape=tuple(int(d) for d in example.shape[1:]), device=example.device.type,
+                           grads=grads, dtype=dtype)
+    try:
+        graph = trace_model(model, train=True)
+    except ModelError:
+        graph = None  # build_stage_chain falls back to the top-level children and says why if it cannot
+    return _build_for_apply(request, model, example.detach(), graph, cache)
+
+
+def _build_for_apply(request: ModelRequest, model: nn.Module, example: torch.Tensor, graph: Any,
+                     cache: LocalPlanCache) -> BuiltModel:
     """The model's chain and key: cut from the probe facts cached for the key when there are some (no run of
     the model at all), else probing a slice of the batch, or the whole batch when the slice fails (a model
     that needs a batch divisible by something, say). Facts a probe here found are cached for next time."""
+    from remat.client.graph.built_model import build_from_model, model_key
     from remat.client.graph.write_probe import ProbeFacts
 
     key = facts = None
     if graph is not None:
-        key = pipeline.model_key(request, model, graph)
+        key = model_key(request, model, graph)
         facts = ProbeFacts.from_dict(cache.get_probe_facts(key))
     built = None
     if example.shape[0] > PROBE_BATCH:
         try:
-            built = pipeline.build_from_model(request, model, example, graph=graph, probe=example[:PROBE_BATCH],
+            built = build_from_model(request, model, example, graph=graph, probe=example[:PROBE_BATCH],
                                               facts=facts, key=key)
         except (RematError, RuntimeError):
             pass
     if built is None:
-        built = pipeline.build_from_model(request, model, example, graph=graph, facts=facts, key=key)
+        built = build_from_model(request, model, example, graph=graph, facts=facts, key=key)
     found = built.chain.probe_facts
     if built.chain.probed and found is not None:  # facts exist for fx chains only, cut from the traced graph
         try:
@@ -180,14 +198,13 @@ def _build_for_apply(pipeline: Any, request: Any, model: Any, example: Any, grap
 def _find(key: PlanKey, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,
           timeout_s: float | None) -> Plan | None:
     """Steps 1–3 of the lookup; what steps 2 and 3 find is written to the disk cache."""
-    from remat.client import embedded
-
     cached = cache.get(key, algorithm)
     if cached is not None:
         logger.info("remat: %s plan from the plan cache (%s), first from %s", algorithm, cached.path, cached.source)
         return cached.plan
     try:
-        stored = embedded.stored_plan(key, algorithm)
+        planner = local_planner_or_none()
+        stored = planner.stored_plan(key, algorithm) if planner is not None else None
     except Exception as exc:  # noqa: BLE001 - a broken local database must not stop a training job
         warnings.warn(f"remat: the local plan store is unreadable ({type(exc).__name__}: {exc}); skipping it",
                       RuntimeWarning, stacklevel=3)
@@ -235,19 +252,20 @@ def _find_for_budget(key: PlanKey, spec: BudgetSpec, cache: LocalPlanCache, serv
                      token: str | None, timeout_s: float | None) -> Plan | None:
     """Steps 1–3 for a budget: the disk cache (by the budget as written), the local store's frontier, the
     service's frontier. A budget that fits nothing there raises: profiling again would not change it."""
-    from remat.client import embedded
+    from remat.client.budget_spec import pick_from_frontier
     from remat.client.plan import BUDGET_ALGORITHM
 
     cached = cache.get(key, BUDGET_ALGORITHM, variant=spec.text)
     if cached is not None:
         return cached.plan
     try:
-        frontier = embedded.stored_frontier(key)
+        planner = local_planner_or_none()
+        frontier = list(planner.stored_frontier(key)) if planner is not None else []
     except Exception as exc:  # noqa: BLE001 - a broken local database must not stop a training job
         warnings.warn(f"remat: the local plan store is unreadable ({type(exc).__name__}: {exc}); skipping it",
                       RuntimeWarning, stacklevel=3)
         frontier = []
-    plan = embedded.pick_from_frontier(frontier, spec) if frontier else None
+    plan = pick_from_frontier(frontier, spec) if frontier else None
     source = "the local plan store"
     if plan is None and server:
         plan, source = _budget_from_service(key, spec, server, token, timeout_s), f"service {server}"
@@ -293,11 +311,10 @@ def _from_service(key: PlanKey, algorithm: str, server: str, token: str | None,
 def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,
                   timeout_s: float | None, *, budget: BudgetSpec | None = None) -> Plan:
     """Step 4, ``on_miss="profile"``: plan here, keep it, share the trace when allowed."""
-    from remat.client import embedded
     from remat.client.service_client import PlanServiceClient
 
     logger.info("remat: no stored plan for %s; profiling %d stages here", built.request.name, built.chain.num_stages)
-    result, plan = embedded.plan_held_model(built, algorithm, budget=budget)
+    result, plan = local_planner().plan_held_model(built, algorithm, budget=budget)
     if plan is None:
         raise PlanError(f"checkpoint: algorithm {algorithm!r} is unknown; choose one of "
                         f"{', '.join(p.algorithm for p in result.plans if not p.budget_bytes)}")

@@ -6,14 +6,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from remat.client.measurement import Measurement
 from remat.client.plan import Plan
+from remat.client.plan_key import PlanKey
 from remat.client.request import ModelRequest
+from remat.client.trace import Trace
 
-__all__ = ["ModelReport", "PlanRow"]
+__all__ = ["ModelReport", "PlanRow", "ProfileResult"]
 
 
 @dataclass(kw_only=True)
@@ -96,3 +99,19 @@ class ModelReport:
                         for plan, e in zip(plans, entries, strict=True) if e.get("measurement")}
         return cls.from_measured(ModelRequest.from_dict(job["request"]), dict(result["key"]), plans, measurements,
                                  from_store=bool(result.get("reused")), device_name=result.get("device_name"))
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """Everything one profiling run produced, ready to be stored in one transaction."""
+
+    request: ModelRequest
+    key: PlanKey
+    trace: Trace
+    plans: tuple[Plan, ...]
+    measurements: Mapping[str, Measurement] = field(default_factory=dict)
+    """One measurement per algorithm (empty when not validated)."""
+
+    @property
+    def device_name(self) -> str | None:
+        return self.trace.metadata.get("device_name")

@@ -1,10 +1,10 @@
 """A zoo run: which models a filter selects, and one summary row per model, however it was produced.
 
 ``remat-client zoo torchvision --filter 'resnet*'`` plans a whole model zoo — in this process one model after
-another (``remat.client.embedded.plan_zoo``), or as one batch of service jobs (``POST /v1/zoo``). Both end in
-the same table, and the service's ``GET /v1/zoo/{id}`` reports the same rows: ``ZooRow`` is the one
-definition of a zoo result, built from a ``ModelReport`` (the plans of one model with their measurements) or
-from a failure's reason.
+another (the local planner's ``plan_zoo``, remat.client.local_planner), or as one batch of service jobs
+(``POST /v1/zoo``). Both end in the same table, and the service's ``GET /v1/zoo/{id}`` reports the same rows:
+``ZooRow`` is the one definition of a zoo result, built from a ``ModelReport`` (the plans of one model with
+their measurements) or from a failure's reason.
 
 Selecting models needs torchvision's registry; summarising needs no torch.
 

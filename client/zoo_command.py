@@ -131,7 +131,7 @@ def _finish(rows: list[ZooRow], *, title: str, as_json: bool, csv_path: str | No
 
 
 def _run_embedded(requests: list[Any], *, refresh: bool, as_json: bool, csv_path: str | None, title: str) -> None:
-    from remat.client.embedded import plan_zoo
+    from remat.client.local_planner import local_planner
 
     rows: list[ZooRow] = []
     show = not as_json and sys.stderr.isatty()
@@ -149,7 +149,7 @@ def _run_embedded(requests: list[Any], *, refresh: bool, as_json: bool, csv_path
             bar.update(f"{name}: {message}", len(rows) + fraction)
 
         try:
-            plan_zoo(requests, refresh=refresh, on_start=on_start, on_row=on_row,
+            local_planner().plan_zoo(requests, refresh=refresh, on_start=on_start, on_row=on_row,
                          progress=progress if show else None)
         except KeyboardInterrupt:
             bar.__exit__()

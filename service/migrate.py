@@ -14,16 +14,19 @@ Alembic is imported only when a migration has to run: the everyday check (is the
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import inspect, text
 
-import remat.migrations
 from remat.service.db import Database
 
 if TYPE_CHECKING:
     from alembic.config import Config
+
+SCRIPT_LOCATION = "remat.migrations:"
+"""Where Alembic finds the revisions: the installed ``remat.migrations`` package, named as a resource. The
+scripts are data the service runs; their code imports the service's models (to say what they migrate), so
+importing them from here would point the dependency both ways."""
 
 HEAD_REVISION = "0005"
 """The newest revision in migrations/versions; a test keeps it equal to Alembic's own head."""
@@ -34,7 +37,7 @@ def alembic_config(*, connection: Any = None) -> Config:
     from alembic.config import Config
 
     config = Config()
-    config.set_main_option("script_location", str(Path(remat.migrations.__file__).parent))
+    config.set_main_option("script_location", SCRIPT_LOCATION)
     if connection is not None:
         config.attributes["connection"] = connection
     return config

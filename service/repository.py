@@ -180,12 +180,14 @@ def _major_minor(version: str | None) -> str:
         return UNKNOWN
 
 
-def _plan_query(key: PlanKey) -> Select[Any]:
-    """Plans of ``key``; a key whose torch_version is ``unknown`` matches every version, newest first."""
+def _plan_query(key: PlanKey, *, name: str | None = None) -> Select[Any]:
+    """Plans of ``key``; a key whose torch_version is ``unknown`` matches every version, newest first. With
+    ``name``, the architectures stored under that model name stand for the key's hash."""
+    architecture = Architecture.hash == key.model_hash if name is None else Architecture.name == name
     stmt = (select(PlanRow, TraceRow, Architecture)
             .join(Architecture, PlanRow.architecture_id == Architecture.id)
             .join(TraceRow, PlanRow.trace_id == TraceRow.id)
-            .where(Architecture.hash == key.model_hash, PlanRow.input_shape == key.input_shape_text,
+            .where(architecture, PlanRow.input_shape == key.input_shape_text,
                    PlanRow.dtype == key.dtype, PlanRow.device_class == key.device, PlanRow.mode == key.mode,
                    PlanRow.grads == key.grads))
     if key.torch_version != UNKNOWN:
@@ -309,6 +311,44 @@ def list_plans(*, session: Session, model_hash: str | None = None, model: str | 
     total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
     page = stmt.order_by(PlanRow.updated_at.desc(), PlanRow.id.desc()).limit(limit).offset(offset)
     return _records(session, session.execute(page).all()), total
+
+
+def find_plans_by_name(*, session: Session, name: str, like: PlanKey) -> list[PlanRecord]:
+    """Every plan stored under model ``name`` whose key equals ``like`` in all but the architecture hash, newest
+    first: a zoo name without builder arguments stands for one architecture, so the CLI answers a repeated
+    ``plan resnet50`` from the store without building the model (and so without torch)."""
+    return _records(session, session.execute(_plan_query(like, name=name)).all())
+
+
+def find_plans_by_hash_prefix(*, session: Session, prefix: str, limit: int = 1000) -> list[PlanRecord]:
+    """Plans of every architecture whose hash starts with ``prefix`` (``remat-client show HASH``), newest first."""
+    stmt = (select(PlanRow, TraceRow, Architecture)
+            .join(Architecture, PlanRow.architecture_id == Architecture.id)
+            .join(TraceRow, PlanRow.trace_id == TraceRow.id)
+            .where(Architecture.hash.startswith(prefix, autoescape=True))
+            .order_by(PlanRow.updated_at.desc(), PlanRow.id.desc()).limit(limit))
+    return _records(session, session.execute(stmt).all())
+
+
+def newest_complete(records: Sequence[PlanRecord]) -> list[PlanRecord] | None:
+    """The one rule for "this key is already planned": the newest trace's plans, when every registered planner
+    has a minimum-peak plan from that trace and each is measured; else None (the key must be profiled).
+
+    Plans from two profiles are never mixed into one answer; the newest trace's frontier plans come along.
+    """
+    from remat.client.planning.planners import PLANNERS
+
+    if not records:
+        return None
+    newest_trace = max(records, key=lambda r: r.updated_at).trace.trace_id
+    current = [r for r in records if r.trace.trace_id == newest_trace]
+    measured = {r.plan.algorithm for r in current if not r.plan.budget_bytes and r.measurements}
+    return current if measured >= set(PLANNERS) else None
+
+
+def complete_plans(*, session: Session, key: PlanKey) -> list[PlanRecord] | None:
+    """``key``'s stored answer under :func:`newest_complete`, or None when the key must be profiled."""
+    return newest_complete(find_plans(session=session, key=key))
 
 
 # --- measurements -----------------------------------------------------------------------------------------

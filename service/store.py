@@ -159,6 +159,27 @@ class PlanStore:
         with self.db.read_session() as session:
             return repository.find_plans(session=session, key=key)
 
+    def complete_plans(self, key: PlanKey) -> list[PlanRecord] | None:
+        """``key``'s complete stored answer (``repository.newest_complete``: the rule the local mode and the
+        workers share), or None when the key must be profiled."""
+        with self.db.read_session() as session:
+            return repository.complete_plans(session=session, key=key)
+
+    def find_plans_by_name(self, name: str, like: PlanKey) -> list[PlanRecord]:
+        """Plans stored under model ``name`` with ``like``'s key but for the hash (repository.find_plans_by_name)."""
+        with self.db.read_session() as session:
+            return repository.find_plans_by_name(session=session, name=name, like=like)
+
+    def find_plans_by_hash_prefix(self, prefix: str) -> list[PlanRecord]:
+        """Plans of every architecture whose hash starts with ``prefix``, newest first."""
+        with self.db.read_session() as session:
+            return repository.find_plans_by_hash_prefix(session=session, prefix=prefix)
+
+    def find_frontier(self, key: PlanKey) -> list[PlanRecord]:
+        """``key``'s stored Pareto frontier, tightest first (``repository.find_frontier``)."""
+        with self.db.read_session() as session:
+            return repository.find_frontier(session=session, key=key)
+
     def get_plan(self, key: PlanKey, *, algorithm: str = DEFAULT_ALGORITHM,
                  budget_bytes: int | None = None) -> PlanRecord | None:
         """One plan with its measurements, or None."""

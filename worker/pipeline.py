@@ -1,184 +1,48 @@
-"""The profiling pipeline, in one place: request → model → stage chain and plan key → trace → every planner's
-plan → a measured, gradient-checked training step per plan.
+"""The profiling pipeline, in one place: a built model → trace → every planner's plan → a measured,
+gradient-checked training step per plan.
 
-Three callers and no other copy of any step: the CLI's embedded mode (``remat-client plan MODEL``, which
-stores the result in the local plan store), the service client's upload path (``plan MODEL --server``,
-which profiles here and uploads the trace) and the Celery task (``remat.worker.tasks.profile_model``, which
-stores the result and finishes the job in one transaction). Storing is the caller's: this module knows
-nothing of databases.
+Building (request or held model → stage chain and plan key) is the client's, in ``remat.client.graph``
+(``build``, ``build_from_model``): the caller builds, looks the key up in its store, and runs the rest here
+only when the key has no complete answer. Three callers and no other copy of any step: the local mode
+(``remat.worker.local``: ``remat-client plan MODEL`` and ``remat.client.checkpoint``'s profile on a miss), the
+service client's upload path (``plan MODEL --server``, which profiles here and uploads the trace) and the
+Celery task (``remat.worker.tasks.profile_model``). Storing is the caller's: this module knows nothing of
+databases.
 
 Public API::
 
-    build(request) -> BuiltModel                           # model, example batch, stage chain, plan key
-    build_from_model(request, model, example, graph=None, probe=None) -> BuiltModel   # a model the caller holds
     profile(built) -> Trace
     plans_for(built, trace) -> tuple[Plan, ...]            # every planner; graph plans searched under the predictor
     graph_planned(built, trace, plan) -> Plan              # one graph plan so searched (as it is otherwise)
     validate(built, trace, plans, progress=None) -> dict[str, Measurement]
-    run(request, progress=None) -> ProfileResult           # all of the above, with every planner
+    run_built(built, progress=None) -> ProfileResult       # profile, plan with every planner, validate
+    run(request, progress=None) -> ProfileResult           # build, then run_built
     measure_algorithm(request, algorithm, progress=None) -> Measurement
-    ProgressFn = Callable[[str, float], None]               # (what starts now, fraction done before it)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from remat.client.errors import ModelError, RematError
+from remat.client.errors import ModelError
+from remat.client.graph.built_model import BuiltModel, build, guard_memory
 from remat.client.measurement import Measurement
 from remat.client.plan import Plan
-from remat.client.plan_key import PlanKey
 from remat.client.precision import autocast_dtype
+from remat.client.report import ProfileResult
 from remat.client.request import ModelRequest, ProgressFn
 from remat.client.trace import Trace
 
-__all__ = ["BuiltModel", "OutOfMemoryProfiling", "ProfileResult", "ProgressFn", "build", "build_from_model",
-           "graph_planned", "measure_algorithm", "plans_for", "profile", "run", "validate"]
+__all__ = ["ProfileResult", "graph_planned", "measure_algorithm", "plans_for", "profile", "run", "run_built",
+           "validate"]
 
 TIMING_ROUNDS = 2
 
 
-class OutOfMemoryProfiling(RematError):
-    """The device ran out of memory: the message names the model, batch and device, and what to try."""
-
-
 def _silent(message: str, fraction: float) -> None:
     return None
-
-
-@dataclass(eq=False)
-class BuiltModel:
-    """A request made concrete: the model on its device, an example batch, its stage chain and plan key."""
-
-    request: ModelRequest
-    model: Any
-    example: Any
-    chain: Any
-    key: PlanKey
-    probe_batch: int | None = None
-    """Batch size the chain's probe ran on when it was not the example's (``build_from_model``'s ``probe``);
-    0 when no probe ran (the chain was cut from cached probe facts). Such a chain serves ``run`` only."""
-    op_graph: Any = None
-    """The model's op graph (``remat.client.graph.op_graph.OpGraph``), built by :func:`profile` in train mode; None
-    before, in eval mode, or when the model has none (``acg`` then plans the chain)."""
-    graph_profile: dict[str, Any] | None = None
-    """One instrumented step on the op graph (``remat.worker.graph_profile``), from which graph plans' peaks
-    are predicted: CPU without autocast only, where the predictor is validated (docs/cost-model.md)."""
-
-
-@dataclass(frozen=True)
-class ProfileResult:
-    """Everything one profiling run produced, ready to be stored in one transaction."""
-
-    request: ModelRequest
-    key: PlanKey
-    trace: Trace
-    plans: tuple[Plan, ...]
-    measurements: Mapping[str, Measurement] = field(default_factory=dict)
-    """One measurement per algorithm (empty when not validated)."""
-
-    @property
-    def device_name(self) -> str | None:
-        return self.trace.metadata.get("device_name")
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
-
-
-def _guard_memory(request: ModelRequest, exc: BaseException) -> None:
-    """Turn an out-of-memory error into one a person can act on (re-raised by the caller otherwise)."""
-    if _out_of_memory(exc):
-        raise OutOfMemoryProfiling(
-            f"out of memory profiling {request.name} at batch {request.batch_size} on {request.device}: "
-            f"use a smaller batch or input, or a device with more memory") from None
-
-
-def _input_hint(request: ModelRequest, message: str) -> str:
-    """What to change when a model refuses the requested input, appended to the error's one line."""
-    from remat.client.zoo import default_input_shape, fixed_resolution
-
-    if "Expected more than 1 value per channel when training" in message and request.batch_size == 1:
-        return (" — at batch 1 a BatchNorm layer sees one value per channel in train mode: use --batch-size 2 "
-                "or more")
-    if request.source == "torchvision" and fixed_resolution(request.spec):
-        native = tuple(default_input_shape(request.spec, check_known=False))
-        if tuple(request.sample_shape) != native:
-            shape = ",".join(str(d) for d in native)
-            return f" — {request.name} trains only at its own input size: use --input-shape {shape}"
-    return ""
-
-
-def build(request: ModelRequest) -> BuiltModel:
-    """The model (random weights), an example batch and its stage chain on the requested device, and its key.
-
-    Raises:
-        ModelError: unknown model, no CUDA device, or a model that cannot run on or be cut at this input.
-    """
-    import torch
-
-    from remat.client.model_spec import build_model
-
-    if request.device == "cuda" and not torch.cuda.is_available():
-        raise ModelError("--device cuda: torch sees no CUDA device on this machine")
-    torch.manual_seed(0)
-    # An autocast precision trains float32 weights on float32 inputs; a plain one runs everything in it.
-    dtype = getattr(torch, "float32" if autocast_dtype(request.dtype) else request.dtype)
-    try:
-        model = build_model(request.spec, request.model_kwargs).to(device=request.device, dtype=dtype)
-        x = torch.randn(request.input_shape, device=request.device, dtype=dtype)
-    except RuntimeError as exc:
-        _guard_memory(request, exc)
-        raise ModelError(f"{request.name} cannot be built on {request.device}: "
-                         f"{(str(exc).splitlines() or [''])[0]}") from None
-    return build_from_model(request, model, x)
-
-
-def model_key(request: ModelRequest, model: Any, graph: Any = None) -> PlanKey:
-    """The plan key of ``model`` for ``request``; ``graph``: the model's fx trace when the caller holds it
-    (the chain's ``graph_module``), else the hash traces the model itself."""
-    return PlanKey.for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
-                             grads=request.grads, device=request.device, graph=graph)
-
-
-def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: Any = None,
-                     probe: Any = None, facts: Any = None, key: PlanKey | None = None) -> BuiltModel:
-    """``build`` for a model the caller already holds (``remat.client.checkpoint``): its stage chain, cut
-    from ``graph`` when the caller traced it already, and its key.
-
-    ``probe``: the input the chain builder's probe forward runs on instead of ``example`` (a slice of the
-    batch: the stage structure does not depend on the batch size, the probe's cost does). A chain built so
-    serves ``run`` only; profiling needs one probed with the full example. ``facts``: cached probe facts
-    for this key (``build_stage_chain``), which spare the probe altogether; ``key``: ``model_key(request,
-    model, graph)`` when the caller computed it already (used when the chain was cut from ``graph``).
-
-    Raises:
-        ModelError: a model that cannot run on or be cut at this input (one line, with what to change).
-    """
-    from remat.client.graph.stage_graph import build_stage_chain
-
-    try:
-        chain = build_stage_chain(model, example if probe is None else probe, train=request.mode == "train",
-                                  graph=graph, facts=facts)
-    except ModelError as exc:
-        hint = _input_hint(request, str(exc))
-        if not hint:
-            raise
-        raise ModelError(f"{exc}{hint}") from None
-    except RuntimeError as exc:  # e.g. an input shape the model cannot take
-        _guard_memory(request, exc)
-        text = str(exc).splitlines()[0]
-        raise ModelError(f"{request.name} cannot run on input {list(request.input_shape)}: "
-                         f"{text}{_input_hint(request, text)}") from None
-    if key is None or graph is None or chain.graph_module is not graph:
-        key = model_key(request, model, chain.graph_module)
-    probe_batch = 0 if not chain.probed else int(probe.shape[0]) if probe is not None else None
-    return BuiltModel(request=request, model=model, example=example, chain=chain, key=key, probe_batch=probe_batch)
 
 
 def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
@@ -199,7 +63,7 @@ def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
 
             built.graph_profile = profile_graph(built.model, built.example, built.op_graph, grads=request.grads)
     except RuntimeError as exc:
-        _guard_memory(request, exc)
+        guard_memory(request, exc)
         raise
     if built.op_graph is None:
         return trace
@@ -318,7 +182,7 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
         times = time_plans(built.model, built.example, cut_points, rounds=timing_rounds, runners=runners,
                            **common)
     except RuntimeError as exc:
-        _guard_memory(request, exc)
+        guard_memory(request, exc)
         raise
     names = [p.label for p in plans]
     base_k = names.index("none") if "none" in names else None
@@ -331,21 +195,16 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
     return out
 
 
-def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rounds: int = TIMING_ROUNDS,
-        check_gradients: bool = True, algorithms: Sequence[str] | None = None,
-        on_key: Callable[[PlanKey], None] | None = None) -> ProfileResult:
-    """Build, profile, plan with every algorithm (or ``algorithms``) and validate each plan.
+def run_built(built: BuiltModel, *, progress: ProgressFn | None = None, timing_rounds: int = TIMING_ROUNDS,
+              check_gradients: bool = True, algorithms: Sequence[str] | None = None) -> ProfileResult:
+    """Profile a built model, plan it with every algorithm (or ``algorithms``) and validate each plan.
 
-    ``on_key`` is called with the plan key as soon as the model is built (seconds, before the minutes of
-    profiling): the worker records it on the job and stops here, by raising, when the key already has plans.
+    The caller built it (``remat.client.graph.build``) and looked its key up first: a key with a complete
+    stored answer never reaches the minutes spent here.
     """
     from remat.client.planning.plans import FRONTIER_MAX_STAGES, frontier_to_validate
 
     say = progress or _silent
-    say(f"building {request.name}", 0.0)
-    built = build(request)
-    if on_key is not None:
-        on_key(built.key)
     say(f"profiling {built.chain.num_stages} stages", 0.05)
     trace = profile(built)
     say("planning", 0.4)
@@ -356,7 +215,15 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, timing_rou
                             check_gradients=check_gradients)
     measurements.update(_shared_measurements(plans, measurements))
     say("done", 1.0)
-    return ProfileResult(request=request, key=built.key, trace=trace, plans=plans, measurements=measurements)
+    return ProfileResult(request=built.request, key=built.key, trace=trace, plans=plans, measurements=measurements)
+
+
+def run(request: ModelRequest, *, progress: ProgressFn | None = None, **options: Any) -> ProfileResult:
+    """Build ``request``'s model and :func:`run_built` it (benchmarks and tests; the callers that store look the
+    key up between the two)."""
+    say = progress or _silent
+    say(f"building {request.name}", 0.0)
+    return run_built(build(request), progress=say, **options)
 
 
 def _shared_measurements(plans: Sequence[Plan], measurements: Mapping[str, Measurement]) -> dict[str, Measurement]:
@@ -365,25 +232,6 @@ def _shared_measurements(plans: Sequence[Plan], measurements: Mapping[str, Measu
                       if p.label in measurements and not p.is_graph_plan}
     return {p.label: replace(by_checkpoints[p.checkpoints], algorithm=p.algorithm) for p in plans
             if p.label not in measurements and p.checkpoints in by_checkpoints}
-
-
-def fit_bytes_for(request: ModelRequest) -> int | None:
-    """``--budget fit``: the CUDA device's room for activations once the model, its gradients and the batch
-    are on it (None on CPU, where ``fit`` has no meaning)."""
-    if request.device != "cuda":
-        return None
-    import torch
-
-    from remat.client.budget_spec import fit_bytes
-
-    built = build(request)
-    torch.cuda.synchronize()
-    static = torch.cuda.memory_allocated()
-    if request.grads == "kept":
-        static += sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad)
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    del built
-    return fit_bytes(total, static)
 
 
 def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: ProgressFn | None = None) -> Measurement:
@@ -411,7 +259,7 @@ def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: Progre
         if plan.is_graph_plan:
             result = _as_graph_measurement(result, plan)
     except RuntimeError as exc:
-        _guard_memory(request, exc)
+        guard_memory(request, exc)
         raise
     say("done", 1.0)
     return result

@@ -49,14 +49,6 @@ class LeaseLost(Exception):
     """Another worker took the job over (our lease lapsed): stop, write nothing."""
 
 
-class AlreadyPlanned(Exception):
-    """The job's key already has validated plans: finish with them instead of profiling again."""
-
-    def __init__(self, records: list[PlanRecord]) -> None:
-        super().__init__("already planned")
-        self.records = records
-
-
 def owner_name() -> str:
     """Who holds a lease: host and process, so a re-delivery to a new child of the same worker is a new owner."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -145,16 +137,6 @@ def _plan_entries(records: list[PlanRecord]) -> list[dict[str, Any]]:
             for r in records]
 
 
-def _validated_plans(store: PlanStore, key: PlanKey) -> list[PlanRecord] | None:
-    """The key's stored plans when every planner has one with a measurement (else the job must run)."""
-    from remat.client.planning.planners import PLANNERS
-
-    with store.db.read_session() as session:
-        records = [r for r in repository.find_plans(session=session, key=key) if r.plan.budget_bytes is None]
-    measured = {r.plan.algorithm for r in records if r.measurements}
-    return records if measured >= set(PLANNERS) else None
-
-
 def _finish(store: PlanStore, job_id: str, owner: str, *, state: str, result: Mapping[str, Any] | None = None,
             error: str | None = None, message: str | None = None, plan_key: Mapping[str, Any] | None = None,
             write: Callable[[Any], Mapping[str, Any]] | None = None) -> bool:
@@ -203,17 +185,11 @@ def profile_model(task: Task, job_id: str) -> str:
     settings, store, owner, claim = _start(task, job_id)
     if claim.outcome != "run" or claim.job is None:
         return claim.outcome
+    from remat.client.graph.built_model import build
     from remat.worker import pipeline
 
     with Heartbeat(store, job_id, owner, settings.job_lease_s) as beat:
         refresh = bool(claim.job.request.get("refresh"))  # a zoo run's --refresh: profile even if stored
-
-        def on_key(key: PlanKey) -> None:
-            beat.plan_key(key)
-            existing = None if refresh else _validated_plans(store, key)
-            if existing is not None:
-                raise AlreadyPlanned(existing)
-
         try:
             request = ModelRequest.from_dict(claim.job.request)
             if request.source != "torchvision" or request.model_kwargs:
@@ -221,14 +197,12 @@ def profile_model(task: Task, job_id: str) -> str:
                 # call what it names.
                 raise ModelError(f"{request.name}: workers build torchvision models with their default "
                                  f"arguments only")
-            result = pipeline.run(request, progress=beat.progress, on_key=on_key)
-        except AlreadyPlanned as done:
-            first = done.records[0]
-            _finish(store, job_id, owner, state="succeeded", plan_key=beat.recorded_key,
-                    message="done: the plans were already stored",
-                    result={"key": first.key.to_dict(), "trace_id": first.trace.trace_id, "reused": True,
-                            "plans": _plan_entries(done.records)})
-            return "reused"
+            beat.progress(f"building {request.name}", 0.0)
+            built = build(request)
+            beat.plan_key(built.key)  # recorded on the job at once: seconds in, before minutes of profiling
+            existing = None if refresh else store.complete_plans(built.key)
+            if existing is None:
+                result = pipeline.run_built(built, progress=beat.progress)
         except LeaseLost:
             return "lease lost"
         except DatabaseUnreachable:
@@ -239,6 +213,13 @@ def profile_model(task: Task, job_id: str) -> str:
             _finish(store, job_id, owner, state="failed", plan_key=beat.recorded_key,
                     error=_failure_reason(exc, settings, settings.task_time_limit_s))
             return "failed"
+        if existing is not None:  # the key's complete answer is stored: finish with it, profile nothing
+            registered = [r for r in existing if not r.plan.budget_bytes]
+            _finish(store, job_id, owner, state="succeeded", plan_key=beat.recorded_key,
+                    message="done: the plans were already stored",
+                    result={"key": registered[0].key.to_dict(), "trace_id": registered[0].trace.trace_id,
+                            "reused": True, "plans": _plan_entries(registered)})
+            return "reused"
         if beat.lost:
             return "lease lost"
 

@@ -22,12 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import remat.client
-from remat.client import embedded, fx_trace, write_probe
 from remat.client.apply_plan import applied_chain, applied_plan
 from remat.client.errors import PlanError, PlanMismatchError, PlanNotFoundError
+from remat.client.graph import fx_trace, write_probe
 from remat.client.local_plans import LocalPlanCache
 from remat.client.plan_key import PlanKey
+from remat.client.request import ModelRequest
 from remat.client.service_client import PlanServiceClient
+from remat.worker import local
 from tests.service.factories import TOKEN, closed_port_url
 from tests.utils.live_service import live_service
 from tests.utils.user_model import SHAPE
@@ -65,7 +67,7 @@ def no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("profiled although a stored plan should have been found")
 
-    monkeypatch.setattr(embedded, "plan_held_model", refuse)
+    monkeypatch.setattr(local, "plan_held_model", refuse)
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +107,8 @@ def test_a_cache_hit_traces_the_model_once_and_looks_no_further(cache_dir: Path,
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("looked past the plan cache")
 
-    monkeypatch.setattr(embedded, "plan_held_model", refuse)
-    monkeypatch.setattr(embedded, "stored_plan", refuse)
+    monkeypatch.setattr(local, "plan_held_model", refuse)
+    monkeypatch.setattr(local, "stored_plan", refuse)
     traces = []
     original = fx_trace._Tracer.trace
 
@@ -174,7 +176,7 @@ def test_the_local_store_answers_before_the_service_and_fills_the_cache(cache_di
     x = _batches(1)[0][0]
     remat.client.checkpoint(_model(), x, cache_dir=tmp_path / "first-cache")  # profiles; stores locally
     calls: list[str] = []
-    monkeypatch.setattr(embedded, "plan_held_model", lambda *a, **k: calls.append("profiled"))
+    monkeypatch.setattr(local, "plan_held_model", lambda *a, **k: calls.append("profiled"))
     model = remat.client.checkpoint(_model(), x, cache_dir=cache_dir, server=closed_port_url())
     assert calls == [] and applied_plan(model) is not None
     assert [json.loads(p.read_text())["source"] for p in cache_dir.glob("*.json")] == ["the local plan store"]
@@ -185,10 +187,11 @@ def test_a_served_plan_is_used_and_cached_then_used_with_the_service_down(cache_
     x = _batches(1)[0][0]
     model = _model()
     built_elsewhere = copy.deepcopy(model)
-    request = embedded.ModelRequest(spec="custom:UserNet", batch_size=SHAPE[0], sample_shape=SHAPE[1:])
+    request = ModelRequest(spec="custom:UserNet", batch_size=SHAPE[0], sample_shape=SHAPE[1:])
+    from remat.client.graph import built_model
     from remat.worker import pipeline
 
-    trace = pipeline.profile(pipeline.build_from_model(request, built_elsewhere, x))
+    trace = pipeline.profile(built_model.build_from_model(request, built_elsewhere, x))
     with PlanServiceClient(service, token=TOKEN) as client:
         client.upload_trace(trace)
     remat.client.checkpoint(model, x, cache_dir=cache_dir, server=service)
@@ -333,7 +336,7 @@ def test_a_budget_gets_the_fastest_fitting_plan_that_trains_exactly_like_the_unm
     remat.client.checkpoint(planned, batches[0][0], grads="kept", budget="90%", cache_dir=cache_dir)
     plan = applied_plan(planned)
     assert plan is not None and plan.algorithm == "budget"
-    frontier = embedded.stored_frontier(PlanKey.from_dict(plan.extra["key"]))
+    frontier = local.stored_frontier(PlanKey.from_dict(plan.extra["key"]))
     assert frontier, "profiling here stores the frontier"
     none_peak = frontier[-1].baseline_peak_bytes
     fitting = [p for p in frontier if p.predicted_peak_bytes <= 0.9 * none_peak]
@@ -343,7 +346,7 @@ def test_a_budget_gets_the_fastest_fitting_plan_that_trains_exactly_like_the_unm
         assert torch.equal(a, b), f"step {step}"
 
     refuse = lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled again"))  # noqa: E731
-    monkeypatch.setattr(embedded, "plan_held_model", refuse)
+    monkeypatch.setattr(local, "plan_held_model", refuse)
     again = _model()
     remat.client.checkpoint(again, batches[0][0], grads="kept", budget="90%", cache_dir=cache_dir)
     assert applied_plan(again) == plan  # from the disk cache

@@ -186,11 +186,11 @@ SMALL_MLP = ["usernets:mlp", "--input-shape", "32", "--batch-size", "4"]
 
 def _plan_then_change_stored_rows(capsys, monkeypatch, change: Callable[[Any], None]) -> None:
     """Plan the small MLP, then let ``show`` read its stored reports with ``change`` applied to every row."""
-    from remat.client import embedded
     from remat.client.report import ModelReport
+    from remat.worker import local
 
     assert run_cli(capsys, "plan", *SMALL_MLP)[0] == 0
-    original = embedded.stored_reports
+    original = local.stored_reports
 
     def changed(**kw: object) -> list[ModelReport]:
         reports = original(**kw)
@@ -199,7 +199,7 @@ def _plan_then_change_stored_rows(capsys, monkeypatch, change: Callable[[Any], N
                 change(row)
         return reports
 
-    monkeypatch.setattr(embedded, "stored_reports", changed)
+    monkeypatch.setattr(local, "stored_reports", changed)
 
 
 def test_a_cuda_timeline_is_drawn_as_allocator_events_in_requested_bytes(capsys, project: Path,

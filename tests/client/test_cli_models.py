@@ -163,7 +163,7 @@ def test_default_request_needs_no_torch() -> None:
     """The store lookup path fills in defaults without importing torch (regression: the zoo imported it)."""
     probe = (
         "import sys\n"
-        "from remat.client.embedded import default_request\n"
+        "from remat.client.request import default_request\n"
         "r = default_request('resnet152', batch_size=None, sample_shape=None, device='cpu', grads='none')\n"
         "assert r.input_shape == (4, 3, 128, 128), r.input_shape\n"
         "print('TORCH', 'torch' in sys.modules)\n"
@@ -175,6 +175,6 @@ def test_default_request_needs_no_torch() -> None:
 @pytest.mark.parametrize(("spec", "shape"), [("resnet152", (4, 3, 128, 128)), ("vit_b_16", (4, 3, 224, 224)),
                                              ("torchvision:maxvit_t", (4, 3, 224, 224))])
 def test_cpu_defaults_scale_images_down_only_where_the_model_allows(spec: str, shape: tuple[int, ...]) -> None:
-    from remat.client.embedded import default_request
+    from remat.client.request import default_request
 
     assert default_request(spec, batch_size=None, sample_shape=None, device="cpu", grads="none").input_shape == shape

@@ -19,11 +19,13 @@ import pytest
 import torch
 import torchvision
 
-from remat.client import embedded
+from remat.client.apply_plan import applied_chain, apply
 from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
 from remat.client.fetch import fetch_and_apply, fetch_plan
 from remat.client.planning.planners import PLANNERS
+from remat.client.request import default_request
 from remat.client.service_client import PlanServiceClient, ServiceResponseError
+from remat.worker import local
 from tests.service.factories import TOKEN, closed_port_url
 from tests.utils.cli import run_cli
 from tests.utils.live_service import live_service
@@ -43,9 +45,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def uploaded(server: str) -> dict[str, Any]:
     """ResNet-18's trace, profiled as ``remat-client trace`` does, uploaded with the write token."""
-    request = embedded.default_request("resnet18", batch_size=BATCH, sample_shape=SAMPLE, device="cpu",
+    request = default_request("resnet18", batch_size=BATCH, sample_shape=SAMPLE, device="cpu",
                                        grads="none")
-    trace = embedded.profile_trace(request)
+    trace = local.profile_trace(request)
     with PlanServiceClient(server, token=TOKEN) as client:
         stored = client.upload_trace(trace)
     assert stored["created"] is True
@@ -95,6 +97,47 @@ def test_fetch_and_apply_trains_like_the_plain_model(server: str, uploaded: dict
         model(x).square().mean().backward()
     for (name, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
+
+
+def _count_traces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every torch.fx trace of a model from here on appends to the list returned."""
+    from remat.client.graph import fx_trace
+
+    traces: list[int] = []
+    original = fx_trace._Tracer.trace
+
+    def counting(self: fx_trace._Tracer, *args: object, **kwargs: object) -> object:
+        traces.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(fx_trace._Tracer, "trace", counting)
+    return traces
+
+
+def test_fetch_and_apply_traces_the_model_once_for_key_and_chain(server: str, uploaded: dict[str, Any],
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    from remat.client.graph import write_probe
+
+    monkeypatch.setenv("REMAT_PLAN_CACHE_DIR", str(tmp_path))  # where the probe facts of the key are kept
+    traces = _count_traces(monkeypatch)
+    fetch_and_apply(torchvision.models.resnet18(weights=None), SHAPE, server=server)
+    assert len(traces) == 1, f"traced {len(traces)} times for the key and the chain"
+    probes: list[int] = []
+    monkeypatch.setattr(write_probe.RecordingInterpreter, "run", lambda *a, **k: probes.append(1))
+    again = torchvision.models.resnet18(weights=None)
+    fetch_and_apply(again, SHAPE, server=server)
+    assert len(traces) == 2 and probes == [], "a second model cuts its chain from the key's cached probe facts"
+    assert applied_chain(again) is not None
+
+
+def test_apply_cuts_the_chain_from_the_trace_it_hashed(server: str, uploaded: dict[str, Any],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torchvision.models.resnet18(weights=None)
+    plan = fetch_plan(model, SHAPE, server=server)
+    traces = _count_traces(monkeypatch)
+    apply(model, plan)
+    assert len(traces) == 1, f"apply traced {len(traces)} times for its hash check and the chain"
 
 
 def test_a_missing_key_is_a_plan_error_that_says_how_to_create_one(server: str, uploaded: dict[str, Any]) -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from remat.client import embedded
 from remat.client.errors import ModelError, UnknownModelError
 from remat.client.plan import Plan
 from remat.client.report import ModelReport, PlanRow
 from remat.client.request import ModelRequest
 from remat.client.zoo_batch import ZooRow, select_models
+from remat.worker import local
 from tests.utils.cli import run_cli
 
 MIB = 1024 * 1024
@@ -64,7 +64,7 @@ def test_a_report_becomes_one_row_and_survives_json() -> None:
 
 def test_embedded_run_keeps_going_past_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     stored = {"torchvision:resnet18"}
-    monkeypatch.setattr(embedded, "cached_report",
+    monkeypatch.setattr(local, "cached_report",
                         lambda req: _report(req.spec, from_store=True) if req.name in stored else None)
 
     def profile(req: ModelRequest, progress: object = None, *, refresh: bool = False) -> ModelReport:
@@ -74,16 +74,16 @@ def test_embedded_run_keeps_going_past_failures(monkeypatch: pytest.MonkeyPatch)
             raise ValueError("a bug\nwith a traceback")
         return _report(req.spec)
 
-    monkeypatch.setattr(embedded, "profile_and_plan", profile)
+    monkeypatch.setattr(local, "profile_and_plan", profile)
     seen: list[str] = []
     requests = [ModelRequest(spec=n, batch_size=2, sample_shape=(3, 32, 32))
                 for n in ("resnet18", "vgg11", "alexnet", "resnet34")]
-    rows = embedded.plan_zoo(requests, on_row=lambda r: seen.append(r.model))
+    rows = local.plan_zoo(requests, on_row=lambda r: seen.append(r.model))
     assert [r.status for r in rows] == ["stored", "failed", "failed", "planned"]
     assert rows[1].reason == "vgg11 cannot be cut: a reason"
     assert rows[2].reason == "internal error (ValueError: a bug)"
     assert seen == [r.model for r in rows]
-    assert [r.status for r in embedded.plan_zoo(requests[:1], refresh=True)] == ["planned"]  # refresh ignores the store
+    assert [r.status for r in local.plan_zoo(requests[:1], refresh=True)] == ["planned"]  # refresh ignores the store
 
 
 def test_zoo_cli_plans_stores_resumes_and_refreshes(capsys, store_url: str, tmp_path: Path) -> None:
@@ -113,14 +113,14 @@ def test_zoo_cli_plans_stores_resumes_and_refreshes(capsys, store_url: str, tmp_
 
 def test_zoo_cli_failures_exit_1_and_ctrl_c_says_how_to_resume(capsys, store_url: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded, "cached_report", lambda req: None)
+    monkeypatch.setattr(local, "cached_report", lambda req: None)
 
     def fails(req: ModelRequest, progress: object = None, **_: object) -> ModelReport:
         if req.name == "torchvision:resnet18":
             return _report(req.spec)
         raise ModelError(f"{req.name.removeprefix('torchvision:')} refused: why")
 
-    monkeypatch.setattr(embedded, "profile_and_plan", fails)
+    monkeypatch.setattr(local, "profile_and_plan", fails)
     code, out, err = run_cli(capsys, "zoo", "torchvision", "--filter", "resnet18,resnet34", *SMALL)
     assert code == 1
     assert "resnet34 refused: why" in out and "1 of 2 models failed: resnet34" in err
@@ -130,7 +130,7 @@ def test_zoo_cli_failures_exit_1_and_ctrl_c_says_how_to_resume(capsys, store_url
             return _report(req.spec)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(embedded, "profile_and_plan", interrupted)
+    monkeypatch.setattr(local, "profile_and_plan", interrupted)
     code, out, err = run_cli(capsys, "zoo", "torchvision", "--filter", "resnet18,resnet34", *SMALL)
     assert code == 130
     assert "interrupted after 1 of 2 models" in err and "run the same command again" in err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from remat.client.graph import built_model
 from remat.client.planning.plans import frontier_plans
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
@@ -16,7 +17,7 @@ from remat.worker import pipeline
 @pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])
 def test_every_frontier_point_measures_within_its_budget_in_order(model: str) -> None:
     request = ModelRequest(spec=model, batch_size=2, sample_shape=(3, 32, 32), grads="kept")
-    built = pipeline.build(request)
+    built = built_model.build(request)
     trace = pipeline.profile(built)
     frontier = frontier_plans(trace)
     assert len(frontier) >= 4, "a frontier this short would not test the order"

@@ -18,6 +18,7 @@ import torch
 import torchvision
 
 from remat.client.apply_plan import apply
+from remat.client.graph import built_model
 from remat.client.request import default_request
 from remat.worker import pipeline
 from remat.worker.measure import make_loss
@@ -53,7 +54,7 @@ def test_every_classifier_plans_and_trains_identically(name: str) -> None:
         assert abs(m.prediction_error) <= 0.005, f"{name} {algorithm}: prediction off by {m.prediction_error:+.2%}"
     plan = next(p for p in result.plans if p.algorithm == "linear")
 
-    built = pipeline.build(request)  # a fresh model with the same seed and weights as the profiled one
+    built = built_model.build(request)  # a fresh model with the same seed and weights as the profiled one
     ref = copy.deepcopy(built.model)
     applied = apply(copy.deepcopy(built.model), dataclasses.replace(plan, extra={"key": result.key.to_dict()}))
     assert torch.equal(_step(applied, built.example), _step(ref, built.example))

@@ -1,0 +1,395 @@
+"""The local mode: the pipeline run on this machine, its result kept in the local plan store.
+
+The Celery tasks (``remat.worker.tasks``) run the pipeline for the cluster; this module is their twin for one
+machine, and the client reaches it only through its port, ``remat.client.local_planner.LocalPlanner`` (bound
+by the ``remat.local_planner`` entry point): ``remat-client plan MODEL`` without a server, ``trace``,
+``measure``, ``zoo``, ``show``, and ``remat.client.checkpoint`` when no plan is stored anywhere.
+
+The first ``remat-client plan resnet152`` builds the model, looks its key up, and only then profiles, plans
+with every algorithm, measures and gradient-checks each plan (``remat.worker.pipeline.run_built``), storing
+trace, plans and measurements in one transaction of the local plan database (``remat.service.store.PlanStore``:
+SQLite under the user's cache directory unless ``REMAT_DATABASE_URL`` says otherwise). Later runs with the
+same request answer from the store **without importing torch**: the request is matched by zoo name, input
+shape, precision, device class, gradient convention, mode and the installed torch's major.minor. Whether a
+stored answer is complete is the workers' rule too (``repository.newest_complete``).
+
+The service is imported inside functions only: an image with torch alone (a GPU node) still profiles and
+plans here, and simply has no store.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from remat.client.budget_spec import BudgetInfeasibleError, BudgetSpec, pick_for_budget, pick_from_frontier
+from remat.client.errors import ModelError, RematError
+from remat.client.measurement import Measurement
+from remat.client.plan import BUDGET_ALGORITHM, Plan
+from remat.client.plan_key import UNKNOWN, PlanKey, current_torch_version
+from remat.client.report import ModelReport, PlanRow, ProfileResult
+from remat.client.request import ModelRequest, ProgressFn
+from remat.client.trace import Trace
+from remat.client.zoo_batch import ZooRow
+
+if TYPE_CHECKING:
+    from remat.client.graph.built_model import BuiltModel
+    from remat.service.records import PlanRecord
+    from remat.service.store import PlanStore
+
+__all__ = ["budget_report", "cached_report", "measure_algorithm", "plan_held_model", "plan_zoo", "profile",
+           "profile_and_plan", "profile_trace", "stored_frontier", "stored_plan", "stored_reports"]
+
+
+def _silent(message: str, fraction: float) -> None:
+    return None
+
+
+def _open_store() -> PlanStore:
+    from remat.service.store import PlanStore
+
+    return PlanStore().open()
+
+
+def _existing_store() -> PlanStore | None:
+    """The local store when there is one: never creates a database, and an image without the service's
+    libraries (torch alone) has none."""
+    try:
+        from remat.service.config import ServiceSettings
+        from remat.service.store import PlanStore
+    except ImportError:
+        return None
+    settings = ServiceSettings()
+    url = settings.database_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return None
+    return PlanStore(settings=settings)
+
+
+def _by_name(request: ModelRequest) -> bool:
+    """Only a zoo name without builder arguments stands for one architecture: anything else is found by the
+    key of the built model."""
+    return request.source in ("torchvision", "timm") and not request.model_kwargs
+
+
+def _key_like(request: ModelRequest, *, torch_version: str = UNKNOWN) -> PlanKey:
+    """A key with ``request``'s input, precision, device, gradients and mode; its hash is a placeholder (the
+    lookups by name or hash prefix do not read it)."""
+    return PlanKey(model_hash=UNKNOWN, input_shape=request.input_shape, dtype=request.dtype, mode=request.mode,
+                   grads=request.grads, device=request.device, torch_version=torch_version)
+
+
+def _report(request: ModelRequest, records: Sequence[PlanRecord]) -> ModelReport:
+    """A complete stored answer (``newest_complete``'s records) as a report: every planner's plan in registry
+    order, then the frontier."""
+    from remat.client.planning.planners import PLANNERS
+
+    by_algorithm = {r.plan.algorithm: r for r in records if r.plan.algorithm in PLANNERS and not r.plan.budget_bytes}
+    frontier = [r for r in records if r.plan.budget_bytes]
+    first = by_algorithm[next(iter(PLANNERS))]
+    return ModelReport.from_measured(
+        request, first.key.to_dict(), [by_algorithm[name].plan for name in PLANNERS] + [r.plan for r in frontier],
+        {r.plan.label: r.measurements[0] for r in [*by_algorithm.values(), *frontier] if r.measurements},
+        from_store=True, device_name=first.trace.device_name)  # the repository lists measurements newest first
+
+
+def cached_report(request: ModelRequest) -> ModelReport | None:
+    """The stored complete answer for a zoo request, found by name: never imports torch."""
+    from remat.service.repository import newest_complete
+
+    if not _by_name(request):
+        return None
+    with _open_store() as store:
+        records = store.find_plans_by_name(request.name, _key_like(request, torch_version=current_torch_version()))
+    complete = newest_complete(records)
+    return _report(request, complete) if complete is not None else None
+
+
+def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None, *,
+                     refresh: bool = False) -> ModelReport:
+    """Build the model, answer from the store when its key is complete there (unless ``refresh``), else run
+    the pipeline here and store trace, plans and measurements in one transaction.
+
+    The lookup by key (seconds, before minutes of profiling) answers for models the name lookup cannot: a
+    callable, builder arguments.
+    """
+    from remat.client.graph.built_model import build
+    from remat.worker import pipeline
+
+    say = progress or _silent
+    say(f"building {request.name}", 0.0)
+    built = build(request)
+    if not refresh:
+        with _open_store() as store:
+            complete = store.complete_plans(built.key)
+        if complete is not None:
+            return _report(request, complete)
+    result = pipeline.run_built(built, progress=say)
+    with _open_store() as store:
+        key = store.save_profile(result.trace, result.plans, result.measurements)
+    return ModelReport.from_measured(request, key.to_dict(), list(result.plans), dict(result.measurements),
+                                     from_store=False, device_name=result.device_name)
+
+
+def budget_report(request: ModelRequest, budget: BudgetSpec, progress: ProgressFn | None = None, *,
+                  refresh: bool = False) -> ModelReport:
+    """``plan MODEL --budget X``: the least-recompute plan that fits, measured, beside none and linear.
+
+    The model's full report comes first (from the store, or profiled and measured now) with its stored
+    Pareto frontier; the budget picks the frontier plan with the largest peak that fits (stored under that
+    peak, so every budget it answers finds it), and measures it with a real step if no profiling run did.
+
+    Raises:
+        remat.client.budget_spec.BudgetInfeasibleError: no plan fits (names the smallest feasible peak).
+        remat.client.budget_spec.BudgetError: ``fit`` without a CUDA device.
+    """
+    from remat.client.graph.built_model import build, fit_bytes_for
+    from remat.client.planning.plans import frontier_plans
+    from remat.worker import pipeline
+
+    report = None if refresh else cached_report(request)
+    if report is None:
+        report = profile_and_plan(request, progress, refresh=refresh)
+    key = PlanKey.from_dict(report.key)
+    none_row, linear_row = report.row("none"), report.row("linear")
+    assert none_row is not None and linear_row is not None  # a full report has every registered planner
+    fit_bytes = fit_bytes_for(request) if budget.fit else None
+    budget_bytes = budget.resolve(baseline_peak_bytes=none_row.plan.predicted_peak_bytes, fit_bytes=fit_bytes)
+    with _open_store() as store:
+        trace = None
+        frontier = report.frontier
+        if not frontier:  # stored before frontiers were: compute and keep it now
+            trace = _stored_trace(store, key)
+            plans = frontier_plans(trace)
+            store.save_profile(trace, plans, {})
+            frontier = [PlanRow.from_measurement(p, None) for p in plans]
+        row = pick_for_budget(frontier, budget_bytes, peak=lambda r: r.plan.predicted_peak_bytes)
+        if row.measured_peak_bytes is None:
+            trace = trace or _stored_trace(store, key)
+            built = build(request)
+            measured = pipeline.validate(built, trace, [none_row.plan, row.plan], progress=progress,
+                                         timing_rounds=1)[row.plan.label]
+            store.save_measurement(key, measured, algorithm=BUDGET_ALGORITHM, budget_bytes=row.plan.budget_bytes)
+            row = PlanRow.from_measurement(row.plan, measured)
+    out = ModelReport(request=request, key=report.key, num_stages=report.num_stages, from_store=report.from_store,
+                      device_name=report.device_name)
+    out.rows.extend([none_row, linear_row, row])
+    return out
+
+
+def _stored_trace(store: PlanStore, key: PlanKey) -> Trace:
+    records = store.find_plan_records(key)
+    trace = store.load_trace(max(records, key=lambda r: r.updated_at).trace.trace_id)
+    assert trace is not None  # a plan's trace is deleted only with the plan
+    return trace
+
+
+def profile(built: BuiltModel) -> Trace:
+    """The trace of a model the caller built (``plan MODEL --server`` uploads it)."""
+    from remat.worker import pipeline
+
+    return pipeline.profile(built)
+
+
+def profile_trace(request: ModelRequest, progress: ProgressFn | None = None) -> Trace:
+    """Only the profiling step: the model's ``remat-trace/1`` trace (``remat-client trace``)."""
+    from remat.client.graph.built_model import build
+
+    say = progress or _silent
+    say(f"building {request.name}", 0.0)
+    built = build(request)
+    say(f"profiling {built.chain.num_stages} stages", 0.3)
+    return profile(built)
+
+
+def measure_algorithm(request: ModelRequest, algorithm: str, progress: ProgressFn | None = None) -> Measurement:
+    """One plan measured beside no checkpointing (``remat-client measure``)."""
+    from remat.worker import pipeline
+
+    return pipeline.measure_algorithm(request, algorithm, progress=progress)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RematError):
+        return str(exc)
+    first = (str(exc).splitlines() or [""])[0]
+    return f"internal error ({type(exc).__name__}: {first})"
+
+
+def plan_zoo(requests: Iterable[ModelRequest], *, refresh: bool = False,
+             on_start: Callable[[ModelRequest], None] | None = None,
+             on_row: Callable[[ZooRow], None] | None = None,
+             progress: ProgressFn | None = None) -> list[ZooRow]:
+    """``remat-client zoo`` without a server: plan every request here, one after another, storing each model's
+    result as it finishes; returns a ``ZooRow`` per request.
+
+    A model already in the local plan store is answered from it (``refresh`` profiles it again). A model that
+    fails becomes a ``failed`` row with its reason and the run goes on. A KeyboardInterrupt propagates after
+    the model that was running; everything finished before it is stored, so the same command resumes.
+    """
+    rows: list[ZooRow] = []
+    for request in requests:
+        if on_start is not None:
+            on_start(request)
+        try:
+            report = None if refresh else cached_report(request)
+            if report is None:
+                report = profile_and_plan(request, progress=progress, refresh=refresh)
+            row = ZooRow.from_report(report)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except ModelError as exc:
+            row = ZooRow.failed(request.name, str(exc), request.input_shape)
+        except Exception as exc:  # noqa: BLE001 - one model's failure must not end a zoo run; its reason is kept
+            row = ZooRow.failed(request.name, _reason(exc), request.input_shape)
+        finally:
+            gc.collect()
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+# --- remat.client.checkpoint: the model a training script holds ---------------------------------------------
+
+def _with_key(record: PlanRecord) -> Plan:
+    return Plan.from_dict({**record.plan.to_dict(), "key": record.key.to_dict()})
+
+
+def stored_plan(key: PlanKey, algorithm: str) -> Plan | None:
+    """The local plan store's ``algorithm`` plan for ``key`` (a Plan carrying its key), or None (no such plan,
+    or no store: one is never created here)."""
+    store = _existing_store()
+    if store is None:
+        return None
+    with store:
+        record = store.get_plan(key, algorithm=algorithm)
+    return _with_key(record) if record is not None else None
+
+
+def stored_frontier(key: PlanKey) -> list[Plan]:
+    """The local plan store's Pareto frontier for ``key`` (Plans carrying their key), tightest first; [] when
+    none is stored or there is no store."""
+    store = _existing_store()
+    if store is None:
+        return []
+    with store:
+        return [_with_key(r) for r in store.find_frontier(key)]
+
+
+def plan_held_model(built: BuiltModel, algorithm: str, progress: ProgressFn | None = None, *,
+                    budget: BudgetSpec | None = None) -> tuple[ProfileResult, Plan | None]:
+    """Profile a model the caller holds, plan it with every algorithm and its frontier, measure ``none`` and
+    ``algorithm``'s plan — or, with ``budget``, the frontier plan it picks — (one training step each,
+    gradient-checked) and store it all in the local plan store when there is one.
+
+    Only two plans are measured: this runs inside someone's training job, where every step counts; the
+    other plans are stored unmeasured (``remat-client plan`` measures them all).
+
+    Args:
+        budget: bytes or a share of this trace's no-checkpoint peak (the caller turns ``fit`` into bytes: it
+            knows the device).
+
+    Returns:
+        ``(result, chosen)``: the profile and the plan to apply (None for an unknown algorithm). A store that
+        refuses the result is a warning, not an error.
+
+    Raises:
+        remat.client.budget_spec.BudgetInfeasibleError: no plan fits the budget (raised once the profile is
+            stored: it is still worth keeping).
+    """
+    from remat.client.planning.plans import FRONTIER_MAX_STAGES
+    from remat.worker import pipeline
+
+    say = progress or _silent
+    say(f"profiling {built.chain.num_stages} stages", 0.1)
+    trace = pipeline.profile(built)
+    plans = pipeline.plans_for(built, trace, frontier=trace.num_stages <= FRONTIER_MAX_STAGES or budget is not None)
+    infeasible = None
+    chosen: Plan | None
+    if budget is not None:
+        try:
+            chosen = pick_from_frontier([p for p in plans if p.budget_bytes], budget)
+        except BudgetInfeasibleError as exc:
+            chosen, infeasible = None, exc
+    else:
+        chosen = next((p for p in plans if p.algorithm == algorithm and not p.budget_bytes), None)
+    measured = [p for p in plans if p.algorithm == "none"] + ([chosen] if chosen is not None else [])
+    measurements = pipeline.validate(built, trace, measured, progress=say, start=0.5, end=0.95, timing_rounds=1)
+    result = ProfileResult(request=built.request, key=built.key, trace=trace, plans=plans, measurements=measurements)
+    _keep_locally(result)
+    if infeasible is not None:
+        raise infeasible
+    return result, chosen
+
+
+def _keep_locally(result: ProfileResult) -> None:
+    """Store a profile in the local plan store when there is one; a store that refuses it is a warning."""
+    try:
+        from remat.service.store import PlanStore
+    except ImportError:
+        return  # a machine with torch alone (a GPU image) has no store
+    try:
+        with PlanStore() as store:
+            store.save_profile(result.trace, result.plans, result.measurements)
+    except Exception as exc:  # noqa: BLE001 - the plan is good; only keeping a copy here failed
+        warnings.warn(f"remat: the local plan store did not take the plan ({type(exc).__name__}: {exc}); "
+                      f"it is kept in the plan cache only", RuntimeWarning, stacklevel=4)
+
+
+# --- remat-client show ----------------------------------------------------------------------------------
+
+def stored_reports(*, request: ModelRequest | None = None, model_hash: str | None = None) -> list[ModelReport]:
+    """What the local store holds, whatever was measured: for ``request``'s key (a zoo name is found by name,
+    without torch; any other model is built to compute its key), or for every key whose architecture hash
+    starts with ``model_hash``. One report per key, from its newest trace; newest key first."""
+    if (request is None) == (model_hash is None):
+        raise ValueError("stored_reports: give request or model_hash")
+    with _open_store() as store:
+        if model_hash is not None:
+            records = store.find_plans_by_hash_prefix(model_hash)
+        elif _by_name(request):
+            records = store.find_plans_by_name(request.name, _key_like(request))
+        else:
+            from remat.client.graph.built_model import build
+
+            records = store.find_plan_records(build(request).key)
+    by_key: dict[PlanKey, list[PlanRecord]] = {}
+    for record in records:
+        by_key.setdefault(record.key, []).append(record)
+    reports = []
+    for key, group in by_key.items():
+        newest = max(group, key=lambda r: r.updated_at)
+        rows = [r for r in group if r.trace.trace_id == newest.trace.trace_id]
+        rows.sort(key=lambda r: _algorithm_order(r.plan.algorithm))
+        shown = request or _request_of(key, newest.trace.model)
+        report = ModelReport(request=shown, key=key.to_dict(), num_stages=rows[0].plan.num_stages,
+                             from_store=True, device_name=newest.trace.device_name)
+        for r in rows:
+            row = PlanRow.from_measurement(_with_key(r), r.measurements[0] if r.measurements else None)
+            (report.frontier if r.plan.budget_bytes else report.rows).append(row)
+        report.frontier.sort(key=lambda row: row.plan.predicted_peak_bytes)
+        reports.append((newest.updated_at, report))
+    return [report for _, report in sorted(reports, key=lambda pair: pair[0], reverse=True)]
+
+
+def _algorithm_order(name: str) -> int:
+    from remat.client.planning.planners import PLANNERS
+
+    names = list(PLANNERS)
+    return names.index(name) if name in names else len(names)
+
+
+def _request_of(key: PlanKey, model: str | None) -> ModelRequest:
+    """A request that describes a stored key (for display: the model's stored name and the key's input)."""
+    try:
+        spec = model or "custom:unknown"
+        return ModelRequest(spec=spec, batch_size=key.input_shape[0], sample_shape=key.input_shape[1:] or (1,),
+                            device=key.device if key.device in ("cpu", "cuda") else "cpu", grads=key.grads,
+                            dtype=key.dtype if key.dtype != "unknown" else "float32", mode=key.mode)
+    except RematError:
+        return ModelRequest(spec="custom:unknown", batch_size=1, sample_shape=(1,))
+
