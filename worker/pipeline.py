@@ -30,6 +30,7 @@ from remat.client.errors import ModelError, RematError
 from remat.client.measurement import Measurement
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
+from remat.client.planning.graph_predict import GraphProfile
 from remat.client.precision import autocast_dtype
 from remat.client.request import ModelRequest, ProgressFn
 from remat.client.trace import Trace
@@ -63,7 +64,7 @@ class BuiltModel:
     op_graph: Any = None
     """The model's op graph (``remat.client.graph.op_graph.OpGraph``), built by :func:`profile` in train mode; None
     before, in eval mode, or when the model has none (``acg`` then plans the chain)."""
-    graph_profile: dict[str, Any] | None = None
+    graph_profile: GraphProfile | None = None
     """One instrumented step on the op graph (``remat.worker.graph_profile``), from which graph plans' peaks
     are predicted: CPU without autocast only, where the predictor is validated (docs/cost-model.md)."""
 

@@ -38,14 +38,153 @@ runs): that node is charged its profiled peak up to that pack only.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-__all__ = ["Prediction", "predict_graph_peak"]
+__all__ = ["LOSS", "AutogradRecord", "GradientRecord", "GraphProfile", "NodeRecord", "PackRecord", "Prediction",
+           "SearchResult", "predict_graph_peak", "saved_weights", "search_plan"]
 
 LOSS = "<loss>"
+"""The pseudo fx node of the loss: it reads the model's outputs and runs after every node."""
 _INF = float("inf")
+
+
+# --- the recorded step ----------------------------------------------------------------------------------
+# A storage is named by its sid, an index into ``GraphProfile.storage_bytes``: every storage born during the
+# profiled step gets one, in birth order. Records are plain JSON-able dicts (typed below) so that a profile
+# can be stored as it is; the predictor only reads them.
+
+
+class NodeRecord(TypedDict):
+    """One fx node's forward (the loss's pseudo node ``LOSS`` included), in traced order."""
+
+    name: str
+    reads: list[str]
+    """The fx nodes whose values it reads (``get_attr`` nodes left out)."""
+    packs: list[int]
+    """Indices into ``GraphProfile.packs`` of the tensors autograd packed while it ran, in order."""
+    pack_peaks: list[int]
+    """Per pack: the peak in bytes above the level at the node's start, reached up to that pack (a re-run that
+    stops at the call's last pack is charged this)."""
+    pack_alive: list[list[int]]
+    """Per pack: the sids born in the node still alive at that pack."""
+    slots: list[list[Any]]
+    """``[slot name, bytes]`` of each buffer the checkpoint's BatchNorm restore snapshots for this node."""
+    autograd: list[int]
+    """Indices into ``GraphProfile.autograd`` of the nodes it created, by sequence number (``AccumulateGrad``
+    left out: the engine runs those as soon as they are ready)."""
+    peak: int
+    """Its transient peak in bytes above the level at its start."""
+    births: list[int]
+    """The sids it created that survive it."""
+    value: list[int]
+    """The sids its value refers to (a view or an in-place op refers to an earlier node's storage)."""
+
+
+class PackRecord(TypedDict):
+    """One tensor autograd packed in forward."""
+
+    node: str | None
+    """The fx node that was running (None outside every node)."""
+    sid: int | None
+    """The packed storage; None for a storage born before the step (parameters, buffers, the input batch)."""
+    consumer: int | None
+    """The autograd node that unpacked it in backward, which releases it; None when nothing did."""
+
+
+class GradientRecord(TypedDict):
+    """One gradient an autograd node sent; exactly one of ``new``, ``same``, ``view``, ``other`` is present."""
+
+    bytes: int
+    """The gradient tensor's own bytes (numel times element size)."""
+    dense: bool
+    """Whether the engine may accumulate into it in place (contiguous, or channels-last 4-d)."""
+    new: NotRequired[int]
+    """A storage the apply created: its index among the apply's births (several gradients may share one)."""
+    storage: NotRequired[int]
+    """With ``new``: that storage's bytes."""
+    same: NotRequired[int]
+    """The very tensor received at this input slot (``AddBackward0``)."""
+    view: NotRequired[int]
+    """A view of the storage received at this input slot (``CatBackward0``'s slices)."""
+    other: NotRequired[int | None]
+    """A storage from elsewhere (a saved tensor, a parameter): no new memory."""
+
+
+class AutogradRecord(TypedDict):
+    """One autograd node of the step; the keys after ``seq`` exist once its backward has run."""
+
+    index: int
+    type: str
+    """Its class name (``AccumulateGrad``, ``AddBackward0``, ...)."""
+    fx: str
+    """The fx node that created it (the first whose outputs reach it)."""
+    seq: int
+    """Its sequence number in the profiled step; -1 for ``AccumulateGrad``."""
+    next: NotRequired[list[list[int]]]
+    """``[autograd index or -1, input slot]`` per gradient it sends, as ``next_functions``."""
+    extra: NotRequired[int]
+    """Its apply's transient peak in bytes above the level at the apply's start."""
+    outs: NotRequired[list[GradientRecord | None]]
+    """Per gradient it sends, in ``next`` order (None for an undefined gradient)."""
+    inputs: NotRequired[int]
+    """How many gradients it receives (the length of its input buffer)."""
+    incoming_sids: NotRequired[list[int | None]]
+    """The sid of each gradient it received."""
+    incoming_bytes: NotRequired[list[int]]
+    """The bytes of each gradient it received."""
+    leftover: NotRequired[int]
+    """Bytes the apply left alive that none of its gradients holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphProfile:
+    """One instrumented training step of the unmodified model on its op graph, as the predictor replays it.
+
+    Produced by ``remat.worker.graph_profile.profile_graph``; pure data, no torch, so the planners can judge
+    plans with it wherever they run. The records are shared, not copied: treat them as read-only.
+    """
+
+    nodes: list[NodeRecord]
+    """Every fx node's forward in traced order, the loss's pseudo node ``LOSS`` last."""
+    packs: list[PackRecord]
+    """Every tensor autograd packed in forward, in order (``NodeRecord.packs`` index it)."""
+    autograd: list[AutogradRecord]
+    """Every autograd node of the step, in order of discovery (``AutogradRecord.index`` is its position)."""
+    storage_bytes: list[int]
+    """Bytes of each storage born during the step, indexed by sid."""
+    root: int
+    """The autograd index of the loss's ``grad_fn``, where backward starts."""
+    root_grad_bytes: list[int]
+    """Bytes of each storage born for the loss's seed gradient (``torch.ones_like(loss)``)."""
+    param_grad_sids: list[int]
+    """Sorted sids of the parameters' ``.grad`` storages after the step (kept under ``grads="kept"``)."""
+    measured_peak_bytes: int
+    """The profiled step's own peak above its baseline: what ``measure_step`` measures for no checkpointing."""
+    grads: str = "kept"
+    """The gradient convention of the step (``"kept"`` or ``"none"``); a prediction uses the same."""
+    version: int = 1
+    """The wire format's version (:meth:`to_dict`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able wire format (the untyped dict ``profile_graph`` returned before this class): the same
+        keys in the same order, the records shared."""
+        return {"version": self.version, "grads": self.grads, "nodes": self.nodes, "packs": self.packs,
+                "autograd": self.autograd, "sizes": self.storage_bytes, "root": self.root,
+                "root_grad": self.root_grad_bytes, "param_grad_sids": self.param_grad_sids,
+                "measured_peak": self.measured_peak_bytes}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GraphProfile:
+        """A profile from its wire format (:meth:`to_dict`, e.g. read back from JSON); a missing
+        ``param_grad_sids`` reads as none, as the predictor always took it."""
+        if data.get("version", 1) != 1:
+            raise ValueError(f"graph profile version {data.get('version')!r} is not 1")
+        return cls(nodes=data["nodes"], packs=data["packs"], autograd=data["autograd"], storage_bytes=data["sizes"],
+                   root=data["root"], root_grad_bytes=data["root_grad"],
+                   param_grad_sids=list(data.get("param_grad_sids", ())), measured_peak_bytes=data["measured_peak"],
+                   grads=data.get("grads", "kept"), version=data.get("version", 1))
 
 
 @dataclass(slots=True)
@@ -150,7 +289,7 @@ def _flatten(units: Sequence[dict[str, Any]]) -> list[tuple[str, int | None]]:
     return flat
 
 
-def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]], *,
+def predict_graph_peak(profile: GraphProfile, units: Sequence[dict[str, Any]], *,
                        capture: bool = False) -> Prediction:
     """The measured activation peak of one training step run as ``units`` (see the module docstring).
 
@@ -167,11 +306,11 @@ def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]],
     return _simulate(profile, units, -1)
 
 
-def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_at: int) -> Prediction:
-    nodes = {rec["name"]: rec for rec in profile["nodes"]}
-    sizes: list[int] = profile["sizes"]
-    packs: list[dict[str, Any]] = profile["packs"]
-    autograd: list[dict[str, Any]] = profile["autograd"]
+def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at: int) -> Prediction:
+    nodes = {rec["name"]: rec for rec in profile.nodes}
+    sizes = profile.storage_bytes
+    packs = profile.packs
+    autograd = profile.autograd
     flat = _flatten(units)
     step_of = {name: i for i, (name, _) in enumerate(flat)}
     call_of = {name: g for name, g in flat if g is not None}
@@ -269,7 +408,7 @@ def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_
     for p, pk in enumerate(packs):
         if pk["consumer"] is not None:
             consumed.setdefault(pk["consumer"], []).append(p)
-    pgrads = set(profile.get("param_grad_sids", ()))
+    pgrads = set(profile.param_grad_sids)
     recomputed = [False] * n_calls
     owners_left = [len(o) for o in owners]
 
@@ -334,9 +473,9 @@ def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_
                     led.release(("r", g, s), ("renv", name))
         led.release(snap_key, "snapshot")
 
-    root = profile["root"]
+    root = profile.root
     buffers[root] = [None] * max(1, autograd[root].get("inputs", 1))
-    root_grad = _Grad(led.new(sum(profile["root_grad"])), sum(profile["root_grad"]), True)
+    root_grad = _Grad(led.new(sum(profile.root_grad_bytes)), sum(profile.root_grad_bytes), True)
     buffers[root][0] = own(root_grad)
     heap: list[tuple[float, int]] = [(-seq[root], root)]
     while heap:
@@ -432,16 +571,16 @@ class SearchResult:
     """(step, predicted peak) of every improvement, in order."""
 
 
-def saved_weights(profile: dict[str, Any], vertex_nodes: Sequence[Sequence[str]]) -> list[int]:
+def saved_weights(profile: GraphProfile, vertex_nodes: Sequence[Sequence[str]]) -> list[int]:
     """Per vertex, the bytes of its storages that autograd saves for some node's backward.
 
     What keeping a vertex really costs in a step: a storage nobody packs is freed in forward whether its
     vertex is kept or not (a BatchNorm output read by an in-place ReLU is packed, a convolution output read by
     BatchNorm is packed as BN's input, an addition's output read by a convolution is packed by the conv).
     """
-    packed = {p["sid"] for p in profile["packs"] if p["sid"] is not None}
-    nodes = {rec["name"]: rec for rec in profile["nodes"]}
-    sizes = profile["sizes"]
+    packed = {p["sid"] for p in profile.packs if p["sid"] is not None}
+    nodes = {rec["name"]: rec for rec in profile.nodes}
+    sizes = profile.storage_bytes
     out = []
     for names in vertex_nodes:
         out.append(sum(sizes[s] for name in names if name in nodes for s in nodes[name]["births"] if s in packed))
@@ -487,7 +626,7 @@ def _cuts(group: Sequence[int], succ: Sequence[set[int]]) -> list[frozenset[int]
     return out
 
 
-def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence[tuple[int, int]],
+def search_plan(profile: GraphProfile, weights: Sequence[int], edges: Sequence[tuple[int, int]],
                 units_of: Any, *, vertex_nodes: Sequence[Sequence[str]] | None = None, bounds_per_variant: int = 48,
                 seeds: Sequence[tuple[str, Sequence[int]]] = (), starts: int = 3,
                 kicks: int = 3, max_evaluations: int = 2000) -> SearchResult:
@@ -575,7 +714,7 @@ def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence
     ranked = sorted(candidates, key=lambda k: (_rank(cache[k]), k))  # type: ignore[arg-type]
     born_vertex: dict[int, int] = {}
     if vertex_nodes is not None:
-        births = {rec["name"]: rec["births"] for rec in profile["nodes"]}
+        births = {rec["name"]: rec["births"] for rec in profile.nodes}
         for v, names in enumerate(vertex_nodes):
             for name in names:
                 for sid in births.get(name, ()):

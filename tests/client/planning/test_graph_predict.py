@@ -19,7 +19,7 @@ import torchvision
 
 from remat.client.errors import PlanError
 from remat.client.graph.op_graph import build_op_graph
-from remat.client.planning.graph_predict import predict_graph_peak, search_plan
+from remat.client.planning.graph_predict import GraphProfile, predict_graph_peak, search_plan
 from remat.client.planning.planners.acg import plan_graph
 from remat.worker.graph_profile import executor_units, profile_graph
 from remat.worker.measure import measure_step
@@ -63,7 +63,7 @@ def test_predicted_peaks_match_measured(name: str) -> None:
     x = torch.randn(*shape)
     graph = build_op_graph(model, x)
     profile = profile_graph(model, x, graph, grads="kept")
-    json.dumps(profile)  # torch-free, storable
+    assert GraphProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile  # torch-free, storable
     for label, dropped in _plans(graph).items():
         predicted = predict_graph_peak(profile, executor_units(graph, dropped))
         measured = measure_step(model, x, dropped, grads="kept", chain=graph, baseline=False,
@@ -86,7 +86,7 @@ def test_profile_run_is_the_measured_step() -> None:
     """The instrumentation (hooks, detached packs) changes no allocation: its own peak is the measured one."""
     model, x, graph, profile = _profiled_cells()
     measured = measure_step(model, x, (), grads="kept", chain=graph, baseline=False, timing_repeats=0)
-    assert profile["measured_peak"] == measured.measured_peak_bytes
+    assert profile.measured_peak_bytes == measured.measured_peak_bytes
 
 
 def test_search_never_predicts_above_acg_and_its_plan_measures_as_predicted() -> None:
