@@ -217,19 +217,31 @@ class _Grad:
 
 @dataclass(slots=True)
 class _Ledger:
+    """The storages alive during the replay, each with its holders, and the peak so far.
+
+    Why named holders rather than reference counts: a storage dies when its last holder lets go, and each
+    holder (``("env", node)``, ``("saved", pack)``, ``("frame", call)``, ...) is released by the event that
+    ends it, whichever of them comes last; a holder that holds twice still holds once.
+    """
+
     sizes: dict[Any, int] = field(default_factory=dict)
+    """Bytes of each live storage, by key (see ``Prediction.live``)."""
     holders: dict[Any, set[Any]] = field(default_factory=dict)
     level: int = 0
+    """Bytes alive now."""
     peak: int = 0
     where: str = "nothing"
     peak_event: int = 0
     peak_count: int = 0
     events: int = 0
     counter: int = 0
+    """Keys handed out by :meth:`new`."""
     capture_at: int = -1
     live: dict[Any, int] | None = None
 
     def observe(self, transient: int, what: str) -> None:
+        """An event: ``transient`` bytes on top of the level are a peak candidate (and, at event
+        ``capture_at``, the live storages are copied)."""
         self.events += 1
         if self.level + transient > self.peak:
             self.peak = self.level + transient
@@ -242,6 +254,7 @@ class _Ledger:
             self.live = dict(self.sizes)
 
     def alloc(self, key: Any, nbytes: int) -> None:
+        """A storage comes alive, held by nobody yet; a storage already alive stays as it is."""
         if key in self.sizes:
             return
         self.sizes[key] = nbytes
@@ -249,16 +262,19 @@ class _Ledger:
         self.level += nbytes
 
     def new(self, nbytes: int) -> Any:
+        """A storage the profile has no sid for (a gradient, a snapshot, scratch): a fresh key."""
         self.counter += 1
         key = ("g", self.counter)
         self.alloc(key, nbytes)
         return key
 
     def hold(self, key: Any, holder: Any) -> None:
+        """``holder`` keeps ``key`` alive (nothing for a storage that is not alive)."""
         if key in self.sizes:
             self.holders[key].add(holder)
 
     def release(self, key: Any, holder: Any) -> None:
+        """``holder`` lets go of ``key``, which dies with its last holder."""
         hs = self.holders.get(key)
         if hs is None:
             return
@@ -267,16 +283,20 @@ class _Ledger:
             self.free(key)
 
     def free(self, key: Any) -> None:
+        """``key`` dies whoever holds it."""
         if key in self.sizes:
             self.level -= self.sizes.pop(key)
             del self.holders[key]
 
     def free_if_unheld(self, key: Any) -> None:
+        """``key`` dies if nobody took it up: a storage born and let go of within one event."""
         if key in self.holders and not self.holders[key]:
             self.free(key)
 
 
 def _flatten(units: Sequence[dict[str, Any]]) -> list[tuple[str, int | None]]:
+    """Every fx node in run order with the index of its checkpointed call (None when kept), ``LOSS`` last:
+    the replay needs the order and the call membership, not the units' nesting."""
     flat: list[tuple[str, int | None]] = []
     calls = 0
     for unit in units:
@@ -307,24 +327,80 @@ def predict_graph_peak(profile: GraphProfile, units: Sequence[dict[str, Any]], *
 
 
 def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at: int) -> Prediction:
-    nodes = {rec["name"]: rec for rec in profile.nodes}
-    sizes = profile.storage_bytes
-    packs = profile.packs
-    autograd = profile.autograd
-    flat = _flatten(units)
-    step_of = {name: i for i, (name, _) in enumerate(flat)}
-    call_of = {name: g for name, g in flat if g is not None}
-    n_calls = 1 + max((g for _, g in flat if g is not None), default=-1)
-    call_nodes: list[list[str]] = [[] for _ in range(n_calls)]
-    for name, g in flat:
-        if g is not None:
-            call_nodes[g].append(name)
+    """One replay of the step: the plan's schedule, then forward and backward on one ledger (module docstring).
 
-    # Readers of each value, and where each reader lets go of it.
-    readers: dict[str, list[str]] = {}
-    for name, _ in flat:
-        for u in nodes[name]["reads"]:
-            readers.setdefault(u, []).append(name)
+    ``capture_at``: the event at which to copy the ledger's storages into ``Prediction.live`` (-1: none).
+    """
+    schedule = _Schedule.of(profile, units)
+    led = _Ledger(capture_at=capture_at)
+    unexplained = _replay_forward(profile, schedule, led)
+    _Backward(profile, schedule, led).run()
+    return Prediction(peak=led.peak, where=led.where, events=led.events, unexplained=unexplained, live=led.live,
+                      events_at_peak=led.peak_event, peaks=led.peak_count)
+
+
+@dataclass(slots=True)
+class _Schedule:
+    """What a plan changes about the step, derived once from the units before anything is replayed: the run
+    order, which call each node belongs to, when each value's holders let go of it, and what each call's
+    packs and frame keep. Forward, backward and recompute all read it; none of it depends on the ledger."""
+
+    nodes: dict[str, NodeRecord]
+    """The profile's node records by name."""
+    flat: list[tuple[str, int | None]]
+    """Every node in run order with its call (None for a kept node), ``LOSS`` last."""
+    call_of: dict[str, int]
+    """The call of each checkpointed node."""
+    call_nodes: list[list[str]]
+    """Per call, its nodes in run order."""
+    readers: dict[str, list[str]]
+    """Per node, the nodes that read its value, in run order."""
+    env_release: dict[int, list[str]]
+    """Per forward step, the nodes whose values lose their ``env`` holder after that step."""
+    call_packs: list[list[int]]
+    """Per call, the packs its nodes made (indices into ``GraphProfile.packs``)."""
+    owners: list[set[int]]
+    """Per call, the autograd nodes that unpack one of its packs (the first to run triggers the re-run)."""
+    owner_calls: dict[int, list[int]]
+    """Per autograd node, the calls it owns a pack of."""
+    call_inputs: list[list[int]]
+    """Per call, the storages of the values it reads from outside (its frame's ``saved_args``)."""
+
+    @classmethod
+    def of(cls, profile: GraphProfile, units: Sequence[dict[str, Any]]) -> _Schedule:
+        """The schedule of ``units`` on ``profile``'s step."""
+        nodes = {rec["name"]: rec for rec in profile.nodes}
+        flat = _flatten(units)
+        step_of = {name: i for i, (name, _) in enumerate(flat)}
+        call_of = {name: g for name, g in flat if g is not None}
+        n_calls = 1 + max((g for _, g in flat if g is not None), default=-1)
+        call_nodes: list[list[str]] = [[] for _ in range(n_calls)]
+        for name, g in flat:
+            if g is not None:
+                call_nodes[g].append(name)
+        readers: dict[str, list[str]] = {}
+        for name, _ in flat:
+            for u in nodes[name]["reads"]:
+                readers.setdefault(u, []).append(name)
+        env_release = _env_releases(flat, step_of, call_of, call_nodes, readers)
+        call_packs = [[p for name in names for p in nodes[name]["packs"]] for names in call_nodes]
+        packs = profile.packs
+        owners: list[set[int]] = [{packs[p]["consumer"] for p in cp if packs[p]["consumer"] is not None}
+                                  for cp in call_packs]
+        owner_calls: dict[int, list[int]] = {}
+        for g, own in enumerate(owners):
+            for a in own:
+                owner_calls.setdefault(a, []).append(g)
+        return cls(nodes=nodes, flat=flat, call_of=call_of, call_nodes=call_nodes, readers=readers,
+                   env_release=env_release, call_packs=call_packs, owners=owners, owner_calls=owner_calls,
+                   call_inputs=_call_inputs(nodes, call_nodes))
+
+
+def _env_releases(flat: Sequence[tuple[str, int | None]], step_of: Mapping[str, int], call_of: Mapping[str, int],
+                  call_nodes: Sequence[Sequence[str]], readers: Mapping[str, Sequence[str]]) -> dict[int, list[str]]:
+    """Per forward step, the values whose ``env`` holder lets go after it: after the value's last reader, where
+    a reader inside another checkpointed call holds it until that call's end (the call reads its inputs for
+    its whole duration)."""
     call_end = {g: step_of[names[-1]] for g, names in enumerate(call_nodes)}
 
     def release_step(name: str) -> int:
@@ -339,14 +415,12 @@ def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at
     for name, _ in flat:
         if name != LOSS:
             env_release.setdefault(release_step(name), []).append(name)
+    return env_release
 
-    call_packs = [[p for name in names for p in nodes[name]["packs"]] for names in call_nodes]
-    owners: list[set[int]] = [{packs[p]["consumer"] for p in cp if packs[p]["consumer"] is not None}
-                              for cp in call_packs]
-    owner_calls: dict[int, list[int]] = {}
-    for g, own in enumerate(owners):
-        for a in own:
-            owner_calls.setdefault(a, []).append(g)
+
+def _call_inputs(nodes: Mapping[str, NodeRecord], call_nodes: Sequence[Sequence[str]]) -> list[list[int]]:
+    """Per call, the storages of the values its nodes read from outside it, first read first: what its frame
+    keeps (``saved_args``) while one of its packs is alive."""
     call_inputs: list[list[int]] = []
     for names in call_nodes:
         inside = set(names)
@@ -356,15 +430,20 @@ def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at
                 if u not in inside:
                     ins += [s for s in nodes[u]["value"] if s not in ins]
         call_inputs.append(ins)
+    return call_inputs
 
-    led = _Ledger(capture_at=capture_at)
+
+def _replay_forward(profile: GraphProfile, schedule: _Schedule, led: _Ledger) -> int:
+    """Forward, node by node in the plan's order: each node's transient is a peak candidate, then its surviving
+    storages are held by ``env``, by autograd (``saved``, kept nodes only) and by its call's frame (module
+    docstring); a checkpointed node's storages nobody holds die with it. Returns the bytes a kept node left
+    alive that no holder explains (kept alive, as the profiled step did)."""
+    nodes, sizes, packs = schedule.nodes, profile.storage_bytes, profile.packs
     unexplained = 0
-
-    # ---- forward ---------------------------------------------------------------------------------------
-    for step, (name, g) in enumerate(flat):
+    for step, (name, g) in enumerate(schedule.flat):
         rec = nodes[name]
-        if g is not None and name == call_nodes[g][0] and call_packs[g]:
-            for s in call_inputs[g]:
+        if g is not None and name == schedule.call_nodes[g][0] and schedule.call_packs[g]:
+            for s in schedule.call_inputs[g]:
                 led.hold(s, ("frame", g))
         led.observe(rec["peak"], f"forward of {name}" + (f" (call {g})" if g is not None else ""))
         for s in rec["births"]:
@@ -382,112 +461,192 @@ def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at
                     led.hold(s, ("other", name))
                 else:
                     led.free(s)
-        for done in env_release.get(step, ()):
+        for done in schedule.env_release.get(step, ()):
             for s in nodes[done]["value"]:
                 led.release(s, ("env", done))
+    return unexplained
 
-    # ---- backward --------------------------------------------------------------------------------------
+
+def _sequence_numbers(profile: GraphProfile, schedule: _Schedule) -> dict[int, float]:
+    """The priority of each autograd node in the plan's backward: the engine runs the ready node of highest
+    sequence number first, numbers follow the plan's creation order (a call's autograd nodes are created when
+    its unit runs), and ``AccumulateGrad`` runs as soon as it is ready."""
     seq: dict[int, float] = {}
     counter = 0
-    for name, _ in flat:
-        for a in nodes[name]["autograd"]:
+    for name, _ in schedule.flat:
+        for a in schedule.nodes[name]["autograd"]:
             seq[a] = counter
             counter += 1
-    for a in autograd:
+    for a in profile.autograd:
         if a["type"] == "AccumulateGrad":
             seq[a["index"]] = _INF
         elif a["index"] not in seq:
             seq[a["index"]] = counter + a["seq"]  # created outside the executor's nodes (never seen so far)
-    deps = [0] * len(autograd)
-    for a in autograd:
-        for t, _ in a.get("next", ()):
-            if t >= 0:
-                deps[t] += 1
-    buffers: dict[int, list[_Grad | None]] = {}
-    consumed: dict[int, list[int]] = {}
-    for p, pk in enumerate(packs):
-        if pk["consumer"] is not None:
-            consumed.setdefault(pk["consumer"], []).append(p)
-    pgrads = set(profile.param_grad_sids)
-    recomputed = [False] * n_calls
-    owners_left = [len(o) for o in owners]
+    return seq
 
-    def drop(t: _Grad) -> None:
+
+def _recompute(profile: GraphProfile, schedule: _Schedule, led: _Ledger, g: int, trigger: str) -> None:
+    """Call ``g``'s non-reentrant re-run, on top of everything alive when its first owner runs backward: the
+    BatchNorm buffer snapshot lives meanwhile, each packed storage is kept (``("rec", pack)``) until its
+    consumer runs, other values die after their last reader in the call, and the re-run stops at the call's
+    last pack, which may fall inside that node (charged its profiled peak up to the pack only)."""
+    nodes, sizes, packs = schedule.nodes, profile.storage_bytes, profile.packs
+    names = schedule.call_nodes[g]
+    snap: dict[str, int] = {}
+    for name in names:
+        for slot, nbytes in nodes[name]["slots"]:
+            snap[slot] = nbytes
+    snap_key = led.new(sum(snap.values()))
+    led.hold(snap_key, "snapshot")
+    last = max(i for i, name in enumerate(names) if nodes[name]["packs"])
+    free_after = _recompute_frees(names, last, schedule.readers)
+    born_here: set[int] = set()
+    for i, name in enumerate(names[:last + 1]):
+        rec = nodes[name]
+        what = f"recompute of {name} (call {g}, for {trigger})"
+        if i == last:
+            led.observe(rec["pack_peaks"][-1], what + ", stopped at its last pack")
+            births = rec["pack_alive"][-1]
+        else:
+            led.observe(rec["peak"], what)
+            births = rec["births"]
+        for s in births:
+            led.alloc(("r", g, s), sizes[s])
+            born_here.add(s)
+        for p in rec["packs"]:
+            s = packs[p]["sid"]
+            if s is not None and s in born_here:
+                led.hold(("r", g, s), ("rec", p))
+        for s in rec["value"]:
+            if s in born_here:
+                led.hold(("r", g, s), ("renv", name))
+        for s in births:
+            led.free_if_unheld(("r", g, s))
+        for done in free_after.get(i, ()):
+            for s in nodes[done]["value"]:
+                if s in born_here:
+                    led.release(("r", g, s), ("renv", done))
+    for name in names[:last + 1]:  # the stop: the re-run's frames die
+        for s in nodes[name]["value"]:
+            if s in born_here:
+                led.release(("r", g, s), ("renv", name))
+    led.release(snap_key, "snapshot")
+
+
+def _recompute_frees(names: Sequence[str], last: int, readers: Mapping[str, Sequence[str]]) -> dict[int, list[str]]:
+    """Per position in a call's re-run (up to its stop at ``last``), the values that die after it.
+
+    A value dies after its last reader in the call, or at the stop when a reader comes later or lies outside
+    the call (the body returns its outputs only at its end, which the stop never reaches): those are not
+    listed here but released at the stop.
+    """
+    index = {name: i for i, name in enumerate(names)}
+    free_after: dict[int, list[str]] = {}
+    for i, name in enumerate(names[:last + 1]):
+        rs = readers.get(name, ())
+        at = max((index[r] for r in rs if r in index), default=i)
+        if at < last and all(r in index for r in rs):
+            free_after.setdefault(at, []).append(name)
+    return free_after
+
+
+class _Backward:
+    """Backward as the CPU engine runs it, on the ledger forward left: a ready queue by sequence number, each
+    node's input buffer, and the gradient tensors' owners (module docstring).
+
+    A class because every step of a node's apply (re-run its calls, make its gradients, release what it
+    saved, send its gradients on) reads and updates the same engine state.
+    """
+
+    __slots__ = ("buffers", "consumed", "deps", "heap", "led", "owners_left", "pgrads", "profile", "recomputed",
+                 "schedule", "seq")
+
+    def __init__(self, profile: GraphProfile, schedule: _Schedule, led: _Ledger) -> None:
+        self.profile = profile
+        self.schedule = schedule
+        self.led = led
+        self.seq = _sequence_numbers(profile, schedule)
+        self.deps = [0] * len(profile.autograd)
+        """Per autograd node, the gradients it still waits for (ready at 0)."""
+        for a in profile.autograd:
+            for t, _ in a.get("next", ()):
+                if t >= 0:
+                    self.deps[t] += 1
+        self.buffers: dict[int, list[_Grad | None]] = {}
+        self.consumed: dict[int, list[int]] = {}
+        """Per autograd node, the packs it unpacks (it releases them when it has run)."""
+        for p, pk in enumerate(profile.packs):
+            if pk["consumer"] is not None:
+                self.consumed.setdefault(pk["consumer"], []).append(p)
+        self.pgrads = set(profile.param_grad_sids)
+        self.recomputed = [False] * len(schedule.call_nodes)
+        self.owners_left = [len(o) for o in schedule.owners]
+        self.heap: list[tuple[float, int]] = []
+
+    def drop(self, t: _Grad) -> None:
+        """One owner of ``t`` lets go; its storage loses ``t`` as a holder with the last."""
         t.refs -= 1
         if t.refs == 0:
-            led.release(t.storage, ("grad", id(t)))
+            self.led.release(t.storage, ("grad", id(t)))
 
-    def own(t: _Grad) -> _Grad:
+    def own(self, t: _Grad) -> _Grad:
+        """One more owner of ``t``; with the first, ``t`` holds its storage."""
         if t.refs == 0:
-            led.hold(t.storage, ("grad", id(t)))
+            self.led.hold(t.storage, ("grad", id(t)))
         t.refs += 1
         return t
 
-    def recompute(g: int, trigger: str) -> None:
-        names = call_nodes[g]
-        index = {name: i for i, name in enumerate(names)}
-        snap: dict[str, int] = {}
-        for name in names:
-            for slot, nbytes in nodes[name]["slots"]:
-                snap[slot] = nbytes
-        snap_key = led.new(sum(snap.values()))
-        led.hold(snap_key, "snapshot")
-        last = max(i for i, name in enumerate(names) if nodes[name]["packs"])
-        # A value of the call dies after its last reader in the call, or at the stop when a reader comes later
-        # (or outside the call: the body returns its outputs only at its end, which the stop never reaches).
-        free_after: dict[int, list[str]] = {}
-        for i, name in enumerate(names[:last + 1]):
-            rs = readers.get(name, ())
-            at = max((index[r] for r in rs if r in index), default=i)
-            if at < last and all(r in index for r in rs):
-                free_after.setdefault(at, []).append(name)
-        born_here: set[int] = set()
-        for i, name in enumerate(names[:last + 1]):
-            rec = nodes[name]
-            what = f"recompute of {name} (call {g}, for {trigger})"
-            if i == last:
-                led.observe(rec["pack_peaks"][-1], what + ", stopped at its last pack")
-                births = rec["pack_alive"][-1]
-            else:
-                led.observe(rec["peak"], what)
-                births = rec["births"]
-            for s in births:
-                led.alloc(("r", g, s), sizes[s])
-                born_here.add(s)
-            for p in rec["packs"]:
-                s = packs[p]["sid"]
-                if s is not None and s in born_here:
-                    led.hold(("r", g, s), ("rec", p))
-            for s in rec["value"]:
-                if s in born_here:
-                    led.hold(("r", g, s), ("renv", name))
-            for s in births:
-                led.free_if_unheld(("r", g, s))
-            for done in free_after.get(i, ()):
-                for s in nodes[done]["value"]:
-                    if s in born_here:
-                        led.release(("r", g, s), ("renv", done))
-        for name in names[:last + 1]:  # the stop: the re-run's frames die
-            for s in nodes[name]["value"]:
-                if s in born_here:
-                    led.release(("r", g, s), ("renv", name))
-        led.release(snap_key, "snapshot")
+    def run(self) -> None:
+        """From the loss's seed gradient until no node is ready."""
+        profile = self.profile
+        root = profile.root
+        self.buffers[root] = [None] * max(1, profile.autograd[root].get("inputs", 1))
+        root_grad = _Grad(self.led.new(sum(profile.root_grad_bytes)), sum(profile.root_grad_bytes), True)
+        self.buffers[root][0] = self.own(root_grad)
+        self.heap = [(-self.seq[root], root)]
+        while self.heap:
+            _, a = heapq.heappop(self.heap)
+            self.apply(a)
 
-    root = profile.root
-    buffers[root] = [None] * max(1, autograd[root].get("inputs", 1))
-    root_grad = _Grad(led.new(sum(profile.root_grad_bytes)), sum(profile.root_grad_bytes), True)
-    buffers[root][0] = own(root_grad)
-    heap: list[tuple[float, int]] = [(-seq[root], root)]
-    while heap:
-        _, a = heapq.heappop(heap)
-        node = autograd[a]
-        inputs = buffers.pop(a, [])
+    def apply(self, a: int) -> None:
+        """Autograd node ``a`` runs: its calls are re-run first, then its apply's transient is a peak candidate,
+        its gradients are made, its inputs and saved tensors freed, and its gradients sent on."""
+        led = self.led
+        node = self.profile.autograd[a]
+        inputs = self.buffers.pop(a, [])
         label = f"backward of {node['type']} #{a} ({node['fx']})"
-        for g in owner_calls.get(a, ()):
-            if not recomputed[g]:
-                recomputed[g] = True
-                recompute(g, label)
+        for g in self.schedule.owner_calls.get(a, ()):
+            if not self.recomputed[g]:
+                self.recomputed[g] = True
+                _recompute(self.profile, self.schedule, led, g, label)
         led.observe(node.get("extra", 0), label)
+        outs = self.gradients(node, inputs)
+        if node.get("leftover"):
+            led.hold(led.new(node["leftover"]), "leftover")
+        if node["type"] == "AccumulateGrad" and self.pgrads and inputs and inputs[0] is not None:
+            if node.get("incoming_sids", [None])[0] in self.pgrads:
+                led.hold(inputs[0].storage, "param grad")
+        for t in inputs:
+            if t is not None:
+                self.drop(t)
+        self.release_saved(a)
+        for (t_index, nr), t in zip(node.get("next", []), outs, strict=False):
+            if t_index < 0:
+                continue
+            if t is not None:
+                self.accumulate(t_index, nr, t, label)
+            self.deps[t_index] -= 1
+            if self.deps[t_index] == 0:
+                heapq.heappush(self.heap, (-self.seq[t_index], t_index))
+        for t in outs:
+            if t is not None:
+                self.drop(t)
+
+    def gradients(self, node: AutogradRecord, inputs: Sequence[_Grad | None]) -> list[_Grad | None]:
+        """The gradients ``node`` sends, each owned once: new storages (shared where the apply made one for
+        several), the very tensor it received, a view of a received storage, or no new memory. A new storage
+        no gradient holds is freed at once."""
+        led = self.led
         new_storages: dict[int, Any] = {}
         outs: list[_Grad | None] = []
         for out in node.get("outs", []):
@@ -504,56 +663,47 @@ def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at
                 t = _Grad(inputs[out["view"]].storage, out["bytes"], out["dense"])
             else:
                 t = _Grad(led.new(0), out["bytes"], out["dense"])
-            outs.append(own(t))
+            outs.append(self.own(t))
         for key in new_storages.values():
             led.free_if_unheld(key)
-        if node.get("leftover"):
-            led.hold(led.new(node["leftover"]), "leftover")
-        if node["type"] == "AccumulateGrad" and pgrads and inputs and inputs[0] is not None:
-            if node.get("incoming_sids", [None])[0] in pgrads:
-                led.hold(inputs[0].storage, "param grad")
-        for t in inputs:
-            if t is not None:
-                drop(t)
-        for p in consumed.get(a, ()):
+        return outs
+
+    def release_saved(self, a: int) -> None:
+        """After ``a`` ran: the engine frees the saved tensors it unpacked (``release_variables``), and a call
+        whose last pack owner this was lets go of its frame's inputs."""
+        led, packs, schedule = self.led, self.profile.packs, self.schedule
+        for p in self.consumed.get(a, ()):
             s = packs[p]["sid"]
             if s is None:
                 continue
-            g = call_of.get(packs[p]["node"])
+            g = schedule.call_of.get(packs[p]["node"])
             if g is None:
                 led.release(s, ("saved", p))
             else:
                 led.release(("r", g, s), ("rec", p))
-        for g in owner_calls.get(a, ()):
-            owners_left[g] -= 1
-            if owners_left[g] == 0:
-                for s in call_inputs[g]:
+        for g in schedule.owner_calls.get(a, ()):
+            self.owners_left[g] -= 1
+            if self.owners_left[g] == 0:
+                for s in schedule.call_inputs[g]:
                     led.release(s, ("frame", g))
-        for (t_index, nr), t in zip(node.get("next", []), outs, strict=False):
-            if t_index < 0:
-                continue
-            if t is not None:
-                buf = buffers.setdefault(t_index, [None] * max(autograd[t_index].get("inputs", 1), nr + 1))
-                if len(buf) <= nr:
-                    buf += [None] * (nr + 1 - len(buf))
-                old = buf[nr]
-                if old is None:
-                    buf[nr] = own(t)
-                elif old.dense and old.refs == 1 and len(led.holders.get(old.storage, ())) == 1:
-                    pass  # in place into the buffer's own tensor
-                else:
-                    key = led.new(old.nbytes)
-                    led.observe(0, f"gradient accumulation into #{t_index} after {label}")
-                    buf[nr] = own(_Grad(key, old.nbytes, True))
-                    drop(old)
-            deps[t_index] -= 1
-            if deps[t_index] == 0:
-                heapq.heappush(heap, (-seq[t_index], t_index))
-        for t in outs:
-            if t is not None:
-                drop(t)
-    return Prediction(peak=led.peak, where=led.where, events=led.events, unexplained=unexplained, live=led.live,
-                      events_at_peak=led.peak_event, peaks=led.peak_count)
+
+    def accumulate(self, t_index: int, nr: int, t: _Grad, label: str) -> None:
+        """Gradient ``t`` into input ``nr`` of node ``t_index``'s buffer (``InputBuffer::accumulate``): the first
+        is kept as it is, a later one is added in place when the buffer holds the only reference to a dense
+        tensor, else into a new buffer tensor (a peak candidate)."""
+        buf = self.buffers.setdefault(t_index, [None] * max(self.profile.autograd[t_index].get("inputs", 1), nr + 1))
+        if len(buf) <= nr:
+            buf += [None] * (nr + 1 - len(buf))
+        old = buf[nr]
+        if old is None:
+            buf[nr] = self.own(t)
+        elif old.dense and old.refs == 1 and len(self.led.holders.get(old.storage, ())) == 1:
+            pass  # in place into the buffer's own tensor
+        else:
+            key = self.led.new(old.nbytes)
+            self.led.observe(0, f"gradient accumulation into #{t_index} after {label}")
+            buf[nr] = self.own(_Grad(key, old.nbytes, True))
+            self.drop(old)
 
 
 # --- plan search under the predictor ---------------------------------------------------------------------
