@@ -42,8 +42,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
+from remat.client.errors import PlanError
+
 __all__ = ["LOSS", "AutogradRecord", "GradientRecord", "GraphProfile", "NodeRecord", "PackRecord", "Prediction",
-           "SearchResult", "predict_graph_peak", "saved_weights", "search_plan"]
+           "SearchResult", "call_groups", "group_cuts", "predict_graph_peak", "saved_weights", "search_plan"]
 
 LOSS = "<loss>"
 """The pseudo fx node of the loss: it reads the model's outputs and runs after every node."""
@@ -742,7 +744,7 @@ def _rank(p: Prediction) -> tuple[int, int]:
     return p.peak, p.peaks
 
 
-def _groups(dropped: Sequence[int], succ: Sequence[set[int]]) -> list[list[int]]:
+def call_groups(dropped: Sequence[int], succ: Sequence[set[int]]) -> list[list[int]]:
     """The connected groups of ``dropped`` over the graph's edges, each sorted (each one checkpointed call)."""
     drop = set(dropped)
     parent = {v: v for v in drop}
@@ -763,7 +765,7 @@ def _groups(dropped: Sequence[int], succ: Sequence[set[int]]) -> list[list[int]]
     return sorted(out.values())
 
 
-def _cuts(group: Sequence[int], succ: Sequence[set[int]]) -> list[frozenset[int]]:
+def group_cuts(group: Sequence[int], succ: Sequence[set[int]]) -> list[frozenset[int]]:
     """The vertex sets whose keeping splits ``group`` at each position of its topological order: the group's
     vertices up to that position read by one after it (a DenseNet block's features up to a layer, a ResNet
     block's input). One call becomes two, each re-run on its own."""
@@ -790,8 +792,8 @@ def search_plan(profile: GraphProfile, weights: Sequence[int], edges: Sequence[t
     saved-bytes weights (:func:`saved_weights`); the predictor picks among them and the ``seeds`` (the chain
     planners' plans as dropped sets: the result is never predicted above the best of them). The local
     search moves from each of the ``starts`` best distinct plans by the steepest of: toggling one vertex that
-    owns a storage alive at the peak, or keeping the cut that splits the call owning one (:func:`_cuts`: the
-    single-vertex moves cannot split a dense block's call, whose every feature is read further on); with no
+    owns a storage alive at the peak, or keeping the cut that splits the call owning one (:func:`group_cuts`:
+    the single-vertex moves cannot split a dense block's call, whose every feature is read further on); with no
     such move left, one sweep toggling every vertex, then a few uphill moves each followed by a
     descent. Plans rank by peak, then by how many events reach it (:func:`_rank`), so lowering one of several
     identical blocks counts. Every candidate the executor refuses
@@ -799,8 +801,7 @@ def search_plan(profile: GraphProfile, weights: Sequence[int], edges: Sequence[t
     neighbourhood holds nothing better while an acg plan a little above it descends far below.
 
     Deterministic: bounded by the number of plans predicted (``max_evaluations``, shared evenly by the
-    starts), never by a clock, so a cached plan does not depend on how busy the machine was. A prediction
-    costs 2–25 ms on torchvision models.
+    starts), never by a clock, so a cached plan does not depend on how busy the machine was.
 
     Args:
         profile: ``profile_graph``'s record.
@@ -811,57 +812,96 @@ def search_plan(profile: GraphProfile, weights: Sequence[int], edges: Sequence[t
         bounds_per_variant: bounds M tried per weight variant (spread evenly over acg's candidate bounds).
         seeds: (label, dropped set) pairs judged beside acg's plans, before the local search.
         starts: how many of the best plans found so far the local search starts from.
-        kicks: at a local minimum, how many of the least-bad moves are descended from (see ``descend``).
+        kicks: at a local minimum, how many of the least-bad moves are descended from (see
+            ``_LocalSearch.descend``).
         max_evaluations: plans predicted in all, acg's family and the seeds included.
     """
-    from remat.client.errors import PlanError
-    from remat.client.planning.planners.acg import Search, build_tree, check_graph
-
-    n = len(weights)
-    cache: dict[tuple[int, ...], Prediction | None] = {}
-    limit = [max_evaluations]
-
-    def judge(dropped: Sequence[int]) -> Prediction | None:
-        key = tuple(sorted(dropped))
-        if key not in cache:
-            if len(cache) >= limit[0]:
-                return None
-            try:
-                cache[key] = predict_graph_peak(profile, units_of(list(key)))
-            except PlanError:
-                cache[key] = None
-        return cache[key]
-
-    cache[()] = predict_graph_peak(profile, units_of([]))
+    judge = _Judge(profile, units_of, max_evaluations)
+    judge.cache[()] = predict_graph_peak(profile, units_of([]))
     candidates: dict[tuple[int, ...], str] = {(): "no checkpointing"}
     variants = [("output bytes", list(weights))]
     if vertex_nodes is not None:
         variants.append(("saved bytes", saved_weights(profile, vertex_nodes)))
     succ: list[set[int]] = []
     for label, w in variants:
-        succ, pred = check_graph(w, edges)
-        tree = build_tree(w, succ, pred, 14)
-        search = Search(tree)
-        total = tree.totals[0] if tree.nodes else 0
-        found: set[int] = {0, total}
-        for node in tree.nodes:
-            node.candidates(0, total + 1, found)
-        found.update(tree.totals)
-        bounds = sorted(found)
-        if len(bounds) > bounds_per_variant:
-            step = (len(bounds) - 1) / (bounds_per_variant - 1)
-            bounds = sorted({bounds[round(i * step)] for i in range(bounds_per_variant)})
-        bounds.append(search.run())  # acg's own (classic) optimum
-        for bound in bounds:
-            kept = set(search.kept(bound)) | {0, n - 1}
-            key = tuple(v for v in range(n) if v not in kept)
+        succ, family = _acg_family(w, edges, len(weights), bounds_per_variant)
+        for bound, key in family:
             if judge(key) is not None:
                 candidates.setdefault(key, f"acg on {label}, M={bound}")
     for label, dropped in seeds:
         key = tuple(sorted(dropped))
         if judge(key) is not None:
             candidates.setdefault(key, label)
-    ranked = sorted(candidates, key=lambda k: (_rank(cache[k]), k))  # type: ignore[arg-type]
+    local = _LocalSearch(profile, units_of, judge, succ, len(weights), _born_vertex(profile, vertex_nodes))
+    return _descend_from_starts(local, candidates, starts, kicks, max_evaluations)
+
+
+class _Judge:
+    """The search's predictions, one per distinct dropped set, and its budget.
+
+    Every plan the search predicts goes through here, so ``len(cache)`` is the count ``max_evaluations``
+    bounds (a refused plan counts too: it was tried) and no plan is predicted twice. Past ``limit`` a plan not
+    yet known is not predicted (None, like a refused one): the search ends by count, never by a clock.
+    """
+
+    __slots__ = ("cache", "limit", "profile", "units_of")
+
+    def __init__(self, profile: GraphProfile, units_of: Any, limit: int) -> None:
+        self.profile = profile
+        self.units_of = units_of
+        self.limit = limit
+        self.cache: dict[tuple[int, ...], Prediction | None] = {}
+
+    def __call__(self, dropped: Sequence[int]) -> Prediction | None:
+        """The prediction of ``dropped``; None when the executor refuses it or the budget is spent."""
+        key = tuple(sorted(dropped))
+        if key not in self.cache:
+            if len(self.cache) >= self.limit:
+                return None
+            try:
+                self.cache[key] = predict_graph_peak(self.profile, self.units_of(list(key)))
+            except PlanError:
+                self.cache[key] = None
+        return self.cache[key]
+
+    def known(self, key: tuple[int, ...]) -> Prediction:
+        """The prediction of a plan already judged valid (a candidate, or a move the search took)."""
+        p = self.cache[key]
+        assert p is not None
+        return p
+
+
+def _acg_family(weights: Sequence[int], edges: Sequence[tuple[int, int]], n: int,
+                bounds_per_variant: int) -> tuple[list[set[int]], list[tuple[int, tuple[int, ...]]]]:
+    """The graph's successor sets, and acg's plans for ``weights``: (bound M, dropped set over vertices
+    ``0..n-1``) for up to ``bounds_per_variant`` bounds spread evenly over acg's candidate bounds, then acg's
+    own classic optimum. The source and the sink are always kept. Why a spread: neighbouring bounds mostly give
+    the same plan, and the predictor, not the classic cost, judges them."""
+    from remat.client.planning.planners.acg import Search, build_tree, check_graph
+
+    succ, pred = check_graph(weights, edges)
+    tree = build_tree(weights, succ, pred, 14)
+    search = Search(tree)
+    total = tree.totals[0] if tree.nodes else 0
+    found: set[int] = {0, total}
+    for node in tree.nodes:
+        node.candidates(0, total + 1, found)
+    found.update(tree.totals)
+    bounds = sorted(found)
+    if len(bounds) > bounds_per_variant:
+        step = (len(bounds) - 1) / (bounds_per_variant - 1)
+        bounds = sorted({bounds[round(i * step)] for i in range(bounds_per_variant)})
+    bounds.append(search.run())  # acg's own (classic) optimum
+    family = []
+    for bound in bounds:
+        kept = set(search.kept(bound)) | {0, n - 1}
+        family.append((bound, tuple(v for v in range(n) if v not in kept)))
+    return succ, family
+
+
+def _born_vertex(profile: GraphProfile, vertex_nodes: Sequence[Sequence[str]] | None) -> dict[int, int]:
+    """The vertex whose nodes created each storage (sid): the local search moves the vertices that own what is
+    alive at the peak. Empty without ``vertex_nodes``."""
     born_vertex: dict[int, int] = {}
     if vertex_nodes is not None:
         births = {rec["name"]: rec["births"] for rec in profile.nodes}
@@ -869,69 +909,126 @@ def search_plan(profile: GraphProfile, weights: Sequence[int], edges: Sequence[t
             for name in names:
                 for sid in births.get(name, ()):
                     born_vertex[sid] = v
+    return born_vertex
 
-    def descend(key: tuple[int, ...], kicks: int) -> tuple[tuple[int, ...], list[tuple[str, int]]]:
+
+_Judged = tuple[tuple[int, int], tuple[int, ...], str]
+"""A judged move: (its plan's rank, its plan, a label for the trail)."""
+
+
+class _LocalSearch:
+    """The descent from one plan under the judge's budget: its neighbourhood (moves that touch what is alive at
+    the peak, else a sweep of every vertex), the steepest improving move, and uphill kicks at a minimum."""
+
+    __slots__ = ("born_vertex", "judge", "n", "profile", "succ", "units_of")
+
+    def __init__(self, profile: GraphProfile, units_of: Any, judge: _Judge, succ: Sequence[set[int]], n: int,
+                 born_vertex: Mapping[int, int]) -> None:
+        self.profile = profile
+        self.units_of = units_of
+        self.judge = judge
+        self.succ = succ
+        self.n = n
+        self.born_vertex = born_vertex
+
+    def descend(self, key: tuple[int, ...], kicks: int) -> tuple[tuple[int, ...], list[tuple[str, int]]]:
         """Steepest descent from ``key``; at a local minimum, each of the ``kicks`` least-bad moves is taken
         anyway and descended from (without kicks of its own), and the first that ends lower is continued.
         Why: two near-equal peaks (a dense block's re-run and the next transition's backward) make every
         single move that lowers one raise the other a little; the way down passes over that ridge."""
-        best = cache[key]
-        assert best is not None
+        judge = self.judge
+        best = judge.known(key)
         trail: list[tuple[str, int]] = []
         swept = False
-        while len(cache) < limit[0]:
-            live = predict_graph_peak(profile, units_of(list(key)), capture=True).live or {}
-            relevant: set[int] = set()
-            for held in live:
-                sid = held[2] if isinstance(held, tuple) and held[0] == "r" else held
-                if isinstance(sid, int) and sid in born_vertex:
-                    relevant.add(born_vertex[sid])
-            relevant -= {0, n - 1}
-            moves: list[tuple[str, frozenset[int]]] = [(f"toggle {v}", frozenset({v})) for v in sorted(relevant)]
-            for group in _groups(key, succ):
-                if relevant.intersection(group):
-                    moves += [(f"keep cut {sorted(cut)}", cut) for cut in _cuts(group, succ)]
-            judged: list[tuple[tuple[int, int], tuple[int, ...], str]] = []
-            for label, move in moves:
-                cand = tuple(sorted(set(key) ^ move))
-                p = judge(cand)
-                if p is not None:
-                    judged.append((_rank(p), cand, label))
+        while len(judge.cache) < judge.limit:
+            judged = self.judge_moves(key, self.moves(key))
             if not swept and not any(r < _rank(best) for r, _, _ in judged):
                 swept = True  # nothing at the peak helps: one sweep of every vertex
-                for v in range(1, n - 1):
-                    cand = tuple(sorted(set(key) ^ {v}))
-                    p = judge(cand)
-                    if p is not None:
-                        judged.append((_rank(p), cand, f"sweep: toggle {v}"))
+                judged += self.sweep(key)
             judged.sort()
             if judged and judged[0][0] < _rank(best):
                 key = judged[0][1]
-                trail.append((f"local: {judged[0][2]}", cache[key].peak))  # type: ignore[union-attr]
+                trail.append((f"local: {judged[0][2]}", judge.known(key).peak))
             else:
-                for _, cand, label in judged[:kicks]:
-                    end, steps = descend(cand, 0)
-                    if _rank(cache[end]) < _rank(best):  # type: ignore[arg-type]
-                        trail += [(f"local: {label} (uphill)", cache[cand].peak), *steps]  # type: ignore[union-attr]
-                        key = end
-                        break
-                else:
+                uphill = self.over_the_ridge(judged[:kicks], best)
+                if uphill is None:
                     break
-            best = cache[key]
-            assert best is not None
+                key, steps = uphill
+                trail += steps
+            best = judge.known(key)
         return key, trail
 
+    def at_peak(self, key: tuple[int, ...]) -> set[int]:
+        """The vertices (source and sink left out) that own a storage alive at ``key``'s peak, a re-run's copy
+        included: only moving one of them can lower that peak. Predicted afresh with capture, outside the
+        judge's count."""
+        live = predict_graph_peak(self.profile, self.units_of(list(key)), capture=True).live or {}
+        relevant: set[int] = set()
+        for held in live:
+            sid = held[2] if isinstance(held, tuple) and held[0] == "r" else held
+            if isinstance(sid, int) and sid in self.born_vertex:
+                relevant.add(self.born_vertex[sid])
+        return relevant - {0, self.n - 1}
+
+    def moves(self, key: tuple[int, ...]) -> list[tuple[str, frozenset[int]]]:
+        """The neighbourhood of ``key``: toggle one vertex at the peak, or keep a cut of a call holding one."""
+        relevant = self.at_peak(key)
+        moves: list[tuple[str, frozenset[int]]] = [(f"toggle {v}", frozenset({v})) for v in sorted(relevant)]
+        for group in call_groups(key, self.succ):
+            if relevant.intersection(group):
+                moves += [(f"keep cut {sorted(cut)}", cut) for cut in group_cuts(group, self.succ)]
+        return moves
+
+    def judge_moves(self, key: tuple[int, ...], moves: Sequence[tuple[str, frozenset[int]]]) -> list[_Judged]:
+        """Each move from ``key`` the executor accepts (and the budget allows), judged in the moves' order."""
+        judged: list[_Judged] = []
+        for label, move in moves:
+            cand = tuple(sorted(set(key) ^ move))
+            p = self.judge(cand)
+            if p is not None:
+                judged.append((_rank(p), cand, label))
+        return judged
+
+    def sweep(self, key: tuple[int, ...]) -> list[_Judged]:
+        """Toggling each vertex but the source and sink, judged: the wider neighbourhood, once per descent,
+        when nothing at the peak helps."""
+        judged: list[_Judged] = []
+        for v in range(1, self.n - 1):
+            cand = tuple(sorted(set(key) ^ {v}))
+            p = self.judge(cand)
+            if p is not None:
+                judged.append((_rank(p), cand, f"sweep: toggle {v}"))
+        return judged
+
+    def over_the_ridge(self, kicks: Sequence[_Judged],
+                       best: Prediction) -> tuple[tuple[int, ...], list[tuple[str, int]]] | None:
+        """At a local minimum ranked ``best``: the first of the least-bad moves ``kicks`` whose own descent
+        ends below it, as (where it ends, the trail there), or None (the descent stops)."""
+        judge = self.judge
+        for _, cand, label in kicks:
+            end, steps = self.descend(cand, 0)
+            if _rank(judge.known(end)) < _rank(best):
+                return end, [(f"local: {label} (uphill)", judge.known(cand).peak), *steps]
+        return None
+
+
+def _descend_from_starts(local: _LocalSearch, candidates: Mapping[tuple[int, ...], str], starts: int, kicks: int,
+                         max_evaluations: int) -> SearchResult:
+    """The local search from each of the ``starts`` best candidates in turn, each given an even share of the
+    evaluations left (its own plus what earlier ones left over), keeping the best end. Why several: the best
+    start's neighbourhood often holds nothing better while a start a little above it descends far below."""
+    judge = local.judge
+    ranked = sorted(candidates, key=lambda k: (_rank(judge.known(k)), k))
     chosen = ranked[0]
-    trail = [(candidates[chosen], cache[chosen].peak)]  # type: ignore[union-attr]
+    trail = [(candidates[chosen], judge.known(chosen).peak)]
     source = candidates[chosen]
-    spent = len(cache)
+    spent = len(judge.cache)
     chosen_starts = ranked[:max(1, starts)]
     for i, start in enumerate(chosen_starts):
-        limit[0] = spent + (max_evaluations - spent) * (i + 1) // len(chosen_starts)
-        end, steps = descend(start, kicks)
-        if _rank(cache[end]) < _rank(cache[chosen]):  # type: ignore[arg-type]
+        judge.limit = spent + (max_evaluations - spent) * (i + 1) // len(chosen_starts)
+        end, steps = local.descend(start, kicks)
+        if _rank(judge.known(end)) < _rank(judge.known(chosen)):
             chosen, source = end, candidates[start] + (" + local search" if steps else "")
-            trail = [(candidates[start], cache[start].peak), *steps]  # type: ignore[union-attr]
-    best = cache[chosen]
-    assert best is not None
-    return SearchResult(dropped=list(chosen), prediction=best, evaluated=len(cache), source=source, trail=trail)
+            trail = [(candidates[start], judge.known(start).peak), *steps]
+    return SearchResult(dropped=list(chosen), prediction=judge.known(chosen), evaluated=len(judge.cache),
+                        source=source, trail=trail)

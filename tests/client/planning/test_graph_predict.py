@@ -107,17 +107,17 @@ def test_search_never_predicts_above_acg_and_its_plan_measures_as_predicted() ->
 def test_groups_and_cuts_of_a_dense_block() -> None:
     """A dense block: x0 → a, b, c, each layer reading every earlier feature, c the exit. Keeping the cut at
     a splits the call in two; the cut after b is every feature b's successors still read."""
-    from remat.client.planning.graph_predict import _cuts, _groups
+    from remat.client.planning.graph_predict import call_groups, group_cuts
 
     # 0 input, 1 a, 2 b, 3 c, 4 sink; 1, 2, 3 read everything before them.
     succ = [{1, 2, 3}, {2, 3}, {3}, {4}, set()]
-    assert _groups([1, 2], succ) == [[1, 2]]
-    assert _groups([1, 3], succ) == [[1, 3]]  # 1 → 3 is an edge: one call
-    assert _cuts([1, 2, 3], succ) == [frozenset({1}), frozenset({1, 2})]
+    assert call_groups([1, 2], succ) == [[1, 2]]
+    assert call_groups([1, 3], succ) == [[1, 3]]  # 1 → 3 is an edge: one call
+    assert group_cuts([1, 2, 3], succ) == [frozenset({1}), frozenset({1, 2})]
     # A chain's group: each position's cut is the one vertex that crosses it.
     chain = [{1}, {2}, {3}, {4}, set()]
-    assert _groups([1, 3], chain) == [[1], [3]]
-    assert _cuts([1, 2, 3], chain) == [frozenset({1}), frozenset({2})]
+    assert call_groups([1, 3], chain) == [[1], [3]]
+    assert group_cuts([1, 2, 3], chain) == [frozenset({1}), frozenset({2})]
 
 
 def test_a_chain_plan_as_a_graph_plan_measures_like_the_chain_plan() -> None:
