@@ -1,7 +1,8 @@
 """Predict the measured activation peak of an op-graph plan by replaying one profiled step as events.
 
 Pure Python, no torch: the planners can judge plans with it wherever they run. Its input is the record of
-one instrumented step of the unmodified model (``remat.worker.graph_profile.profile_graph``) and the order
+one instrumented step of the unmodified model (:class:`GraphProfile`, which
+``remat.worker.graph_profile.profile_graph`` records) and the order
 in which the plan's executor runs the fx nodes (``graph_profile.executor_units``: kept nodes alone, each
 checkpointed call as one unit). ``predict_graph_peak`` returns the peak of ``measure_step``'s
 ``measured_peak_bytes`` for that plan (CPU, exact storage bytes) and the event that reached it.

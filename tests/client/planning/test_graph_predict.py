@@ -1,6 +1,6 @@
 """The graph predictor against measured steps: one profile of the unmodified model predicts any plan's peak.
 
-Small models (seconds each): the DARTS-like cells (branches crossing inside cells, recompute peaks), a
+Small models: the DARTS-like cells (branches crossing inside cells, recompute peaks), a
 ResNet-18 at 32x32 (in-place ReLUs, residual adds: a gradient passed on as the same tensor) and a small
 DenseNet (concatenations: gradients as views of one buffer, accumulated out of place). Each plan is
 predicted from the profile alone and measured with ``measure_step``; CPU storage bytes are exact, so the
@@ -102,6 +102,20 @@ def test_search_never_predicts_above_acg_and_its_plan_measures_as_predicted() ->
     measured = measure_step(model, x, result.dropped, grads="kept", chain=graph, baseline=False,
                             timing_repeats=0).measured_peak_bytes
     assert abs(result.prediction.peak / measured - 1) <= TOLERANCE
+
+
+def test_graph_profile_wire_format_is_the_dict_profile_graph_returned() -> None:
+    """``to_dict`` writes the keys the untyped record had, in its order, and ``from_dict`` reads them back;
+    a record from before ``param_grad_sids`` reads as none, another version is refused."""
+    wire = {"version": 1, "grads": "none", "nodes": [], "packs": [], "autograd": [], "sizes": [4, 8], "root": 0,
+            "root_grad": [4], "param_grad_sids": [1], "measured_peak": 12}
+    profile = GraphProfile.from_dict(json.loads(json.dumps(wire)))
+    assert (profile.storage_bytes, profile.root_grad_bytes, profile.measured_peak_bytes) == ([4, 8], [4], 12)
+    assert json.dumps(profile.to_dict()) == json.dumps(wire)
+    older = {k: v for k, v in wire.items() if k != "param_grad_sids"}
+    assert GraphProfile.from_dict(older).param_grad_sids == []
+    with pytest.raises(ValueError, match="version"):
+        GraphProfile.from_dict({**wire, "version": 2})
 
 
 def test_groups_and_cuts_of_a_dense_block() -> None:
