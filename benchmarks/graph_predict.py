@@ -78,7 +78,7 @@ def run(spec: str, *, batch_size: int, image_size: int, grads: str, count: int, 
     profile_s = time.perf_counter() - started
     name = spec.rsplit(":", 1)[-1]
     print(f"<!-- {name}: {graph.num_vertices} vertices, profile {profile_s:.1f} s, its own step "
-          f"{profile['measured_peak'] / MIB:.3f} MiB -->", flush=True)
+          f"{profile.measured_peak_bytes / MIB:.3f} MiB -->", flush=True)
     plans = {"none": [], "acg": _dropped(plan_graph(graph.weights, graph.edges))}
     plans.update(random_plans(graph, count, seed))
     base = None

@@ -3,8 +3,9 @@
 ``profile_graph(model, x, graph, grads=...)`` runs the *unmodified* model once (after a warm-up step, as
 ``measure_step`` does) through its traced graph module, under a storage recorder (the CPU
 :class:`~remat.worker.memory_meter.MemoryMeter`, extended to log every storage's birth and death), autograd's
-saved-tensor hooks, and pre/post hooks on every autograd node of the step. The result is a JSON-able dict
-that :func:`remat.client.planning.graph_predict.predict_graph_peak` replays for any dropped set of the graph, so that
+saved-tensor hooks, and pre/post hooks on every autograd node of the step. The result is a
+:class:`~remat.client.planning.graph_predict.GraphProfile` (torch-free, JSON-able through ``to_dict``) that
+:func:`remat.client.planning.graph_predict.predict_graph_peak` replays for any dropped set of the graph, so that
 a planner can judge thousands of plans from one profile without running them.
 
 Why these records (what the predictor must know to replay what PyTorch does with a plan):
@@ -32,7 +33,7 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -41,14 +42,12 @@ from torch.utils._pytree import tree_flatten
 
 from remat.client.graph.op_graph import OpGraph
 from remat.client.graph.write_probe import running_stat_slots
+from remat.client.planning.graph_predict import LOSS, AutogradRecord, GraphProfile, NodeRecord, PackRecord
 from remat.worker.measure import make_loss
 from remat.worker.memory_meter import MemoryMeter, storage_key
 from remat.worker.profilers.common import preserved_state, set_grad_convention
 
 __all__ = ["LOSS", "executor_units", "profile_graph"]
-
-LOSS = "<loss>"
-"""The pseudo fx node of the loss: it reads the model's outputs and runs after every node."""
 
 _ACCUMULATE_SEQ = -1
 """Recorded creation rank of ``AccumulateGrad`` nodes: the engine gives them the highest priority."""
@@ -130,9 +129,9 @@ class _Profiler:
         self.model = model
         self.graph = graph
         self.rec = _Recorder()
-        self.nodes: list[dict[str, Any]] = []
-        self.packs: list[dict[str, Any]] = []
-        self.autograd: list[dict[str, Any]] = []
+        self.nodes: list[NodeRecord] = []
+        self.packs: list[PackRecord] = []
+        self.autograd: list[AutogradRecord] = []
         self.node_index: dict[int, int] = {}  # id(autograd node) -> index
         self.node_refs: list[Any] = []
         self.current: dict[str, Any] | None = None
@@ -145,7 +144,7 @@ class _Profiler:
         index = len(self.packs)
         node = self.current
         sid = rec.sid(t)
-        entry = {"node": node["name"] if node else None, "sid": sid, "consumer": None}
+        entry: PackRecord = {"node": node["name"] if node else None, "sid": sid, "consumer": None}
         self.packs.append(entry)
         if node is not None:
             node["packs"].append(index)
@@ -177,7 +176,7 @@ class _Profiler:
         record["value"] = vals
         self.current = None
         self._discover(value, record)
-        self.nodes.append(record)
+        self.nodes.append(cast("NodeRecord", record))  # complete now
         return value
 
     def _discover(self, value: Any, record: dict[str, Any]) -> None:
@@ -268,7 +267,7 @@ def _module_slots(gm: torch.fx.GraphModule, graph: OpGraph, n: torch.fx.Node) ->
 
 
 def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph, *, grads: str = "kept",
-                  train: bool = True) -> dict[str, Any]:
+                  train: bool = True) -> GraphProfile:
     """Record one training step of ``model`` (no checkpointing) for the graph predictor; see the module doc.
 
     The step is the one ``measure_step`` measures: the same loss (:func:`remat.worker.measure.make_loss`),
@@ -337,18 +336,9 @@ def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
             gc.enable()
         param_grads = {rec.sid(p.grad) for p in model.parameters() if p.grad is not None}
         param_grads.discard(None)
-    return {
-        "version": 1,
-        "grads": grads,
-        "nodes": prof.nodes,
-        "packs": prof.packs,
-        "autograd": prof.autograd,
-        "sizes": rec.sizes,
-        "root": root,
-        "root_grad": [rec.sizes[s] for s in root_births],
-        "param_grad_sids": sorted(param_grads),
-        "measured_peak": peak,
-    }
+    return GraphProfile(nodes=prof.nodes, packs=prof.packs, autograd=prof.autograd, storage_bytes=rec.sizes,
+                        root=root, root_grad_bytes=[rec.sizes[s] for s in root_births],
+                        param_grad_sids=sorted(param_grads), measured_peak_bytes=peak, grads=grads)
 
 
 def executor_units(graph: OpGraph, dropped: Sequence[int]) -> list[dict[str, Any]]:

@@ -17,12 +17,15 @@ Public API::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from remat.client.errors import ModelError, RematError
 from remat.client.plan_key import PlanKey
 from remat.client.precision import autocast_dtype
 from remat.client.request import ModelRequest
+
+if TYPE_CHECKING:
+    from remat.client.planning.graph_predict import GraphProfile
 
 __all__ = ["BuiltModel", "OutOfMemoryProfiling", "build", "build_from_model", "fit_bytes_for", "guard_memory",
            "model_key"]
@@ -47,7 +50,7 @@ class BuiltModel:
     op_graph: Any = None
     """The model's op graph (``remat.client.graph.op_graph.OpGraph``), built by :func:`profile` in train mode; None
     before, in eval mode, or when the model has none (``acg`` then plans the chain)."""
-    graph_profile: dict[str, Any] | None = None
+    graph_profile: GraphProfile | None = None
     """One instrumented step on the op graph (``remat.worker.graph_profile``), from which graph plans' peaks
     are predicted: CPU without autocast only, where the predictor is validated (docs/cost-model.md)."""
 

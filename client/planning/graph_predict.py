@@ -1,7 +1,8 @@
 """Predict the measured activation peak of an op-graph plan by replaying one profiled step as events.
 
 Pure Python, no torch: the planners can judge plans with it wherever they run. Its input is the record of
-one instrumented step of the unmodified model (``remat.worker.graph_profile.profile_graph``) and the order
+one instrumented step of the unmodified model (:class:`GraphProfile`, which
+``remat.worker.graph_profile.profile_graph`` records) and the order
 in which the plan's executor runs the fx nodes (``graph_profile.executor_units``: kept nodes alone, each
 checkpointed call as one unit). ``predict_graph_peak`` returns the peak of ``measure_step``'s
 ``measured_peak_bytes`` for that plan (CPU, exact storage bytes) and the event that reached it.
@@ -38,14 +39,155 @@ runs): that node is charged its profiled peak up to that pack only.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-__all__ = ["Prediction", "predict_graph_peak"]
+from remat.client.errors import PlanError
+
+__all__ = ["LOSS", "AutogradRecord", "GradientRecord", "GraphProfile", "NodeRecord", "PackRecord", "Prediction",
+           "SearchResult", "call_groups", "group_cuts", "predict_graph_peak", "saved_weights", "search_plan"]
 
 LOSS = "<loss>"
+"""The pseudo fx node of the loss: it reads the model's outputs and runs after every node."""
 _INF = float("inf")
+
+
+# --- the recorded step ----------------------------------------------------------------------------------
+# A storage is named by its sid, an index into ``GraphProfile.storage_bytes``: every storage born during the
+# profiled step gets one, in birth order. Records are plain JSON-able dicts (typed below) so that a profile
+# can be stored as it is; the predictor only reads them.
+
+
+class NodeRecord(TypedDict):
+    """One fx node's forward (the loss's pseudo node ``LOSS`` included), in traced order."""
+
+    name: str
+    reads: list[str]
+    """The fx nodes whose values it reads (``get_attr`` nodes left out)."""
+    packs: list[int]
+    """Indices into ``GraphProfile.packs`` of the tensors autograd packed while it ran, in order."""
+    pack_peaks: list[int]
+    """Per pack: the peak in bytes above the level at the node's start, reached up to that pack (a re-run that
+    stops at the call's last pack is charged this)."""
+    pack_alive: list[list[int]]
+    """Per pack: the sids born in the node still alive at that pack."""
+    slots: list[list[Any]]
+    """``[slot name, bytes]`` of each buffer the checkpoint's BatchNorm restore snapshots for this node."""
+    autograd: list[int]
+    """Indices into ``GraphProfile.autograd`` of the nodes it created, by sequence number (``AccumulateGrad``
+    left out: the engine runs those as soon as they are ready)."""
+    peak: int
+    """Its transient peak in bytes above the level at its start."""
+    births: list[int]
+    """The sids it created that survive it."""
+    value: list[int]
+    """The sids its value refers to (a view or an in-place op refers to an earlier node's storage)."""
+
+
+class PackRecord(TypedDict):
+    """One tensor autograd packed in forward."""
+
+    node: str | None
+    """The fx node that was running (None outside every node)."""
+    sid: int | None
+    """The packed storage; None for a storage born before the step (parameters, buffers, the input batch)."""
+    consumer: int | None
+    """The autograd node that unpacked it in backward, which releases it; None when nothing did."""
+
+
+class GradientRecord(TypedDict):
+    """One gradient an autograd node sent; exactly one of ``new``, ``same``, ``view``, ``other`` is present."""
+
+    bytes: int
+    """The gradient tensor's own bytes (numel times element size)."""
+    dense: bool
+    """Whether the engine may accumulate into it in place (contiguous, or channels-last 4-d)."""
+    new: NotRequired[int]
+    """A storage the apply created: its index among the apply's births (several gradients may share one)."""
+    storage: NotRequired[int]
+    """With ``new``: that storage's bytes."""
+    same: NotRequired[int]
+    """The very tensor received at this input slot (``AddBackward0``)."""
+    view: NotRequired[int]
+    """A view of the storage received at this input slot (``CatBackward0``'s slices)."""
+    other: NotRequired[int | None]
+    """A storage from elsewhere (a saved tensor, a parameter): no new memory."""
+
+
+class AutogradRecord(TypedDict):
+    """One autograd node of the step; the keys after ``seq`` exist once its backward has run."""
+
+    index: int
+    type: str
+    """Its class name (``AccumulateGrad``, ``AddBackward0``, ...)."""
+    fx: str
+    """The fx node that created it (the first whose outputs reach it)."""
+    seq: int
+    """Its sequence number in the profiled step; -1 for ``AccumulateGrad``."""
+    next: NotRequired[list[list[int]]]
+    """``[autograd index or -1, input slot]`` per gradient it sends, as ``next_functions``."""
+    extra: NotRequired[int]
+    """Its apply's transient peak in bytes above the level at the apply's start."""
+    outs: NotRequired[list[GradientRecord | None]]
+    """Per gradient it sends, in ``next`` order (None for an undefined gradient)."""
+    inputs: NotRequired[int]
+    """How many gradients it receives (the length of its input buffer)."""
+    incoming_sids: NotRequired[list[int | None]]
+    """The sid of each gradient it received."""
+    incoming_bytes: NotRequired[list[int]]
+    """The bytes of each gradient it received."""
+    leftover: NotRequired[int]
+    """Bytes the apply left alive that none of its gradients holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphProfile:
+    """One instrumented training step of the unmodified model on its op graph, as the predictor replays it.
+
+    Produced by ``remat.worker.graph_profile.profile_graph``; pure data, no torch, so the planners can judge
+    plans with it wherever they run. The records are shared, not copied: treat them as read-only.
+    """
+
+    nodes: list[NodeRecord]
+    """Every fx node's forward in traced order, the loss's pseudo node ``LOSS`` last."""
+    packs: list[PackRecord]
+    """Every tensor autograd packed in forward, in order (``NodeRecord.packs`` index it)."""
+    autograd: list[AutogradRecord]
+    """Every autograd node of the step, in order of discovery (``AutogradRecord.index`` is its position)."""
+    storage_bytes: list[int]
+    """Bytes of each storage born during the step, indexed by sid."""
+    root: int
+    """The autograd index of the loss's ``grad_fn``, where backward starts."""
+    root_grad_bytes: list[int]
+    """Bytes of each storage born for the loss's seed gradient (``torch.ones_like(loss)``)."""
+    param_grad_sids: list[int]
+    """Sorted sids of the parameters' ``.grad`` storages after the step (kept under ``grads="kept"``)."""
+    measured_peak_bytes: int
+    """The profiled step's own peak above its baseline: what ``measure_step`` measures for no checkpointing."""
+    grads: str = "kept"
+    """The gradient convention of the step (``"kept"`` or ``"none"``); a prediction uses the same."""
+    version: int = 1
+    """The wire format's version (:meth:`to_dict`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able wire format (the untyped dict ``profile_graph`` returned before this class): the same
+        keys in the same order, the records shared."""
+        return {"version": self.version, "grads": self.grads, "nodes": self.nodes, "packs": self.packs,
+                "autograd": self.autograd, "sizes": self.storage_bytes, "root": self.root,
+                "root_grad": self.root_grad_bytes, "param_grad_sids": self.param_grad_sids,
+                "measured_peak": self.measured_peak_bytes}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GraphProfile:
+        """A profile from its wire format (:meth:`to_dict`, e.g. read back from JSON); a missing
+        ``param_grad_sids`` reads as none, as the predictor always took it."""
+        if data.get("version", 1) != 1:
+            raise ValueError(f"graph profile version {data.get('version')!r} is not 1")
+        return cls(nodes=data["nodes"], packs=data["packs"], autograd=data["autograd"], storage_bytes=data["sizes"],
+                   root=data["root"], root_grad_bytes=data["root_grad"],
+                   param_grad_sids=list(data.get("param_grad_sids", ())), measured_peak_bytes=data["measured_peak"],
+                   grads=data.get("grads", "kept"), version=data.get("version", 1))
 
 
 @dataclass(slots=True)
@@ -78,19 +220,31 @@ class _Grad:
 
 @dataclass(slots=True)
 class _Ledger:
+    """The storages alive during the replay, each with its holders, and the peak so far.
+
+    Why named holders rather than reference counts: a storage dies when its last holder lets go, and each
+    holder (``("env", node)``, ``("saved", pack)``, ``("frame", call)``, ...) is released by the event that
+    ends it, whichever of them comes last; a holder that holds twice still holds once.
+    """
+
     sizes: dict[Any, int] = field(default_factory=dict)
+    """Bytes of each live storage, by key (see ``Prediction.live``)."""
     holders: dict[Any, set[Any]] = field(default_factory=dict)
     level: int = 0
+    """Bytes alive now."""
     peak: int = 0
     where: str = "nothing"
     peak_event: int = 0
     peak_count: int = 0
     events: int = 0
     counter: int = 0
+    """Keys handed out by :meth:`new`."""
     capture_at: int = -1
     live: dict[Any, int] | None = None
 
     def observe(self, transient: int, what: str) -> None:
+        """An event: ``transient`` bytes on top of the level are a peak candidate (and, at event
+        ``capture_at``, the live storages are copied)."""
         self.events += 1
         if self.level + transient > self.peak:
             self.peak = self.level + transient
@@ -103,6 +257,7 @@ class _Ledger:
             self.live = dict(self.sizes)
 
     def alloc(self, key: Any, nbytes: int) -> None:
+        """A storage comes alive, held by nobody yet; a storage already alive stays as it is."""
         if key in self.sizes:
             return
         self.sizes[key] = nbytes
@@ -110,16 +265,19 @@ class _Ledger:
         self.level += nbytes
 
     def new(self, nbytes: int) -> Any:
+        """A storage the profile has no sid for (a gradient, a snapshot, scratch): a fresh key."""
         self.counter += 1
         key = ("g", self.counter)
         self.alloc(key, nbytes)
         return key
 
     def hold(self, key: Any, holder: Any) -> None:
+        """``holder`` keeps ``key`` alive (nothing for a storage that is not alive)."""
         if key in self.sizes:
             self.holders[key].add(holder)
 
     def release(self, key: Any, holder: Any) -> None:
+        """``holder`` lets go of ``key``, which dies with its last holder."""
         hs = self.holders.get(key)
         if hs is None:
             return
@@ -128,16 +286,20 @@ class _Ledger:
             self.free(key)
 
     def free(self, key: Any) -> None:
+        """``key`` dies whoever holds it."""
         if key in self.sizes:
             self.level -= self.sizes.pop(key)
             del self.holders[key]
 
     def free_if_unheld(self, key: Any) -> None:
+        """``key`` dies if nobody took it up: a storage born and let go of within one event."""
         if key in self.holders and not self.holders[key]:
             self.free(key)
 
 
 def _flatten(units: Sequence[dict[str, Any]]) -> list[tuple[str, int | None]]:
+    """Every fx node in run order with the index of its checkpointed call (None when kept), ``LOSS`` last:
+    the replay needs the order and the call membership, not the units' nesting."""
     flat: list[tuple[str, int | None]] = []
     calls = 0
     for unit in units:
@@ -150,7 +312,7 @@ def _flatten(units: Sequence[dict[str, Any]]) -> list[tuple[str, int | None]]:
     return flat
 
 
-def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]], *,
+def predict_graph_peak(profile: GraphProfile, units: Sequence[dict[str, Any]], *,
                        capture: bool = False) -> Prediction:
     """The measured activation peak of one training step run as ``units`` (see the module docstring).
 
@@ -167,25 +329,81 @@ def predict_graph_peak(profile: dict[str, Any], units: Sequence[dict[str, Any]],
     return _simulate(profile, units, -1)
 
 
-def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_at: int) -> Prediction:
-    nodes = {rec["name"]: rec for rec in profile["nodes"]}
-    sizes: list[int] = profile["sizes"]
-    packs: list[dict[str, Any]] = profile["packs"]
-    autograd: list[dict[str, Any]] = profile["autograd"]
-    flat = _flatten(units)
-    step_of = {name: i for i, (name, _) in enumerate(flat)}
-    call_of = {name: g for name, g in flat if g is not None}
-    n_calls = 1 + max((g for _, g in flat if g is not None), default=-1)
-    call_nodes: list[list[str]] = [[] for _ in range(n_calls)]
-    for name, g in flat:
-        if g is not None:
-            call_nodes[g].append(name)
+def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at: int) -> Prediction:
+    """One replay of the step: the plan's schedule, then forward and backward on one ledger (module docstring).
 
-    # Readers of each value, and where each reader lets go of it.
-    readers: dict[str, list[str]] = {}
-    for name, _ in flat:
-        for u in nodes[name]["reads"]:
-            readers.setdefault(u, []).append(name)
+    ``capture_at``: the event at which to copy the ledger's storages into ``Prediction.live`` (-1: none).
+    """
+    schedule = _Schedule.of(profile, units)
+    led = _Ledger(capture_at=capture_at)
+    unexplained = _replay_forward(profile, schedule, led)
+    _Backward(profile, schedule, led).run()
+    return Prediction(peak=led.peak, where=led.where, events=led.events, unexplained=unexplained, live=led.live,
+                      events_at_peak=led.peak_event, peaks=led.peak_count)
+
+
+@dataclass(slots=True)
+class _Schedule:
+    """What a plan changes about the step, derived once from the units before anything is replayed: the run
+    order, which call each node belongs to, when each value's holders let go of it, and what each call's
+    packs and frame keep. Forward, backward and recompute all read it; none of it depends on the ledger."""
+
+    nodes: dict[str, NodeRecord]
+    """The profile's node records by name."""
+    flat: list[tuple[str, int | None]]
+    """Every node in run order with its call (None for a kept node), ``LOSS`` last."""
+    call_of: dict[str, int]
+    """The call of each checkpointed node."""
+    call_nodes: list[list[str]]
+    """Per call, its nodes in run order."""
+    readers: dict[str, list[str]]
+    """Per node, the nodes that read its value, in run order."""
+    env_release: dict[int, list[str]]
+    """Per forward step, the nodes whose values lose their ``env`` holder after that step."""
+    call_packs: list[list[int]]
+    """Per call, the packs its nodes made (indices into ``GraphProfile.packs``)."""
+    owners: list[set[int]]
+    """Per call, the autograd nodes that unpack one of its packs (the first to run triggers the re-run)."""
+    owner_calls: dict[int, list[int]]
+    """Per autograd node, the calls it owns a pack of."""
+    call_inputs: list[list[int]]
+    """Per call, the storages of the values it reads from outside (its frame's ``saved_args``)."""
+
+    @classmethod
+    def of(cls, profile: GraphProfile, units: Sequence[dict[str, Any]]) -> _Schedule:
+        """The schedule of ``units`` on ``profile``'s step."""
+        nodes = {rec["name"]: rec for rec in profile.nodes}
+        flat = _flatten(units)
+        step_of = {name: i for i, (name, _) in enumerate(flat)}
+        call_of = {name: g for name, g in flat if g is not None}
+        n_calls = 1 + max((g for _, g in flat if g is not None), default=-1)
+        call_nodes: list[list[str]] = [[] for _ in range(n_calls)]
+        for name, g in flat:
+            if g is not None:
+                call_nodes[g].append(name)
+        readers: dict[str, list[str]] = {}
+        for name, _ in flat:
+            for u in nodes[name]["reads"]:
+                readers.setdefault(u, []).append(name)
+        env_release = _env_releases(flat, step_of, call_of, call_nodes, readers)
+        call_packs = [[p for name in names for p in nodes[name]["packs"]] for names in call_nodes]
+        packs = profile.packs
+        owners: list[set[int]] = [{packs[p]["consumer"] for p in cp if packs[p]["consumer"] is not None}
+                                  for cp in call_packs]
+        owner_calls: dict[int, list[int]] = {}
+        for g, own in enumerate(owners):
+            for a in own:
+                owner_calls.setdefault(a, []).append(g)
+        return cls(nodes=nodes, flat=flat, call_of=call_of, call_nodes=call_nodes, readers=readers,
+                   env_release=env_release, call_packs=call_packs, owners=owners, owner_calls=owner_calls,
+                   call_inputs=_call_inputs(nodes, call_nodes))
+
+
+def _env_releases(flat: Sequence[tuple[str, int | None]], step_of: Mapping[str, int], call_of: Mapping[str, int],
+                  call_nodes: Sequence[Sequence[str]], readers: Mapping[str, Sequence[str]]) -> dict[int, list[str]]:
+    """Per forward step, the values whose ``env`` holder lets go after it: after the value's last reader, where
+    a reader inside another checkpointed call holds it until that call's end (the call reads its inputs for
+    its whole duration)."""
     call_end = {g: step_of[names[-1]] for g, names in enumerate(call_nodes)}
 
     def release_step(name: str) -> int:
@@ -200,14 +418,12 @@ def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_
     for name, _ in flat:
         if name != LOSS:
             env_release.setdefault(release_step(name), []).append(name)
+    return env_release
 
-    call_packs = [[p for name in names for p in nodes[name]["packs"]] for names in call_nodes]
-    owners: list[set[int]] = [{packs[p]["consumer"] for p in cp if packs[p]["consumer"] is not None}
-                              for cp in call_packs]
-    owner_calls: dict[int, list[int]] = {}
-    for g, own in enumerate(owners):
-        for a in own:
-            owner_calls.setdefault(a, []).append(g)
+
+def _call_inputs(nodes: Mapping[str, NodeRecord], call_nodes: Sequence[Sequence[str]]) -> list[list[int]]:
+    """Per call, the storages of the values its nodes read from outside it, first read first: what its frame
+    keeps (``saved_args``) while one of its packs is alive."""
     call_inputs: list[list[int]] = []
     for names in call_nodes:
         inside = set(names)
@@ -217,15 +433,20 @@ def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_
                 if u not in inside:
                     ins += [s for s in nodes[u]["value"] if s not in ins]
         call_inputs.append(ins)
+    return call_inputs
 
-    led = _Ledger(capture_at=capture_at)
+
+def _replay_forward(profile: GraphProfile, schedule: _Schedule, led: _Ledger) -> int:
+    """Forward, node by node in the plan's order: each node's transient is a peak candidate, then its surviving
+    storages are held by ``env``, by autograd (``saved``, kept nodes only) and by its call's frame (module
+    docstring); a checkpointed node's storages nobody holds die with it. Returns the bytes a kept node left
+    alive that no holder explains (kept alive, as the profiled step did)."""
+    nodes, sizes, packs = schedule.nodes, profile.storage_bytes, profile.packs
     unexplained = 0
-
-    # ---- forward ---------------------------------------------------------------------------------------
-    for step, (name, g) in enumerate(flat):
+    for step, (name, g) in enumerate(schedule.flat):
         rec = nodes[name]
-        if g is not None and name == call_nodes[g][0] and call_packs[g]:
-            for s in call_inputs[g]:
+        if g is not None and name == schedule.call_nodes[g][0] and schedule.call_packs[g]:
+            for s in schedule.call_inputs[g]:
                 led.hold(s, ("frame", g))
         led.observe(rec["peak"], f"forward of {name}" + (f" (call {g})" if g is not None else ""))
         for s in rec["births"]:
@@ -243,112 +464,192 @@ def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_
                     led.hold(s, ("other", name))
                 else:
                     led.free(s)
-        for done in env_release.get(step, ()):
+        for done in schedule.env_release.get(step, ()):
             for s in nodes[done]["value"]:
                 led.release(s, ("env", done))
+    return unexplained
 
-    # ---- backward --------------------------------------------------------------------------------------
+
+def _sequence_numbers(profile: GraphProfile, schedule: _Schedule) -> dict[int, float]:
+    """The priority of each autograd node in the plan's backward: the engine runs the ready node of highest
+    sequence number first, numbers follow the plan's creation order (a call's autograd nodes are created when
+    its unit runs), and ``AccumulateGrad`` runs as soon as it is ready."""
     seq: dict[int, float] = {}
     counter = 0
-    for name, _ in flat:
-        for a in nodes[name]["autograd"]:
+    for name, _ in schedule.flat:
+        for a in schedule.nodes[name]["autograd"]:
             seq[a] = counter
             counter += 1
-    for a in autograd:
+    for a in profile.autograd:
         if a["type"] == "AccumulateGrad":
             seq[a["index"]] = _INF
         elif a["index"] not in seq:
             seq[a["index"]] = counter + a["seq"]  # created outside the executor's nodes (never seen so far)
-    deps = [0] * len(autograd)
-    for a in autograd:
-        for t, _ in a.get("next", ()):
-            if t >= 0:
-                deps[t] += 1
-    buffers: dict[int, list[_Grad | None]] = {}
-    consumed: dict[int, list[int]] = {}
-    for p, pk in enumerate(packs):
-        if pk["consumer"] is not None:
-            consumed.setdefault(pk["consumer"], []).append(p)
-    pgrads = set(profile.get("param_grad_sids", ()))
-    recomputed = [False] * n_calls
-    owners_left = [len(o) for o in owners]
+    return seq
 
-    def drop(t: _Grad) -> None:
+
+def _recompute(profile: GraphProfile, schedule: _Schedule, led: _Ledger, g: int, trigger: str) -> None:
+    """Call ``g``'s non-reentrant re-run, on top of everything alive when its first owner runs backward: the
+    BatchNorm buffer snapshot lives meanwhile, each packed storage is kept (``("rec", pack)``) until its
+    consumer runs, other values die after their last reader in the call, and the re-run stops at the call's
+    last pack, which may fall inside that node (charged its profiled peak up to the pack only)."""
+    nodes, sizes, packs = schedule.nodes, profile.storage_bytes, profile.packs
+    names = schedule.call_nodes[g]
+    snap: dict[str, int] = {}
+    for name in names:
+        for slot, nbytes in nodes[name]["slots"]:
+            snap[slot] = nbytes
+    snap_key = led.new(sum(snap.values()))
+    led.hold(snap_key, "snapshot")
+    last = max(i for i, name in enumerate(names) if nodes[name]["packs"])
+    free_after = _recompute_frees(names, last, schedule.readers)
+    born_here: set[int] = set()
+    for i, name in enumerate(names[:last + 1]):
+        rec = nodes[name]
+        what = f"recompute of {name} (call {g}, for {trigger})"
+        if i == last:
+            led.observe(rec["pack_peaks"][-1], what + ", stopped at its last pack")
+            births = rec["pack_alive"][-1]
+        else:
+            led.observe(rec["peak"], what)
+            births = rec["births"]
+        for s in births:
+            led.alloc(("r", g, s), sizes[s])
+            born_here.add(s)
+        for p in rec["packs"]:
+            s = packs[p]["sid"]
+            if s is not None and s in born_here:
+                led.hold(("r", g, s), ("rec", p))
+        for s in rec["value"]:
+            if s in born_here:
+                led.hold(("r", g, s), ("renv", name))
+        for s in births:
+            led.free_if_unheld(("r", g, s))
+        for done in free_after.get(i, ()):
+            for s in nodes[done]["value"]:
+                if s in born_here:
+                    led.release(("r", g, s), ("renv", done))
+    for name in names[:last + 1]:  # the stop: the re-run's frames die
+        for s in nodes[name]["value"]:
+            if s in born_here:
+                led.release(("r", g, s), ("renv", name))
+    led.release(snap_key, "snapshot")
+
+
+def _recompute_frees(names: Sequence[str], last: int, readers: Mapping[str, Sequence[str]]) -> dict[int, list[str]]:
+    """Per position in a call's re-run (up to its stop at ``last``), the values that die after it.
+
+    A value dies after its last reader in the call, or at the stop when a reader comes later or lies outside
+    the call (the body returns its outputs only at its end, which the stop never reaches): those are not
+    listed here but released at the stop.
+    """
+    index = {name: i for i, name in enumerate(names)}
+    free_after: dict[int, list[str]] = {}
+    for i, name in enumerate(names[:last + 1]):
+        rs = readers.get(name, ())
+        at = max((index[r] for r in rs if r in index), default=i)
+        if at < last and all(r in index for r in rs):
+            free_after.setdefault(at, []).append(name)
+    return free_after
+
+
+class _Backward:
+    """Backward as the CPU engine runs it, on the ledger forward left: a ready queue by sequence number, each
+    node's input buffer, and the gradient tensors' owners (module docstring).
+
+    A class because every step of a node's apply (re-run its calls, make its gradients, release what it
+    saved, send its gradients on) reads and updates the same engine state.
+    """
+
+    __slots__ = ("buffers", "consumed", "deps", "heap", "led", "owners_left", "pgrads", "profile", "recomputed",
+                 "schedule", "seq")
+
+    def __init__(self, profile: GraphProfile, schedule: _Schedule, led: _Ledger) -> None:
+        self.profile = profile
+        self.schedule = schedule
+        self.led = led
+        self.seq = _sequence_numbers(profile, schedule)
+        self.deps = [0] * len(profile.autograd)
+        """Per autograd node, the gradients it still waits for (ready at 0)."""
+        for a in profile.autograd:
+            for t, _ in a.get("next", ()):
+                if t >= 0:
+                    self.deps[t] += 1
+        self.buffers: dict[int, list[_Grad | None]] = {}
+        self.consumed: dict[int, list[int]] = {}
+        """Per autograd node, the packs it unpacks (it releases them when it has run)."""
+        for p, pk in enumerate(profile.packs):
+            if pk["consumer"] is not None:
+                self.consumed.setdefault(pk["consumer"], []).append(p)
+        self.pgrads = set(profile.param_grad_sids)
+        self.recomputed = [False] * len(schedule.call_nodes)
+        self.owners_left = [len(o) for o in schedule.owners]
+        self.heap: list[tuple[float, int]] = []
+
+    def drop(self, t: _Grad) -> None:
+        """One owner of ``t`` lets go; its storage loses ``t`` as a holder with the last."""
         t.refs -= 1
         if t.refs == 0:
-            led.release(t.storage, ("grad", id(t)))
+            self.led.release(t.storage, ("grad", id(t)))
 
-    def own(t: _Grad) -> _Grad:
+    def own(self, t: _Grad) -> _Grad:
+        """One more owner of ``t``; with the first, ``t`` holds its storage."""
         if t.refs == 0:
-            led.hold(t.storage, ("grad", id(t)))
+            self.led.hold(t.storage, ("grad", id(t)))
         t.refs += 1
         return t
 
-    def recompute(g: int, trigger: str) -> None:
-        names = call_nodes[g]
-        index = {name: i for i, name in enumerate(names)}
-        snap: dict[str, int] = {}
-        for name in names:
-            for slot, nbytes in nodes[name]["slots"]:
-                snap[slot] = nbytes
-        snap_key = led.new(sum(snap.values()))
-        led.hold(snap_key, "snapshot")
-        last = max(i for i, name in enumerate(names) if nodes[name]["packs"])
-        # A value of the call dies after its last reader in the call, or at the stop when a reader comes later
-        # (or outside the call: the body returns its outputs only at its end, which the stop never reaches).
-        free_after: dict[int, list[str]] = {}
-        for i, name in enumerate(names[:last + 1]):
-            rs = readers.get(name, ())
-            at = max((index[r] for r in rs if r in index), default=i)
-            if at < last and all(r in index for r in rs):
-                free_after.setdefault(at, []).append(name)
-        born_here: set[int] = set()
-        for i, name in enumerate(names[:last + 1]):
-            rec = nodes[name]
-            what = f"recompute of {name} (call {g}, for {trigger})"
-            if i == last:
-                led.observe(rec["pack_peaks"][-1], what + ", stopped at its last pack")
-                births = rec["pack_alive"][-1]
-            else:
-                led.observe(rec["peak"], what)
-                births = rec["births"]
-            for s in births:
-                led.alloc(("r", g, s), sizes[s])
-                born_here.add(s)
-            for p in rec["packs"]:
-                s = packs[p]["sid"]
-                if s is not None and s in born_here:
-                    led.hold(("r", g, s), ("rec", p))
-            for s in rec["value"]:
-                if s in born_here:
-                    led.hold(("r", g, s), ("renv", name))
-            for s in births:
-                led.free_if_unheld(("r", g, s))
-            for done in free_after.get(i, ()):
-                for s in nodes[done]["value"]:
-                    if s in born_here:
-                        led.release(("r", g, s), ("renv", done))
-        for name in names[:last + 1]:  # the stop: the re-run's frames die
-            for s in nodes[name]["value"]:
-                if s in born_here:
-                    led.release(("r", g, s), ("renv", name))
-        led.release(snap_key, "snapshot")
+    def run(self) -> None:
+        """From the loss's seed gradient until no node is ready."""
+        profile = self.profile
+        root = profile.root
+        self.buffers[root] = [None] * max(1, profile.autograd[root].get("inputs", 1))
+        root_grad = _Grad(self.led.new(sum(profile.root_grad_bytes)), sum(profile.root_grad_bytes), True)
+        self.buffers[root][0] = self.own(root_grad)
+        self.heap = [(-self.seq[root], root)]
+        while self.heap:
+            _, a = heapq.heappop(self.heap)
+            self.apply(a)
 
-    root = profile["root"]
-    buffers[root] = [None] * max(1, autograd[root].get("inputs", 1))
-    root_grad = _Grad(led.new(sum(profile["root_grad"])), sum(profile["root_grad"]), True)
-    buffers[root][0] = own(root_grad)
-    heap: list[tuple[float, int]] = [(-seq[root], root)]
-    while heap:
-        _, a = heapq.heappop(heap)
-        node = autograd[a]
-        inputs = buffers.pop(a, [])
+    def apply(self, a: int) -> None:
+        """Autograd node ``a`` runs: its calls are re-run first, then its apply's transient is a peak candidate,
+        its gradients are made, its inputs and saved tensors freed, and its gradients sent on."""
+        led = self.led
+        node = self.profile.autograd[a]
+        inputs = self.buffers.pop(a, [])
         label = f"backward of {node['type']} #{a} ({node['fx']})"
-        for g in owner_calls.get(a, ()):
-            if not recomputed[g]:
-                recomputed[g] = True
-                recompute(g, label)
+        for g in self.schedule.owner_calls.get(a, ()):
+            if not self.recomputed[g]:
+                self.recomputed[g] = True
+                _recompute(self.profile, self.schedule, led, g, label)
         led.observe(node.get("extra", 0), label)
+        outs = self.gradients(node, inputs)
+        if node.get("leftover"):
+            led.hold(led.new(node["leftover"]), "leftover")
+        if node["type"] == "AccumulateGrad" and self.pgrads and inputs and inputs[0] is not None:
+            if node.get("incoming_sids", [None])[0] in self.pgrads:
+                led.hold(inputs[0].storage, "param grad")
+        for t in inputs:
+            if t is not None:
+                self.drop(t)
+        self.release_saved(a)
+        for (t_index, nr), t in zip(node.get("next", []), outs, strict=False):
+            if t_index < 0:
+                continue
+            if t is not None:
+                self.accumulate(t_index, nr, t, label)
+            self.deps[t_index] -= 1
+            if self.deps[t_index] == 0:
+                heapq.heappush(self.heap, (-self.seq[t_index], t_index))
+        for t in outs:
+            if t is not None:
+                self.drop(t)
+
+    def gradients(self, node: AutogradRecord, inputs: Sequence[_Grad | None]) -> list[_Grad | None]:
+        """The gradients ``node`` sends, each owned once: new storages (shared where the apply made one for
+        several), the very tensor it received, a view of a received storage, or no new memory. A new storage
+        no gradient holds is freed at once."""
+        led = self.led
         new_storages: dict[int, Any] = {}
         outs: list[_Grad | None] = []
         for out in node.get("outs", []):
@@ -365,56 +666,47 @@ def _simulate(profile: dict[str, Any], units: Sequence[dict[str, Any]], capture_
                 t = _Grad(inputs[out["view"]].storage, out["bytes"], out["dense"])
             else:
                 t = _Grad(led.new(0), out["bytes"], out["dense"])
-            outs.append(own(t))
+            outs.append(self.own(t))
         for key in new_storages.values():
             led.free_if_unheld(key)
-        if node.get("leftover"):
-            led.hold(led.new(node["leftover"]), "leftover")
-        if node["type"] == "AccumulateGrad" and pgrads and inputs and inputs[0] is not None:
-            if node.get("incoming_sids", [None])[0] in pgrads:
-                led.hold(inputs[0].storage, "param grad")
-        for t in inputs:
-            if t is not None:
-                drop(t)
-        for p in consumed.get(a, ()):
+        return outs
+
+    def release_saved(self, a: int) -> None:
+        """After ``a`` ran: the engine frees the saved tensors it unpacked (``release_variables``), and a call
+        whose last pack owner this was lets go of its frame's inputs."""
+        led, packs, schedule = self.led, self.profile.packs, self.schedule
+        for p in self.consumed.get(a, ()):
             s = packs[p]["sid"]
             if s is None:
                 continue
-            g = call_of.get(packs[p]["node"])
+            g = schedule.call_of.get(packs[p]["node"])
             if g is None:
                 led.release(s, ("saved", p))
             else:
                 led.release(("r", g, s), ("rec", p))
-        for g in owner_calls.get(a, ()):
-            owners_left[g] -= 1
-            if owners_left[g] == 0:
-                for s in call_inputs[g]:
+        for g in schedule.owner_calls.get(a, ()):
+            self.owners_left[g] -= 1
+            if self.owners_left[g] == 0:
+                for s in schedule.call_inputs[g]:
                     led.release(s, ("frame", g))
-        for (t_index, nr), t in zip(node.get("next", []), outs, strict=False):
-            if t_index < 0:
-                continue
-            if t is not None:
-                buf = buffers.setdefault(t_index, [None] * max(autograd[t_index].get("inputs", 1), nr + 1))
-                if len(buf) <= nr:
-                    buf += [None] * (nr + 1 - len(buf))
-                old = buf[nr]
-                if old is None:
-                    buf[nr] = own(t)
-                elif old.dense and old.refs == 1 and len(led.holders.get(old.storage, ())) == 1:
-                    pass  # in place into the buffer's own tensor
-                else:
-                    key = led.new(old.nbytes)
-                    led.observe(0, f"gradient accumulation into #{t_index} after {label}")
-                    buf[nr] = own(_Grad(key, old.nbytes, True))
-                    drop(old)
-            deps[t_index] -= 1
-            if deps[t_index] == 0:
-                heapq.heappush(heap, (-seq[t_index], t_index))
-        for t in outs:
-            if t is not None:
-                drop(t)
-    return Prediction(peak=led.peak, where=led.where, events=led.events, unexplained=unexplained, live=led.live,
-                      events_at_peak=led.peak_event, peaks=led.peak_count)
+
+    def accumulate(self, t_index: int, nr: int, t: _Grad, label: str) -> None:
+        """Gradient ``t`` into input ``nr`` of node ``t_index``'s buffer (``InputBuffer::accumulate``): the first
+        is kept as it is, a later one is added in place when the buffer holds the only reference to a dense
+        tensor, else into a new buffer tensor (a peak candidate)."""
+        buf = self.buffers.setdefault(t_index, [None] * max(self.profile.autograd[t_index].get("inputs", 1), nr + 1))
+        if len(buf) <= nr:
+            buf += [None] * (nr + 1 - len(buf))
+        old = buf[nr]
+        if old is None:
+            buf[nr] = self.own(t)
+        elif old.dense and old.refs == 1 and len(self.led.holders.get(old.storage, ())) == 1:
+            pass  # in place into the buffer's own tensor
+        else:
+            key = self.led.new(old.nbytes)
+            self.led.observe(0, f"gradient accumulation into #{t_index} after {label}")
+            buf[nr] = self.own(_Grad(key, old.nbytes, True))
+            self.drop(old)
 
 
 # --- plan search under the predictor ---------------------------------------------------------------------
@@ -432,16 +724,16 @@ class SearchResult:
     """(step, predicted peak) of every improvement, in order."""
 
 
-def saved_weights(profile: dict[str, Any], vertex_nodes: Sequence[Sequence[str]]) -> list[int]:
+def saved_weights(profile: GraphProfile, vertex_nodes: Sequence[Sequence[str]]) -> list[int]:
     """Per vertex, the bytes of its storages that autograd saves for some node's backward.
 
     What keeping a vertex really costs in a step: a storage nobody packs is freed in forward whether its
     vertex is kept or not (a BatchNorm output read by an in-place ReLU is packed, a convolution output read by
     BatchNorm is packed as BN's input, an addition's output read by a convolution is packed by the conv).
     """
-    packed = {p["sid"] for p in profile["packs"] if p["sid"] is not None}
-    nodes = {rec["name"]: rec for rec in profile["nodes"]}
-    sizes = profile["sizes"]
+    packed = {p["sid"] for p in profile.packs if p["sid"] is not None}
+    nodes = {rec["name"]: rec for rec in profile.nodes}
+    sizes = profile.storage_bytes
     out = []
     for names in vertex_nodes:
         out.append(sum(sizes[s] for name in names if name in nodes for s in nodes[name]["births"] if s in packed))
@@ -453,7 +745,7 @@ def _rank(p: Prediction) -> tuple[int, int]:
     return p.peak, p.peaks
 
 
-def _groups(dropped: Sequence[int], succ: Sequence[set[int]]) -> list[list[int]]:
+def call_groups(dropped: Sequence[int], succ: Sequence[set[int]]) -> list[list[int]]:
     """The connected groups of ``dropped`` over the graph's edges, each sorted (each one checkpointed call)."""
     drop = set(dropped)
     parent = {v: v for v in drop}
@@ -474,7 +766,7 @@ def _groups(dropped: Sequence[int], succ: Sequence[set[int]]) -> list[list[int]]
     return sorted(out.values())
 
 
-def _cuts(group: Sequence[int], succ: Sequence[set[int]]) -> list[frozenset[int]]:
+def group_cuts(group: Sequence[int], succ: Sequence[set[int]]) -> list[frozenset[int]]:
     """The vertex sets whose keeping splits ``group`` at each position of its topological order: the group's
     vertices up to that position read by one after it (a DenseNet block's features up to a layer, a ResNet
     block's input). One call becomes two, each re-run on its own."""
@@ -487,7 +779,7 @@ def _cuts(group: Sequence[int], succ: Sequence[set[int]]) -> list[frozenset[int]
     return out
 
 
-def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence[tuple[int, int]],
+def search_plan(profile: GraphProfile, weights: Sequence[int], edges: Sequence[tuple[int, int]],
                 units_of: Any, *, vertex_nodes: Sequence[Sequence[str]] | None = None, bounds_per_variant: int = 48,
                 seeds: Sequence[tuple[str, Sequence[int]]] = (), starts: int = 3,
                 kicks: int = 3, max_evaluations: int = 2000) -> SearchResult:
@@ -501,8 +793,8 @@ def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence
     saved-bytes weights (:func:`saved_weights`); the predictor picks among them and the ``seeds`` (the chain
     planners' plans as dropped sets: the result is never predicted above the best of them). The local
     search moves from each of the ``starts`` best distinct plans by the steepest of: toggling one vertex that
-    owns a storage alive at the peak, or keeping the cut that splits the call owning one (:func:`_cuts`: the
-    single-vertex moves cannot split a dense block's call, whose every feature is read further on); with no
+    owns a storage alive at the peak, or keeping the cut that splits the call owning one (:func:`group_cuts`:
+    the single-vertex moves cannot split a dense block's call, whose every feature is read further on); with no
     such move left, one sweep toggling every vertex, then a few uphill moves each followed by a
     descent. Plans rank by peak, then by how many events reach it (:func:`_rank`), so lowering one of several
     identical blocks counts. Every candidate the executor refuses
@@ -510,8 +802,7 @@ def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence
     neighbourhood holds nothing better while an acg plan a little above it descends far below.
 
     Deterministic: bounded by the number of plans predicted (``max_evaluations``, shared evenly by the
-    starts), never by a clock, so a cached plan does not depend on how busy the machine was. A prediction
-    costs 2–25 ms on torchvision models.
+    starts), never by a clock, so a cached plan does not depend on how busy the machine was.
 
     Args:
         profile: ``profile_graph``'s record.
@@ -522,127 +813,223 @@ def search_plan(profile: dict[str, Any], weights: Sequence[int], edges: Sequence
         bounds_per_variant: bounds M tried per weight variant (spread evenly over acg's candidate bounds).
         seeds: (label, dropped set) pairs judged beside acg's plans, before the local search.
         starts: how many of the best plans found so far the local search starts from.
-        kicks: at a local minimum, how many of the least-bad moves are descended from (see ``descend``).
+        kicks: at a local minimum, how many of the least-bad moves are descended from (see
+            ``_LocalSearch.descend``).
         max_evaluations: plans predicted in all, acg's family and the seeds included.
     """
-    from remat.client.errors import PlanError
-    from remat.client.planning.planners.acg import Search, build_tree, check_graph
-
-    n = len(weights)
-    cache: dict[tuple[int, ...], Prediction | None] = {}
-    limit = [max_evaluations]
-
-    def judge(dropped: Sequence[int]) -> Prediction | None:
-        key = tuple(sorted(dropped))
-        if key not in cache:
-            if len(cache) >= limit[0]:
-                return None
-            try:
-                cache[key] = predict_graph_peak(profile, units_of(list(key)))
-            except PlanError:
-                cache[key] = None
-        return cache[key]
-
-    cache[()] = predict_graph_peak(profile, units_of([]))
+    judge = _Judge(profile, units_of, max_evaluations)
+    judge.cache[()] = predict_graph_peak(profile, units_of([]))
     candidates: dict[tuple[int, ...], str] = {(): "no checkpointing"}
     variants = [("output bytes", list(weights))]
     if vertex_nodes is not None:
         variants.append(("saved bytes", saved_weights(profile, vertex_nodes)))
     succ: list[set[int]] = []
     for label, w in variants:
-        succ, pred = check_graph(w, edges)
-        tree = build_tree(w, succ, pred, 14)
-        search = Search(tree)
-        total = tree.totals[0] if tree.nodes else 0
-        found: set[int] = {0, total}
-        for node in tree.nodes:
-            node.candidates(0, total + 1, found)
-        found.update(tree.totals)
-        bounds = sorted(found)
-        if len(bounds) > bounds_per_variant:
-            step = (len(bounds) - 1) / (bounds_per_variant - 1)
-            bounds = sorted({bounds[round(i * step)] for i in range(bounds_per_variant)})
-        bounds.append(search.run())  # acg's own (classic) optimum
-        for bound in bounds:
-            kept = set(search.kept(bound)) | {0, n - 1}
-            key = tuple(v for v in range(n) if v not in kept)
+        succ, family = _acg_family(w, edges, len(weights), bounds_per_variant)
+        for bound, key in family:
             if judge(key) is not None:
                 candidates.setdefault(key, f"acg on {label}, M={bound}")
     for label, dropped in seeds:
         key = tuple(sorted(dropped))
         if judge(key) is not None:
             candidates.setdefault(key, label)
-    ranked = sorted(candidates, key=lambda k: (_rank(cache[k]), k))  # type: ignore[arg-type]
+    local = _LocalSearch(profile, units_of, judge, succ, len(weights), _born_vertex(profile, vertex_nodes))
+    return _descend_from_starts(local, candidates, starts, kicks, max_evaluations)
+
+
+class _Judge:
+    """The search's predictions, one per distinct dropped set, and its budget.
+
+    Every plan the search predicts goes through here, so ``len(cache)`` is the count ``max_evaluations``
+    bounds (a refused plan counts too: it was tried) and no plan is predicted twice. Past ``limit`` a plan not
+    yet known is not predicted (None, like a refused one): the search ends by count, never by a clock.
+    """
+
+    __slots__ = ("cache", "limit", "profile", "units_of")
+
+    def __init__(self, profile: GraphProfile, units_of: Any, limit: int) -> None:
+        self.profile = profile
+        self.units_of = units_of
+        self.limit = limit
+        self.cache: dict[tuple[int, ...], Prediction | None] = {}
+
+    def __call__(self, dropped: Sequence[int]) -> Prediction | None:
+        """The prediction of ``dropped``; None when the executor refuses it or the budget is spent."""
+        key = tuple(sorted(dropped))
+        if key not in self.cache:
+            if len(self.cache) >= self.limit:
+                return None
+            try:
+                self.cache[key] = predict_graph_peak(self.profile, self.units_of(list(key)))
+            except PlanError:
+                self.cache[key] = None
+        return self.cache[key]
+
+    def known(self, key: tuple[int, ...]) -> Prediction:
+        """The prediction of a plan already judged valid (a candidate, or a move the search took)."""
+        p = self.cache[key]
+        assert p is not None
+        return p
+
+
+def _acg_family(weights: Sequence[int], edges: Sequence[tuple[int, int]], n: int,
+                bounds_per_variant: int) -> tuple[list[set[int]], list[tuple[int, tuple[int, ...]]]]:
+    """The graph's successor sets, and acg's plans for ``weights``: (bound M, dropped set over vertices
+    ``0..n-1``) for up to ``bounds_per_variant`` bounds spread evenly over acg's candidate bounds, then acg's
+    own classic optimum. The source and the sink are always kept. Why a spread: neighbouring bounds mostly give
+    the same plan, and the predictor, not the classic cost, judges them."""
+    from remat.client.planning.planners.acg import Search, build_tree, check_graph
+
+    succ, pred = check_graph(weights, edges)
+    tree = build_tree(weights, succ, pred, 14)
+    search = Search(tree)
+    total = tree.totals[0] if tree.nodes else 0
+    found: set[int] = {0, total}
+    for node in tree.nodes:
+        node.candidates(0, total + 1, found)
+    found.update(tree.totals)
+    bounds = sorted(found)
+    if len(bounds) > bounds_per_variant:
+        step = (len(bounds) - 1) / (bounds_per_variant - 1)
+        bounds = sorted({bounds[round(i * step)] for i in range(bounds_per_variant)})
+    bounds.append(search.run())  # acg's own (classic) optimum
+    family = []
+    for bound in bounds:
+        kept = set(search.kept(bound)) | {0, n - 1}
+        family.append((bound, tuple(v for v in range(n) if v not in kept)))
+    return succ, family
+
+
+def _born_vertex(profile: GraphProfile, vertex_nodes: Sequence[Sequence[str]] | None) -> dict[int, int]:
+    """The vertex whose nodes created each storage (sid): the local search moves the vertices that own what is
+    alive at the peak. Empty without ``vertex_nodes``."""
     born_vertex: dict[int, int] = {}
     if vertex_nodes is not None:
-        births = {rec["name"]: rec["births"] for rec in profile["nodes"]}
+        births = {rec["name"]: rec["births"] for rec in profile.nodes}
         for v, names in enumerate(vertex_nodes):
             for name in names:
                 for sid in births.get(name, ()):
                     born_vertex[sid] = v
+    return born_vertex
 
-    def descend(key: tuple[int, ...], kicks: int) -> tuple[tuple[int, ...], list[tuple[str, int]]]:
+
+_Judged = tuple[tuple[int, int], tuple[int, ...], str]
+"""A judged move: (its plan's rank, its plan, a label for the trail)."""
+
+
+class _LocalSearch:
+    """The descent from one plan under the judge's budget: its neighbourhood (moves that touch what is alive at
+    the peak, else a sweep of every vertex), the steepest improving move, and uphill kicks at a minimum."""
+
+    __slots__ = ("born_vertex", "judge", "n", "profile", "succ", "units_of")
+
+    def __init__(self, profile: GraphProfile, units_of: Any, judge: _Judge, succ: Sequence[set[int]], n: int,
+                 born_vertex: Mapping[int, int]) -> None:
+        self.profile = profile
+        self.units_of = units_of
+        self.judge = judge
+        self.succ = succ
+        self.n = n
+        self.born_vertex = born_vertex
+
+    def descend(self, key: tuple[int, ...], kicks: int) -> tuple[tuple[int, ...], list[tuple[str, int]]]:
         """Steepest descent from ``key``; at a local minimum, each of the ``kicks`` least-bad moves is taken
         anyway and descended from (without kicks of its own), and the first that ends lower is continued.
         Why: two near-equal peaks (a dense block's re-run and the next transition's backward) make every
         single move that lowers one raise the other a little; the way down passes over that ridge."""
-        best = cache[key]
-        assert best is not None
+        judge = self.judge
+        best = judge.known(key)
         trail: list[tuple[str, int]] = []
         swept = False
-        while len(cache) < limit[0]:
-            live = predict_graph_peak(profile, units_of(list(key)), capture=True).live or {}
-            relevant: set[int] = set()
-            for held in live:
-                sid = held[2] if isinstance(held, tuple) and held[0] == "r" else held
-                if isinstance(sid, int) and sid in born_vertex:
-                    relevant.add(born_vertex[sid])
-            relevant -= {0, n - 1}
-            moves: list[tuple[str, frozenset[int]]] = [(f"toggle {v}", frozenset({v})) for v in sorted(relevant)]
-            for group in _groups(key, succ):
-                if relevant.intersection(group):
-                    moves += [(f"keep cut {sorted(cut)}", cut) for cut in _cuts(group, succ)]
-            judged: list[tuple[tuple[int, int], tuple[int, ...], str]] = []
-            for label, move in moves:
-                cand = tuple(sorted(set(key) ^ move))
-                p = judge(cand)
-                if p is not None:
-                    judged.append((_rank(p), cand, label))
+        while len(judge.cache) < judge.limit:
+            judged = self.judge_moves(key, self.moves(key))
             if not swept and not any(r < _rank(best) for r, _, _ in judged):
                 swept = True  # nothing at the peak helps: one sweep of every vertex
-                for v in range(1, n - 1):
-                    cand = tuple(sorted(set(key) ^ {v}))
-                    p = judge(cand)
-                    if p is not None:
-                        judged.append((_rank(p), cand, f"sweep: toggle {v}"))
+                judged += self.sweep(key)
             judged.sort()
             if judged and judged[0][0] < _rank(best):
                 key = judged[0][1]
-                trail.append((f"local: {judged[0][2]}", cache[key].peak))  # type: ignore[union-attr]
+                trail.append((f"local: {judged[0][2]}", judge.known(key).peak))
             else:
-                for _, cand, label in judged[:kicks]:
-                    end, steps = descend(cand, 0)
-                    if _rank(cache[end]) < _rank(best):  # type: ignore[arg-type]
-                        trail += [(f"local: {label} (uphill)", cache[cand].peak), *steps]  # type: ignore[union-attr]
-                        key = end
-                        break
-                else:
+                uphill = self.over_the_ridge(judged[:kicks], best)
+                if uphill is None:
                     break
-            best = cache[key]
-            assert best is not None
+                key, steps = uphill
+                trail += steps
+            best = judge.known(key)
         return key, trail
 
+    def at_peak(self, key: tuple[int, ...]) -> set[int]:
+        """The vertices (source and sink left out) that own a storage alive at ``key``'s peak, a re-run's copy
+        included: only moving one of them can lower that peak. Predicted afresh with capture, outside the
+        judge's count."""
+        live = predict_graph_peak(self.profile, self.units_of(list(key)), capture=True).live or {}
+        relevant: set[int] = set()
+        for held in live:
+            sid = held[2] if isinstance(held, tuple) and held[0] == "r" else held
+            if isinstance(sid, int) and sid in self.born_vertex:
+                relevant.add(self.born_vertex[sid])
+        return relevant - {0, self.n - 1}
+
+    def moves(self, key: tuple[int, ...]) -> list[tuple[str, frozenset[int]]]:
+        """The neighbourhood of ``key``: toggle one vertex at the peak, or keep a cut of a call holding one."""
+        relevant = self.at_peak(key)
+        moves: list[tuple[str, frozenset[int]]] = [(f"toggle {v}", frozenset({v})) for v in sorted(relevant)]
+        for group in call_groups(key, self.succ):
+            if relevant.intersection(group):
+                moves += [(f"keep cut {sorted(cut)}", cut) for cut in group_cuts(group, self.succ)]
+        return moves
+
+    def judge_moves(self, key: tuple[int, ...], moves: Sequence[tuple[str, frozenset[int]]]) -> list[_Judged]:
+        """Each move from ``key`` the executor accepts (and the budget allows), judged in the moves' order."""
+        judged: list[_Judged] = []
+        for label, move in moves:
+            cand = tuple(sorted(set(key) ^ move))
+            p = self.judge(cand)
+            if p is not None:
+                judged.append((_rank(p), cand, label))
+        return judged
+
+    def sweep(self, key: tuple[int, ...]) -> list[_Judged]:
+        """Toggling each vertex but the source and sink, judged: the wider neighbourhood, once per descent,
+        when nothing at the peak helps."""
+        judged: list[_Judged] = []
+        for v in range(1, self.n - 1):
+            cand = tuple(sorted(set(key) ^ {v}))
+            p = self.judge(cand)
+            if p is not None:
+                judged.append((_rank(p), cand, f"sweep: toggle {v}"))
+        return judged
+
+    def over_the_ridge(self, kicks: Sequence[_Judged],
+                       best: Prediction) -> tuple[tuple[int, ...], list[tuple[str, int]]] | None:
+        """At a local minimum ranked ``best``: the first of the least-bad moves ``kicks`` whose own descent
+        ends below it, as (where it ends, the trail there), or None (the descent stops)."""
+        judge = self.judge
+        for _, cand, label in kicks:
+            end, steps = self.descend(cand, 0)
+            if _rank(judge.known(end)) < _rank(best):
+                return end, [(f"local: {label} (uphill)", judge.known(cand).peak), *steps]
+        return None
+
+
+def _descend_from_starts(local: _LocalSearch, candidates: Mapping[tuple[int, ...], str], starts: int, kicks: int,
+                         max_evaluations: int) -> SearchResult:
+    """The local search from each of the ``starts`` best candidates in turn, each given an even share of the
+    evaluations left (its own plus what earlier ones left over), keeping the best end. Why several: the best
+    start's neighbourhood often holds nothing better while a start a little above it descends far below."""
+    judge = local.judge
+    ranked = sorted(candidates, key=lambda k: (_rank(judge.known(k)), k))
     chosen = ranked[0]
-    trail = [(candidates[chosen], cache[chosen].peak)]  # type: ignore[union-attr]
+    trail = [(candidates[chosen], judge.known(chosen).peak)]
     source = candidates[chosen]
-    spent = len(cache)
+    spent = len(judge.cache)
     chosen_starts = ranked[:max(1, starts)]
     for i, start in enumerate(chosen_starts):
-        limit[0] = spent + (max_evaluations - spent) * (i + 1) // len(chosen_starts)
-        end, steps = descend(start, kicks)
-        if _rank(cache[end]) < _rank(cache[chosen]):  # type: ignore[arg-type]
+        judge.limit = spent + (max_evaluations - spent) * (i + 1) // len(chosen_starts)
+        end, steps = local.descend(start, kicks)
+        if _rank(judge.known(end)) < _rank(judge.known(chosen)):
             chosen, source = end, candidates[start] + (" + local search" if steps else "")
-            trail = [(candidates[start], cache[start].peak), *steps]  # type: ignore[union-attr]
-    best = cache[chosen]
-    assert best is not None
-    return SearchResult(dropped=list(chosen), prediction=best, evaluated=len(cache), source=source, trail=trail)
+            trail = [(candidates[start], judge.known(start).peak), *steps]
+    return SearchResult(dropped=list(chosen), prediction=judge.known(chosen), evaluated=len(judge.cache),
+                        source=source, trail=trail)

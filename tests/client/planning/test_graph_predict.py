@@ -1,6 +1,6 @@
 """The graph predictor against measured steps: one profile of the unmodified model predicts any plan's peak.
 
-Small models (seconds each): the DARTS-like cells (branches crossing inside cells, recompute peaks), a
+Small models: the DARTS-like cells (branches crossing inside cells, recompute peaks), a
 ResNet-18 at 32x32 (in-place ReLUs, residual adds: a gradient passed on as the same tensor) and a small
 DenseNet (concatenations: gradients as views of one buffer, accumulated out of place). Each plan is
 predicted from the profile alone and measured with ``measure_step``; CPU storage bytes are exact, so the
@@ -19,7 +19,7 @@ import torchvision
 
 from remat.client.errors import PlanError
 from remat.client.graph.op_graph import build_op_graph
-from remat.client.planning.graph_predict import predict_graph_peak, search_plan
+from remat.client.planning.graph_predict import GraphProfile, predict_graph_peak, search_plan
 from remat.client.planning.planners.acg import plan_graph
 from remat.worker.graph_profile import executor_units, profile_graph
 from remat.worker.measure import measure_step
@@ -63,7 +63,7 @@ def test_predicted_peaks_match_measured(name: str) -> None:
     x = torch.randn(*shape)
     graph = build_op_graph(model, x)
     profile = profile_graph(model, x, graph, grads="kept")
-    json.dumps(profile)  # torch-free, storable
+    assert GraphProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile  # torch-free, storable
     for label, dropped in _plans(graph).items():
         predicted = predict_graph_peak(profile, executor_units(graph, dropped))
         measured = measure_step(model, x, dropped, grads="kept", chain=graph, baseline=False,
@@ -86,7 +86,7 @@ def test_profile_run_is_the_measured_step() -> None:
     """The instrumentation (hooks, detached packs) changes no allocation: its own peak is the measured one."""
     model, x, graph, profile = _profiled_cells()
     measured = measure_step(model, x, (), grads="kept", chain=graph, baseline=False, timing_repeats=0)
-    assert profile["measured_peak"] == measured.measured_peak_bytes
+    assert profile.measured_peak_bytes == measured.measured_peak_bytes
 
 
 def test_search_never_predicts_above_acg_and_its_plan_measures_as_predicted() -> None:
@@ -104,20 +104,34 @@ def test_search_never_predicts_above_acg_and_its_plan_measures_as_predicted() ->
     assert abs(result.prediction.peak / measured - 1) <= TOLERANCE
 
 
+def test_graph_profile_wire_format_is_the_dict_profile_graph_returned() -> None:
+    """``to_dict`` writes the keys the untyped record had, in its order, and ``from_dict`` reads them back;
+    a record from before ``param_grad_sids`` reads as none, another version is refused."""
+    wire = {"version": 1, "grads": "none", "nodes": [], "packs": [], "autograd": [], "sizes": [4, 8], "root": 0,
+            "root_grad": [4], "param_grad_sids": [1], "measured_peak": 12}
+    profile = GraphProfile.from_dict(json.loads(json.dumps(wire)))
+    assert (profile.storage_bytes, profile.root_grad_bytes, profile.measured_peak_bytes) == ([4, 8], [4], 12)
+    assert json.dumps(profile.to_dict()) == json.dumps(wire)
+    older = {k: v for k, v in wire.items() if k != "param_grad_sids"}
+    assert GraphProfile.from_dict(older).param_grad_sids == []
+    with pytest.raises(ValueError, match="version"):
+        GraphProfile.from_dict({**wire, "version": 2})
+
+
 def test_groups_and_cuts_of_a_dense_block() -> None:
     """A dense block: x0 → a, b, c, each layer reading every earlier feature, c the exit. Keeping the cut at
     a splits the call in two; the cut after b is every feature b's successors still read."""
-    from remat.client.planning.graph_predict import _cuts, _groups
+    from remat.client.planning.graph_predict import call_groups, group_cuts
 
     # 0 input, 1 a, 2 b, 3 c, 4 sink; 1, 2, 3 read everything before them.
     succ = [{1, 2, 3}, {2, 3}, {3}, {4}, set()]
-    assert _groups([1, 2], succ) == [[1, 2]]
-    assert _groups([1, 3], succ) == [[1, 3]]  # 1 → 3 is an edge: one call
-    assert _cuts([1, 2, 3], succ) == [frozenset({1}), frozenset({1, 2})]
+    assert call_groups([1, 2], succ) == [[1, 2]]
+    assert call_groups([1, 3], succ) == [[1, 3]]  # 1 → 3 is an edge: one call
+    assert group_cuts([1, 2, 3], succ) == [frozenset({1}), frozenset({1, 2})]
     # A chain's group: each position's cut is the one vertex that crosses it.
     chain = [{1}, {2}, {3}, {4}, set()]
-    assert _groups([1, 3], chain) == [[1], [3]]
-    assert _cuts([1, 2, 3], chain) == [frozenset({1}), frozenset({2})]
+    assert call_groups([1, 3], chain) == [[1], [3]]
+    assert group_cuts([1, 2, 3], chain) == [frozenset({1}), frozenset({2})]
 
 
 def test_a_chain_plan_as_a_graph_plan_measures_like_the_chain_plan() -> None:
