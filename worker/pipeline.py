@@ -123,9 +123,11 @@ def build(request: ModelRequest) -> BuiltModel:
     import torch
 
     from remat.client.model_spec import build_model
+    from remat.worker.profilers import BACKENDS
 
-    if request.device == "cuda" and not torch.cuda.is_available():
-        raise ModelError("--device cuda: torch sees no CUDA device on this machine")
+    unavailable = BACKENDS[request.device].unavailable_reason()
+    if unavailable is not None:
+        raise ModelError(f"--device {request.device}: {unavailable} on this machine")
     torch.manual_seed(0)
     # An autocast precision trains float32 weights on float32 inputs; a plain one runs everything in it.
     dtype = getattr(torch, "float32" if autocast_dtype(request.dtype) else request.dtype)
@@ -370,18 +372,19 @@ def _shared_measurements(plans: Sequence[Plan], measurements: Mapping[str, Measu
 def fit_bytes_for(request: ModelRequest) -> int | None:
     """``--budget fit``: the CUDA device's room for activations once the model, its gradients and the batch
     are on it (None on CPU, where ``fit`` has no meaning)."""
-    if request.device != "cuda":
-        return None
-    import torch
+    from remat.worker.profilers import BACKENDS, backend_for
 
+    if not BACKENDS[request.device].fixed_memory:
+        return None
     from remat.client.budget_spec import fit_bytes
 
     built = build(request)
-    torch.cuda.synchronize()
-    static = torch.cuda.memory_allocated()
+    backend = backend_for(request.device)
+    backend.synchronize()
+    static = backend.allocated_bytes()
     if request.grads == "kept":
         static += sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad)
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    total = backend.capacity_bytes()
     del built
     return fit_bytes(total, static)
 
