@@ -41,13 +41,14 @@ def test_a_queue_names_its_device(queue: str, device: str) -> None:
     assert re.fullmatch(QUEUE_PATTERN, queue) and queue_device(queue) == device
 
 
-@pytest.mark.parametrize("queue", ["plan", "mps", "cud", "cuda-", "cuda-H100", "-cpu"])
+@pytest.mark.parametrize("queue", ["plan", "gpu", "cud", "cuda-", "cuda-H100", "-cpu"])
 def test_other_queues_are_not_profiling_queues(queue: str) -> None:
     assert not re.fullmatch(QUEUE_PATTERN, queue)
 
 
 def test_backend_for_an_unknown_device_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"^remat profiler: device 'meta' is not supported; use cpu or cuda$"):
+    known = " or ".join(DEVICES)  # "cpu or cuda"
+    with pytest.raises(ValueError, match=rf"^remat profiler: device 'meta' is not supported; use {known}$"):
         backend_for("meta")
 
 
