@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
+from remat.client.devices import DEVICES
 from remat.client.errors import RematError
 from remat.client.precision import PRECISIONS
 from remat.client.request import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
@@ -54,7 +55,7 @@ def model_options(fn: Any) -> Any:
                      help=f"Batch size (default {DEFAULT_CPU_BATCH} on cpu, {DEFAULT_CUDA_BATCH} on cuda)."),
         click.option("--input-shape", default=None, metavar="C,H,W",
                      help=f"One sample's shape (default: the model's, at {DEFAULT_CPU_RESOLUTION} px on cpu)."),
-        click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True),
+        click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True),
         click.option("--grads", type=click.Choice(["none", "kept"]), default="none", show_default=True,
                      help="Gradients set to None between steps (zero_grad's default) or kept allocated."),
         click.option("--dtype", type=click.Choice(PRECISIONS), default="float32", show_default=True,

@@ -13,19 +13,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from remat.client.devices import DEVICES
 from remat.client.errors import ModelError, PlanError
 from remat.client.model_spec import canonical_spec, default_sample_shape, source_of
 from remat.client.plan_key import MAX_DIM, MAX_DIMS, MAX_NUMEL
 from remat.client.precision import normalize_precision
 from remat.client.trace import GRAD_CONVENTIONS, MODES
 
-__all__ = ["DEFAULT_CPU_BATCH", "DEFAULT_CPU_RESOLUTION", "DEFAULT_CUDA_BATCH", "DEVICES", "ModelRequest",
-           "ProgressFn", "default_request"]
+__all__ = ["DEFAULT_CPU_BATCH", "DEFAULT_CPU_RESOLUTION", "DEFAULT_CUDA_BATCH", "ModelRequest", "ProgressFn",
+           "default_request"]
 
 DEFAULT_CPU_BATCH = 4
 DEFAULT_CPU_RESOLUTION = 128
 DEFAULT_CUDA_BATCH = 32
-DEVICES = ("cpu", "cuda")
 ProgressFn = Callable[[str, float], None]
 """Progress of a long request: called with what starts now and the fraction of the work done before it."""
 

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from remat.client.devices import QUEUE_PATTERN
 from remat.client.errors import InvalidKeyError
 from remat.client.plan_key import (
     DEVICE_PATTERN,
@@ -41,8 +42,6 @@ PRECISION_PATTERN = _alternatives(SPELLINGS)
 """Exactly the precision spellings a request may use (remat.client.precision.SPELLINGS)."""
 DTYPE_PATTERN = _alternatives((*SPELLINGS, UNKNOWN))
 """Exactly the precision spellings ``PlanKey`` accepts, and ``unknown``."""
-QUEUE_PATTERN = r"(cpu|cuda)(-[a-z0-9][a-z0-9_.-]{0,39})?"
-"""A profiling queue: the device class, optionally narrowed to a GPU model (``cuda-h100``)."""
 TORCH_VERSION_PATTERN = r"[0-9]{1,4}\.[0-9]{1,4}([.+][A-Za-z0-9.+]{0,40})?"
 ALGORITHM_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
 METADATA_MAX_CHARS = {"model": 200, "device_name": 200, "torch_version": 64}

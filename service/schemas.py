@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 
+from remat.client.devices import DEVICES
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan_key import PlanKey
 from remat.client.trace import OPTIONAL_STAGE_BOOLS, OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, TRACE_FORMAT
@@ -53,6 +54,7 @@ Bytes = Annotated[int, Field(ge=0, le=MAX_FIELD_BYTES)]
 Millis = Annotated[float, Field(ge=0, le=MAX_FIELD_MS, allow_inf_nan=False)]
 ModelHash = Annotated[str, StringConstraints(pattern=f"^{MODEL_HASH_PATTERN}$")]
 Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+Device = Literal[DEVICES]  # type: ignore[valid-type]  # the names of remat.client.devices, whatever they are
 
 
 class ErrorOut(BaseModel):
@@ -273,7 +275,7 @@ class JobCreate(BaseModel):
     dtype: Annotated[str, StringConstraints(pattern=f"^{PRECISION_PATTERN}$")] = "float32"
     """The step's precision: ``float32``, ``bfloat16``, ``autocast_bfloat16``... (any spelling ``remat-client
     plan --dtype`` accepts; stored in its canonical form)."""
-    device: Literal["cpu", "cuda"] = "cuda"
+    device: Device = "cuda"
     mode: Literal["train", "eval"] = "train"
     grads: Literal["none", "kept"] = "none"
     queue: Annotated[str | None, StringConstraints(pattern=f"^{QUEUE_PATTERN}$")] = None
@@ -404,7 +406,7 @@ class ZooCreate(BaseModel):
     input_shape: Annotated[list[Dim] | None, Field(min_length=1, max_length=MAX_DIMS - 1)] = None
     """Per-sample shape for every model; default: each model's own (scaled to 128 px on cpu where it can be)."""
     dtype: Annotated[str, StringConstraints(pattern=f"^{PRECISION_PATTERN}$")] = "float32"
-    device: Literal["cpu", "cuda"] = "cuda"
+    device: Device = "cuda"
     grads: Literal["none", "kept"] = "none"
     queue: Annotated[str | None, StringConstraints(pattern=f"^{QUEUE_PATTERN}$")] = None
     refresh: bool = False

@@ -12,7 +12,8 @@ Delivery (../shared/workers.md has the traps these settings avoid):
   time limit, so a running task is never delivered twice; the lease on the job row, not this timeout, brings
   back the job of a killed worker (``remat.worker.reaper``), within ``job_lease_s + reap_interval_s``.
 - Time limits per task (soft 30 s before hard: the job fails with that reason); one task per child process
-  on ``cuda`` queues, so each job's GPU memory goes back with its process.
+  on the queues of a device whose backend asks for it (``cuda``), so each job's GPU memory goes back with
+  its process.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from celery import Celery, Task, signals
 
+from remat.client.devices import DEVICES, queue_device
 from remat.service.celery_client import PLAN_TASK, PROFILE_TASK
 from remat.service.config import ServiceSettings
 from remat.worker import tasks
@@ -85,12 +87,23 @@ _reapers: list[Reaper] = []
 @signals.celeryd_init.connect(weak=False, dispatch_uid="remat-cuda-children")
 def _one_task_per_child_on_gpu(sender: Any = None, instance: Any = None, conf: Any = None, options: Any = None,
                                **_: Any) -> None:
-    """A worker consuming a ``cuda`` queue replaces its child after every task: the CUDA caching allocator
-    keeps what a job reserved until the process exits, and the next model may need all of it."""
+    """A worker consuming a queue of a device whose backend asks for it (``one_task_per_process``: CUDA)
+    replaces its child after every task: the caching allocator keeps what a job reserved until the process
+    exits, and the next model may need all of it.
+
+    The backends are imported here, not at module level, so that only a worker's main process consuming a
+    device queue loads torch (its children, forked from it, then start with torch loaded); Flower and the
+    ``plan`` queue's workers never do.
+    """
     settings = getattr(getattr(instance, "app", None), "remat_settings", None)
     prefix = settings.queue_prefix if settings is not None else ""
-    queues = _queue_names((options or {}).get("queues"))
-    if any(q.removeprefix(prefix).startswith("cuda") for q in queues) and conf is not None:
+    devices = {queue_device(q.removeprefix(prefix)) for q in _queue_names((options or {}).get("queues"))}
+    devices &= set(DEVICES)
+    if not devices or conf is None:
+        return
+    from remat.worker.profilers import BACKENDS
+
+    if any(BACKENDS[device].one_task_per_process for device in devices):
         conf.worker_max_tasks_per_child = 1
 
 

@@ -16,11 +16,13 @@ import sys
 import click
 from pydantic import ValidationError
 
+from remat.client.devices import DEVICES
 from remat.service.celery_client import PLAN_QUEUE
 from remat.service.config import ServiceSettings
 from remat.service.keys import QUEUE_PATTERN
 
 _QUEUE_RE = re.compile(f"^({QUEUE_PATTERN}|{PLAN_QUEUE})$")
+_DEVICE_QUEUES = ", ".join(DEVICES)
 
 
 def _settings(**overrides: object) -> ServiceSettings:
@@ -34,7 +36,7 @@ def _settings(**overrides: object) -> ServiceSettings:
 
 @click.command("remat-worker", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--queues", "-Q", metavar="Q[,Q...]",
-              help="Queues to consume: cpu, cuda, cuda-<gpu model>, plan. Default: REMAT_WORKER_QUEUES or cpu.")
+              help=f"Queues to consume: {_DEVICE_QUEUES}, cuda-<gpu model>, plan. Default: REMAT_WORKER_QUEUES or cpu.")
 @click.option("--concurrency", "-c", type=int, help="Jobs run at once. Default: REMAT_WORKER_CONCURRENCY or 1; "
               "keep 1 per GPU (CUDA_VISIBLE_DEVICES per worker).")
 @click.option("--hostname", "-n", default=None, help="Worker name (default: remat@<host>); unique per node.")
@@ -46,8 +48,8 @@ def worker(queues: str | None, concurrency: int | None, hostname: str | None, lo
     names = settings.queues
     bad = [q for q in names if not _QUEUE_RE.match(q)]
     if not names or bad:
-        raise click.UsageError(f"--queues: {', '.join(bad) or 'none given'}: each must be cpu, cuda, "
-                               f"cuda-<gpu model> or plan")
+        raise click.UsageError(f"--queues: {', '.join(bad) or 'none given'}: each must be "
+                               f"{_DEVICE_QUEUES}, cuda-<gpu model> or plan")
     from remat.worker.celery_app import make_app
 
     app = make_app(settings)

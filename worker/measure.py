@@ -116,13 +116,6 @@ def _baseline_bytes(model: nn.Module, tensors: Sequence[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def _requested_bytes(backend: Backend, which: str) -> int:
-    """The CUDA allocator's ``requested_bytes`` statistic (0 on CPU, where the meter is exact)."""
-    if backend.device.type != "cuda":
-        return 0
-    return int(torch.cuda.memory_stats(backend.device).get(f"requested_bytes.all.{which}", 0))
-
-
 def _precision(model: nn.Module, x: torch.Tensor, precision: str | None) -> str:
     return normalize_precision(precision) if precision is not None else precision_of_call(model, x)
 
@@ -141,38 +134,35 @@ def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_
     set_grad_convention(model, grads)
     gc.collect()
     backend.synchronize()
-    reserved_before = 0
-    if backend.device.type == "cuda":
-        # Cached blocks of earlier work would otherwise count in the reserved peak of this step.
-        torch.cuda.empty_cache()
-        reserved_before = torch.cuda.memory_reserved(backend.device)
+    # Cached blocks of earlier work would otherwise count in the reserved peak of this step.
+    backend.empty_cache()
+    reserved_before = backend.reserved_bytes()
     meter = backend.make_meter()
     marks: list[int] = []
     gc.disable()
     try:
         with meter:
             base = meter.mark_baseline()
-            requested_base = _requested_bytes(backend, "current")
+            requested_base = backend.requested_bytes("current")
             meter.start_timeline()
             _step(chain, x, loss_fn, checkpoints, precision, lambda: marks.append(meter.timeline_position()))
             backend.synchronize()
             peak = meter.peak_bytes
-            requested_peak = _requested_bytes(backend, "peak")
+            requested_peak = backend.requested_bytes("peak")
             samples, positions = meter.stop_timeline(*marks)
     finally:
         gc.enable()
     out: dict[str, Any] = {"activation_bytes": peak - base}
     if samples and positions:  # none when CUDA's history ring buffer wrapped (entries lost)
         out["timeline"] = _compact_timeline(samples, positions[0], meter.timeline_sample)
-    if backend.device.type == "cuda":
-        out["absolute_peak_bytes"] = peak
-        out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(backend.device)
+    out["absolute_peak_bytes"] = peak if backend.meter_counts_resident else peak - base + _baseline_bytes(model, [x])
+    if reserved_before is not None:
+        out["reserved_peak_bytes"] = backend.peak_reserved_bytes()
         out["reserved_before_bytes"] = reserved_before
+    if requested_base is not None and requested_peak is not None:
         # What the step asked the allocator for, before block rounding and unsplit blocks: the gap to the
         # allocated peak is the allocator's own overhead, not the cost model's.
         out["requested_activation_bytes"] = requested_peak - requested_base
-    else:
-        out["absolute_peak_bytes"] = peak - base + _baseline_bytes(model, [x])
     times = []
     for _ in range(max(timing_repeats, 1)):
         set_grad_convention(model, grads)
@@ -218,7 +208,7 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
     if chain is None:
         chain = build_chain(model, x, train=train)
     checkpoints = tuple(sorted(checkpoints))
-    with preserved_state(model, devices=[backend.device]):
+    with preserved_state(model, devices=backend.rng_devices):
         model.train(train)
         if loss_fn is None:
             loss_fn = _default_loss(chain, x, precision)
@@ -275,17 +265,16 @@ def gradient_check(model: nn.Module, example_input: torch.Tensor, plans: Sequenc
         chain = build_chain(model, x, train=train)
     params = [p for p in model.parameters() if p.requires_grad]
     results: list[tuple[bool, float]] = []
-    with preserved_state(model, devices=[backend.device]):
+    with preserved_state(model, devices=backend.rng_devices):
         model.train(train)
         if loss_fn is None:
             loss_fn = _default_loss(chain, x, precision)
         rng = torch.random.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if backend.device.type == "cuda" else None
+        device_rng = backend.device_rng_state()
 
         def gradients(checkpoints: Sequence[int], runner: StageChainLike) -> list[torch.Tensor | None]:
             torch.random.set_rng_state(rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
+            backend.set_device_rng_state(device_rng)
             for p in params:
                 p.grad = None
             _step(runner, x, loss_fn, tuple(checkpoints), precision)
@@ -327,7 +316,7 @@ def time_plans(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Se
     if chain is None:
         chain = build_chain(model, x, train=train)
     best = [float("inf")] * len(plans)
-    with preserved_state(model, devices=[backend.device]):
+    with preserved_state(model, devices=backend.rng_devices):
         model.train(train)
         if loss_fn is None:
             loss_fn = _default_loss(chain, x, precision)

@@ -16,7 +16,7 @@ Public API (what profilers, ``apply`` and tests code against)::
     chain.run(x, checkpoints=(2, 5))   # the whole chain; every segment but the last checkpointed
     chain(x, checkpoints=...)          # same as run
     trace_model(model, train=True)     # -> GraphModule (the tracer used for stages and hashing)
-    with preserved_state(model, cuda_devices=(0,)): ...   # restores buffers (BN stats) and RNG on exit
+    with preserved_state(model, devices=[x.device]): ...   # restores buffers (BN stats) and RNG on exit
     brute_force_cut_vertices(chain)    # -> list[str]; O(V·E) reference for chain.cut_vertices (tests)
 
 How the chain is found (docs/apply.md and /work/shared/feasibility.md §2–3 explain why):

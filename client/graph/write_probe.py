@@ -216,14 +216,40 @@ def _named_owner(model: nn.Module, gm: torch.fx.GraphModule, module: str, buf: s
     return owner if buf in owner._buffers else None
 
 
+_NO_RNG_DEVICE_TYPES = ("cpu", "meta")
+"""Device types with no generator of their own to fork: the CPU's is always forked, meta tensors draw nothing."""
+
+
 @contextlib.contextmanager
-def preserved_state(model: nn.Module, *, cuda_devices: Sequence[int] = ()) -> Iterator[None]:
+def _forked_rng(devices: Sequence[torch.device]) -> Iterator[None]:
+    """``torch.random.fork_rng`` over the CPU and each device in ``devices``, whatever its type.
+
+    ``fork_rng`` forks one device type per call, so one call per type present; with none, one call forks
+    the CPU's generator alone. A device without an index is the current one of its type.
+    """
+    indices: dict[str, list[int]] = {}
+    for device in map(torch.device, devices):
+        if device.type in _NO_RNG_DEVICE_TYPES:
+            continue
+        index = device.index if device.index is not None else torch.get_device_module(device.type).current_device()
+        indices.setdefault(device.type, []).append(index)
+    with contextlib.ExitStack() as stack:
+        if not indices:
+            stack.enter_context(torch.random.fork_rng(devices=[]))
+        for device_type, forked in indices.items():
+            stack.enter_context(torch.random.fork_rng(devices=forked, device_type=device_type))
+        yield
+
+
+@contextlib.contextmanager
+def preserved_state(model: nn.Module, *, devices: Sequence[torch.device] = ()) -> Iterator[None]:
     """Run a block that trains or probes the model and leave the model as it was (feasibility P5).
 
     Restores every buffer slot (BatchNorm running statistics, ``num_batches_tracked``; also undoing a forward
     that rebinds a buffer), each parameter's ``.grad`` object, the train/eval flag of every submodule and the
-    RNG states (CPU and ``cuda_devices``). The probe run here and the worker's profilers and measurements
-    all use it, so profiling is invisible to the caller. Grad mode is left as it is.
+    RNG states (the CPU's and those of ``devices``, any accelerator: a ``cpu`` entry adds nothing). The probe
+    run here and the worker's profilers and measurements all use it, so profiling is invisible to the caller.
+    Grad mode is left as it is.
     """
     saved = [
         (module, name, buf, buf.detach().clone())
@@ -234,7 +260,7 @@ def preserved_state(model: nn.Module, *, cuda_devices: Sequence[int] = ()) -> It
     grads = [(p, p.grad) for p in model.parameters()]
     modes = [(m, m.training) for m in model.modules()]
     try:
-        with torch.random.fork_rng(devices=list(cuda_devices)):
+        with _forked_rng(devices):
             yield
     finally:
         with torch.no_grad():
@@ -250,7 +276,7 @@ def preserved_state(model: nn.Module, *, cuda_devices: Sequence[int] = ()) -> It
 @contextlib.contextmanager
 def untouched(model: nn.Module, example: torch.Tensor) -> Iterator[None]:
     """Run a probe that leaves no trace: no grad, RNG forked, every buffer slot restored."""
-    with preserved_state(model, cuda_devices=_probe_devices(example)), torch.no_grad():
+    with preserved_state(model, devices=[example.device]), torch.no_grad():
         yield
 
 
@@ -310,8 +336,3 @@ class RecordingInterpreter(torch.fx.Interpreter):
             self.small_values[n.name] = value
         return value
 
-
-def _probe_devices(example: torch.Tensor) -> list[int]:
-    if example.device.type != "cuda":
-        return []
-    return [example.device.index if example.device.index is not None else torch.cuda.current_device()]

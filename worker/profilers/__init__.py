@@ -1,7 +1,9 @@
 """Profilers: turn a model and an example batch into a ``remat-trace/1`` layer trace.
 
-One entry point, :func:`profile`, for both devices; the algorithm is in :mod:`.common` (NOTE [ profiling
-protocol ]), the readings in :mod:`.cpu` (exact live-storage meter) and :mod:`.cuda` (caching allocator).
+One entry point, :func:`profile`, for every device; the algorithm is in :mod:`.common` (NOTE [ profiling
+protocol ]), the readings in one :class:`Backend` per device class: :mod:`.cpu` (exact live-storage meter) and
+:mod:`.cuda` (caching allocator), registered in :data:`BACKENDS`. A new device is a backend module, its line
+in :data:`BACKENDS` and its name in ``remat.client.devices.DEVICES``.
 """
 
 from __future__ import annotations
@@ -13,25 +15,30 @@ from torch import nn
 
 from remat.client.trace import Trace
 from remat.worker.profilers.common import Backend, StageChainLike, build_chain, preserved_state, profile_chain
+from remat.worker.profilers.cpu import CpuBackend
+from remat.worker.profilers.cuda import CudaBackend
 
-__all__ = ["Backend", "StageChainLike", "backend_for", "build_chain", "preserved_state", "profile",
+__all__ = ["BACKENDS", "Backend", "StageChainLike", "backend_for", "build_chain", "preserved_state", "profile",
            "profile_chain"]
+
+BACKENDS: dict[str, type[Backend]] = {backend.name: backend for backend in (CpuBackend, CudaBackend)}
+"""Device class -> its backend; the same names as ``remat.client.devices.DEVICES``, in the same order."""
 
 
 def backend_for(device: torch.device | str) -> Backend:
-    """The profiling backend of a device (``cpu`` or ``cuda[:i]``)."""
+    """The profiling backend of a device (``cpu`` or ``cuda[:i]``).
+
+    Raises:
+        ValueError: a device class without a backend, or one this machine cannot run.
+    """
     dev = torch.device(device)
-    if dev.type == "cpu":
-        from remat.worker.profilers.cpu import cpu_backend
-
-        return cpu_backend()
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("remat profiler: device 'cuda' asked for, but torch sees no CUDA device")
-        from remat.worker.profilers.cuda import cuda_backend
-
-        return cuda_backend(dev)
-    raise ValueError(f"remat profiler: device {str(dev)!r} is not supported; use cpu or cuda")
+    backend = BACKENDS.get(dev.type)
+    if backend is None:
+        raise ValueError(f"remat profiler: device {str(dev)!r} is not supported; use {' or '.join(BACKENDS)}")
+    reason = backend.unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"remat profiler: device {dev.type!r} asked for, but {reason}")
+    return backend(dev)
 
 
 def profile(model: nn.Module, example_input: torch.Tensor, *, device: torch.device | str = "cpu",
@@ -43,7 +50,7 @@ def profile(model: nn.Module, example_input: torch.Tensor, *, device: torch.devi
     Args:
         model: the network, already on ``device``; it is left unchanged (buffers, gradients, mode, RNG).
         example_input: one input batch (its first dimension is the batch size).
-        device: ``cpu`` or ``cuda[:i]``.
+        device: a device of :data:`BACKENDS`: ``cpu`` or ``cuda[:i]``.
         grads: ``none`` (gradients set to None between steps, so they are born in backward and counted)
             or ``kept`` (allocated before the step, so only their accumulation transients count).
         train: profile train mode (the default) or eval mode.

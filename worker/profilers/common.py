@@ -30,11 +30,12 @@ The model's parameters, buffers, gradients, train/eval flag and the global RNG a
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import platform
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import nn
@@ -42,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from remat.client.errors import ModelError
-from remat.client.graph.write_probe import preserved_state as client_preserved_state
+from remat.client.graph.write_probe import preserved_state
 from remat.client.precision import autocast_context, autocast_dtype, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
 from remat.worker.memory_meter import storage_key
@@ -94,24 +95,108 @@ class Meter(Protocol):
     def __exit__(self, *exc: object) -> Any: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """The device-specific half of profiling and measuring."""
+class Backend(abc.ABC):
+    """The device-specific half of profiling and measuring: one subclass per device class.
 
-    device: torch.device
-    make_meter: Callable[[], Meter]
-    storage_bytes: Callable[[torch.Tensor], int]
-    """Bytes a storage is booked at (``nbytes``; the allocator's rounded block size on CUDA)."""
-    born_in_pass: Callable[[Meter, torch.Tensor], bool]
-    """True when a saved tensor's storage was born while the meter ran (CPU: exact; CUDA: always True,
-    parameters and buffers being excluded by storage instead)."""
-    time_ms: Callable[[Callable[[], Any]], float]
-    """Run a callable once, return its wall time in ms (synchronised on CUDA)."""
-    device_name: str
+    Everything remat does differently on one device than on another is a member here, so that the profiler
+    (this module), the measured step (``remat.worker.measure``), the pipeline and the worker's process policy
+    ask the backend instead of branching on a device name. A subclass registers in
+    ``remat.worker.profilers.BACKENDS`` under :attr:`name`, one of ``remat.client.devices.DEVICES`` (a test
+    holds the two lists equal). A reading a device does not have (a caching allocator's reserved or
+    requested bytes) is None, and the measurement then leaves its field out.
+    """
+
+    name: ClassVar[str]
+    """The device class served: ``torch.device(...).type`` and the request's ``device``."""
+    warm_up_first: ClassVar[bool] = False
+    """Profile only after one full training step (:func:`_warm_up`), so that what libraries allocate once and
+    keep (cuBLAS workspaces, cuDNN handles) is in the baseline rather than in the first stage's peaks. Not
+    needed where the meter counts tensor storages only (CPU), which such memory never is."""
+    meter_counts_resident: ClassVar[bool] = False
+    """The meter's readings include what existed before it started (the caching allocator counts the whole
+    device), so its peak is already the absolute one. False for the CPU meter, which follows only storages
+    born while it runs: the resident tensors are then added from their own storages."""
+    fixed_memory: ClassVar[bool] = False
+    """The device's memory is a fixed pool the step must fit in, so ``--budget fit`` has a meaning
+    (:meth:`capacity_bytes` less :meth:`allocated_bytes`). False on CPU, whose memory is the host's, shared."""
+    one_task_per_process: ClassVar[bool] = False
+    """A worker on this device's queues replaces its process after every job: the device's allocator keeps
+    what a job reserved until the process exits, and the next model may need all of it."""
+
+    def __init__(self, device: torch.device, device_name: str) -> None:
+        self.device = device
+        """The device itself, with its index where the device class has several."""
+        self.device_name = device_name
+        """A readable name of the hardware for trace metadata (a CPU model, a GPU model)."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this machine cannot run this device class (``torch sees no CUDA device``); None when it can.
+
+        Asked before anything is built on the device, so that the user gets one line instead of torch's error.
+        """
+        return None
+
+    @abc.abstractmethod
+    def make_meter(self) -> Meter:
+        """A fresh live-bytes meter over this device."""
+
+    @abc.abstractmethod
+    def storage_bytes(self, t: torch.Tensor) -> int:
+        """Bytes a storage is booked at (``nbytes``; the allocator's rounded block size on CUDA)."""
+
+    @abc.abstractmethod
+    def born_in_pass(self, meter: Meter, t: torch.Tensor) -> bool:
+        """True when a saved tensor's storage was born while the meter ran (CPU: exact; CUDA: always True,
+        parameters and buffers being excluded by storage instead)."""
+
+    @abc.abstractmethod
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        """Run a callable once, return its wall time in ms (synchronised with the device's queue)."""
+
+    @property
+    def rng_devices(self) -> tuple[torch.device, ...]:
+        """Devices whose RNG a profile or a measured step forks and restores besides the CPU's (always forked)."""
+        return (self.device,)
+
+    def device_rng_state(self) -> object:
+        """The RNG state of this device class's generators, for :meth:`set_device_rng_state`; the CPU's is
+        the caller's (``torch.random``). None where the device has no generator of its own."""
+        return None
+
+    def set_device_rng_state(self, state: object) -> None:
+        """Restore what :meth:`device_rng_state` returned."""
+        return None
 
     def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        """Wait for the work queued on the device, so that readings and times cover it (no-op on CPU)."""
+        return None
+
+    def empty_cache(self) -> None:
+        """Give the device's cached-but-free memory back, so that earlier work does not count in the next
+        step's reserved peak (no-op where nothing is cached)."""
+        return None
+
+    def reserved_bytes(self) -> int | None:
+        """Memory the device's allocator holds now, used or cached; None where there is no cache."""
+        return None
+
+    def peak_reserved_bytes(self) -> int | None:
+        """Highest :meth:`reserved_bytes` since the meter's last peak reset; None where there is no cache."""
+        return None
+
+    def requested_bytes(self, which: Literal["current", "peak"]) -> int | None:
+        """Bytes the program asked the allocator for (now, or at the peak), before the allocator rounds them
+        to its blocks; None where the meter is exact and there is no such gap."""
+        return None
+
+    def allocated_bytes(self) -> int:
+        """Bytes allocated on the device now (:attr:`fixed_memory` devices only)."""
+        raise NotImplementedError(f"{self.name}: the device's memory is not a fixed pool")
+
+    def capacity_bytes(self) -> int:
+        """The device's whole memory (:attr:`fixed_memory` devices only)."""
+        raise NotImplementedError(f"{self.name}: the device's memory is not a fixed pool")
 
 
 def build_chain(model: nn.Module, example_input: torch.Tensor, *, train: bool = True) -> StageChainLike:
@@ -131,14 +216,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-@contextlib.contextmanager
-def preserved_state(model: nn.Module, *, devices: Sequence[torch.device] = ()) -> Iterator[None]:
-    """The client's :func:`remat.client.graph.write_probe.preserved_state`, taking the backend's devices."""
-    cuda = [d.index if d.index is not None else torch.cuda.current_device() for d in devices if d.type == "cuda"]
-    with client_preserved_state(model, cuda_devices=cuda):
-        yield
 
 
 def param_keys(model: nn.Module) -> set[int]:
@@ -535,13 +612,13 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
     def amp() -> contextlib.AbstractContextManager[Any]:
         return autocast_context(precision, backend.device.type)
 
-    with preserved_state(model, devices=[backend.device]):
+    with preserved_state(model, devices=backend.rng_devices):
         model.train(train)
         excluded = param_keys(model)
         chain_model = getattr(chain, "model", chain)
         if isinstance(chain_model, nn.Module) and chain_model is not model:
             excluded |= param_keys(chain_model)
-        if backend.device.type == "cuda":
+        if backend.warm_up_first:
             _warm_up(chain, model, x0, backend, amp)
         set_grad_convention(model, grads)
         rec = _chained_forward(chain, x0, backend, excluded, amp, autocast_dtype(precision) is not None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from remat.client.trace import Trace
 from remat.worker.allocator_history import AllocatorHistory
 from remat.worker.profilers.common import Backend, StageChainLike, profile_chain
 
-__all__ = ["CudaMeter", "cuda_backend", "profile_cuda"]
+__all__ = ["CudaBackend", "CudaMeter", "profile_cuda"]
 
 ALLOCATOR_BLOCK = 512
 
@@ -114,31 +114,73 @@ class CudaMeter:
             self._history = None
 
 
-def _time_ms_on(device: torch.device) -> Callable[[Callable[[], Any]], float]:
-    def time_ms(fn: Callable[[], Any]) -> float:
+class CudaBackend(Backend):
+    """Readings for one CUDA device: the caching allocator's counters, 512-byte blocks, CUDA events."""
+
+    name = "cuda"
+    warm_up_first = True
+    meter_counts_resident = True
+    fixed_memory = True
+    one_task_per_process = True
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        super().__init__(dev, torch.cuda.get_device_name(dev))
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return None if torch.cuda.is_available() else "torch sees no CUDA device"
+
+    def make_meter(self) -> CudaMeter:
+        return CudaMeter(self.device)
+
+    def storage_bytes(self, t: torch.Tensor) -> int:
+        return allocator_bytes(t)
+
+    def born_in_pass(self, meter: Any, t: torch.Tensor) -> bool:
+        return True
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(self.device)
         start.record()
         fn()
         end.record()
         end.synchronize()
         return float(start.elapsed_time(end))
 
-    return time_ms
+    def device_rng_state(self) -> object:
+        return torch.cuda.get_rng_state_all()
 
+    def set_device_rng_state(self, state: object) -> None:
+        torch.cuda.set_rng_state_all(state)  # type: ignore[arg-type]  # what device_rng_state returned
 
-def cuda_backend(device: torch.device | str | None = None) -> Backend:
-    """Readings for one CUDA device: allocator counters, 512-byte blocks, CUDA events."""
-    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return Backend(device=dev, make_meter=lambda: CudaMeter(dev), storage_bytes=allocator_bytes,
-                   born_in_pass=lambda meter, t: True, time_ms=_time_ms_on(dev),
-                   device_name=torch.cuda.get_device_name(dev))
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def reserved_bytes(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
+
+    def peak_reserved_bytes(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device)
+
+    def requested_bytes(self, which: Literal["current", "peak"]) -> int:
+        return int(torch.cuda.memory_stats(self.device).get(f"requested_bytes.all.{which}", 0))
+
+    def allocated_bytes(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def capacity_bytes(self) -> int:
+        return torch.cuda.get_device_properties(self.device).total_memory
 
 
 def profile_cuda(chain: StageChainLike, model: nn.Module, example_input: torch.Tensor, *,
                  device: torch.device | str | None = None, **kwargs: Any) -> Trace:
     """Profile on a CUDA device; keyword arguments as :func:`remat.worker.profilers.common.profile_chain`."""
-    return profile_chain(chain, model, example_input, backend=cuda_backend(device), **kwargs)
+    return profile_chain(chain, model, example_input, backend=CudaBackend(device), **kwargs)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
 
+from remat.client.devices import queue_device
 from remat.client.errors import UnknownModelError
 from remat.client.request import ModelRequest
 from remat.service import jobs
@@ -43,7 +44,7 @@ def _model_request(body: JobCreate) -> ModelRequest:
 def _submit(body: JobCreate, state: ServiceState) -> JobRecord:
     request = _model_request(body)
     queue = body.queue or request.device
-    if queue.split("-", 1)[0] != request.device:
+    if queue_device(queue) != request.device:
         raise HTTPException(422,
                             detail=f"queue: {queue!r} is not a queue of device {request.device!r}")
     with state.db.write_session() as session:

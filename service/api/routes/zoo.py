@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, status
 from fastapi.responses import JSONResponse
 
+from remat.client.devices import queue_device
 from remat.client.errors import PlanError, UnknownModelError
 from remat.client.request import ModelRequest, default_request
 from remat.service import zoo
@@ -64,7 +65,7 @@ def create_zoo(body: ZooCreate, state: StateDep) -> JSONResponse:
     """
     requests = _requests(body)
     queue = body.queue or body.device
-    if queue.split("-", 1)[0] != body.device:
+    if queue_device(queue) != body.device:
         raise HTTPException(422, detail=f"queue: {queue!r} is not a queue of device {body.device!r}")
     template = body.model_dump(exclude={"zoo", "filter"})
     with state.db.write_session() as session:

@@ -1,0 +1,31 @@
+"""The device classes remat profiles on, and how a profiling queue names its device: the one list.
+
+Every place that accepts a device by name derives from :data:`DEVICES`: ``ModelRequest``, the CLI's
+``--device`` choice, the service's request schemas and its queue pattern. The worker keeps one profiling
+backend per name (``remat.worker.profilers.BACKENDS``, tested to match), so a new device is a name here and
+a backend there. Plain data: the client's light modules import it, so it must never import torch.
+
+Public API::
+
+    DEVICES = ("cpu", "cuda")
+    QUEUE_PATTERN                  # a profiling queue: a device, optionally narrowed (cuda-h100)
+    queue_device("cuda-h100") -> "cuda"
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["DEVICES", "QUEUE_PATTERN", "queue_device"]
+
+DEVICES = ("cpu", "cuda")
+"""Device classes (``torch.device(...).type``) that remat profiles, plans and measures on."""
+
+QUEUE_PATTERN = "(" + "|".join(re.escape(d) for d in DEVICES) + r")(-[a-z0-9][a-z0-9_.-]{0,39})?"
+"""A profiling queue: the device class, optionally narrowed to a GPU model after a dash (``cuda-h100``), so
+that a job can ask for a kind of GPU while its request still names only the device class."""
+
+
+def queue_device(queue: str) -> str:
+    """The device class a profiling queue serves: the part before the first dash (``cuda-h100`` → ``cuda``)."""
+    return queue.split("-", 1)[0]
