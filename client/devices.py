@@ -8,6 +8,7 @@ a backend there. Plain data: the client's light modules import it, so it must ne
 Public API::
 
     DEVICES = ("cpu", "cuda")
+    ONE_JOB_PER_PROCESS            # devices whose worker process is replaced after every job
     QUEUE_PATTERN                  # a profiling queue: a device, optionally narrowed (cuda-h100)
     queue_device("cuda-h100") -> "cuda"
 """
@@ -16,10 +17,15 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DEVICES", "QUEUE_PATTERN", "queue_device"]
+__all__ = ["DEVICES", "ONE_JOB_PER_PROCESS", "QUEUE_PATTERN", "queue_device"]
 
 DEVICES = ("cpu", "cuda")
 """Device classes (``torch.device(...).type``) that remat profiles, plans and measures on."""
+
+ONE_JOB_PER_PROCESS = frozenset({"cuda"})
+"""Devices whose worker replaces its process after every job: the device's caching allocator keeps what a job
+reserved until the process exits, and the next model may need all of it. A name-level fact, so that the
+worker's parent process decides it without importing torch (CUDA and fork do not mix)."""
 
 QUEUE_PATTERN = "(" + "|".join(re.escape(d) for d in DEVICES) + r")(-[a-z0-9][a-z0-9_.-]{0,39})?"
 """A profiling queue: the device class, optionally narrowed to a GPU model after a dash (``cuda-h100``), so

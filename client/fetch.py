@@ -241,11 +241,9 @@ def budget_report_from_service(request: ModelRequest, client: PlanServiceClient,
     key = PlanKey.from_dict(full.key)
     if none_row is None or linear_row is None:
         raise ServiceError(f"remat service {client.base_url}: no none or linear plan for {describe_key(key)}")
-    fit = None
-    if budget.fit and request.device == "cuda":
-        from remat.client.graph.built_model import fit_bytes_for
+    from remat.client.graph.built_model import fit_bytes_for
 
-        fit = fit_bytes_for(request)
+    fit = fit_bytes_for(request) if budget.fit else None  # None where the device's memory is not a fixed pool
     budget_bytes = budget.resolve(baseline_peak_bytes=none_row.plan.predicted_peak_bytes, fit_bytes=fit)
     record = client.get_budget_plan(key, budget_bytes)
     if record is None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from celery import Celery, Task, signals
 
-from remat.client.devices import DEVICES, queue_device
+from remat.client.devices import ONE_JOB_PER_PROCESS, queue_device
 from remat.service.celery_client import PLAN_TASK, PROFILE_TASK
 from remat.service.config import ServiceSettings
 from remat.worker import tasks
@@ -87,23 +87,13 @@ _reapers: list[Reaper] = []
 @signals.celeryd_init.connect(weak=False, dispatch_uid="remat-cuda-children")
 def _one_task_per_child_on_gpu(sender: Any = None, instance: Any = None, conf: Any = None, options: Any = None,
                                **_: Any) -> None:
-    """A worker consuming a queue of a device whose backend asks for it (``one_task_per_process``: CUDA)
-    replaces its child after every task: the caching allocator keeps what a job reserved until the process
-    exits, and the next model may need all of it.
-
-    The backends are imported here, not at module level, so that only a worker's main process consuming a
-    device queue loads torch (its children, forked from it, then start with torch loaded); Flower and the
-    ``plan`` queue's workers never do.
-    """
+    """A worker consuming a queue of a device in ``ONE_JOB_PER_PROCESS`` (CUDA) replaces its child after every
+    task: the caching allocator keeps what a job reserved until the process exits, and the next model may need
+    all of it. Decided from device names alone: the worker's main process never imports torch."""
     settings = getattr(getattr(instance, "app", None), "remat_settings", None)
     prefix = settings.queue_prefix if settings is not None else ""
     devices = {queue_device(q.removeprefix(prefix)) for q in _queue_names((options or {}).get("queues"))}
-    devices &= set(DEVICES)
-    if not devices or conf is None:
-        return
-    from remat.worker.profilers import BACKENDS
-
-    if any(BACKENDS[device].one_task_per_process for device in devices):
+    if devices & ONE_JOB_PER_PROCESS and conf is not None:
         conf.worker_max_tasks_per_child = 1
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from remat.client.budget_spec import BudgetInfeasibleError, BudgetSpec, pick_for_budget, pick_from_frontier
+from remat.client.devices import DEVICES
 from remat.client.errors import ModelError, RematError
 from remat.client.measurement import Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
@@ -388,7 +389,7 @@ def _request_of(key: PlanKey, model: str | None) -> ModelRequest:
     try:
         spec = model or "custom:unknown"
         return ModelRequest(spec=spec, batch_size=key.input_shape[0], sample_shape=key.input_shape[1:] or (1,),
-                            device=key.device if key.device in ("cpu", "cuda") else "cpu", grads=key.grads,
+                            device=key.device if key.device in DEVICES else "cpu", grads=key.grads,
                             dtype=key.dtype if key.dtype != "unknown" else "float32", mode=key.mode)
     except RematError:
         return ModelRequest(spec="custom:unknown", batch_size=1, sample_shape=(1,))

@@ -10,9 +10,9 @@ import torch
 
 from remat.client.devices import DEVICES, QUEUE_PATTERN, queue_device
 from remat.client.errors import ModelError
+from remat.client.graph import built_model
 from remat.client.graph.write_probe import preserved_state
 from remat.client.request import ModelRequest
-from remat.worker import pipeline
 from remat.worker.profilers import BACKENDS, Backend, backend_for
 from remat.worker.profilers.cpu import CpuBackend
 from remat.worker.profilers.cuda import CudaBackend
@@ -63,12 +63,12 @@ def test_building_on_cuda_without_a_gpu_is_one_line(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     request = ModelRequest(spec="resnet18", batch_size=2, sample_shape=(3, 32, 32), device="cuda")
     with pytest.raises(ModelError, match=r"^--device cuda: torch sees no CUDA device on this machine$"):
-        pipeline.build(request)
+        built_model.build(request)
 
 
 def test_fit_has_no_meaning_on_cpu() -> None:
     request = ModelRequest(spec="resnet18", batch_size=2, sample_shape=(3, 32, 32), device="cpu")
-    assert pipeline.fit_bytes_for(request) is None
+    assert built_model.fit_bytes_for(request) is None
 
 
 def test_the_cpu_backend_has_no_allocator_readings() -> None:
@@ -76,8 +76,7 @@ def test_the_cpu_backend_has_no_allocator_readings() -> None:
     assert isinstance(backend, CpuBackend) and backend.device == torch.device("cpu")
     assert (backend.reserved_bytes(), backend.peak_reserved_bytes(), backend.requested_bytes("peak")) == (None,) * 3
     assert backend.rng_devices == () and backend.device_rng_state() is None
-    assert not (backend.warm_up_first or backend.meter_counts_resident or backend.fixed_memory
-                or backend.one_task_per_process)
+    assert not (backend.warm_up_first or backend.meter_counts_resident or backend.fixed_memory)
     with pytest.raises(NotImplementedError):
         backend.capacity_bytes()
 
@@ -85,7 +84,7 @@ def test_the_cpu_backend_has_no_allocator_readings() -> None:
 def test_the_cuda_backend_is_the_caching_allocator() -> None:
     # Class-level answers only: asking for readings needs a GPU (tests/worker/test_profilers.py's cuda tests).
     assert CudaBackend.warm_up_first and CudaBackend.meter_counts_resident
-    assert CudaBackend.fixed_memory and CudaBackend.one_task_per_process
+    assert CudaBackend.fixed_memory
 
 
 @pytest.mark.parametrize("devices", [[], [torch.device("cpu")], [torch.device("meta")]])

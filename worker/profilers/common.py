@@ -119,9 +119,6 @@ class Backend(abc.ABC):
     fixed_memory: ClassVar[bool] = False
     """The device's memory is a fixed pool the step must fit in, so ``--budget fit`` has a meaning
     (:meth:`capacity_bytes` less :meth:`allocated_bytes`). False on CPU, whose memory is the host's, shared."""
-    one_task_per_process: ClassVar[bool] = False
-    """A worker on this device's queues replaces its process after every job: the device's allocator keeps
-    what a job reserved until the process exits, and the next model may need all of it."""
 
     def __init__(self, device: torch.device, device_name: str) -> None:
         self.device = device

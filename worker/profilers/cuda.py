@@ -121,7 +121,6 @@ class CudaBackend(Backend):
     warm_up_first = True
     meter_counts_resident = True
     fixed_memory = True
-    one_task_per_process = True
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
