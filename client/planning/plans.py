@@ -41,20 +41,18 @@ def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) ->
     return _reported(trace, algorithm, spec.fn(trace, cost_model=model), model)
 
 
-def graph_plan(trace: Trace, algorithm: str = "acg") -> Plan:
-    """``acg``'s plan on the trace's op graph, reported under the classic model: the kept vertices' bytes
-    plus the largest recomputed group, against keeping every vertex."""
-    from remat.client.planning.planners.acg import graph_cost, plan_trace_graph
-
-    assert trace.graph is not None
-    result = plan_trace_graph(trace)
-    weights, edges = trace.graph.weights, trace.graph.edges
-    dropped = tuple(v for seg in result.segments for v in seg.interior)
+def graph_plan(trace: Trace, algorithm: str) -> Plan:
+    """``algorithm``'s plan on the trace's op graph (its registered ``graph_fn``), reported under the planner's
+    graph model, against keeping every vertex."""
+    graph_fn = get_planner(algorithm).graph_fn
+    if graph_fn is None or trace.graph is None:
+        raise ValueError(f"{algorithm} plans no op graph, or the trace has none")
+    found = graph_fn(trace)
     return Plan(
-        algorithm=algorithm, cost_model="classic", checkpoints=(), dropped_vertices=dropped,
-        num_vertices=trace.graph.num_vertices, predicted_peak_bytes=result.value,
-        baseline_peak_bytes=graph_cost(weights, edges, range(len(weights))), num_stages=trace.num_stages,
-        recompute_ms=None, step_ms=step_ms(trace),
+        algorithm=algorithm, cost_model=found.cost_model, checkpoints=(), dropped_vertices=found.dropped_vertices,
+        num_vertices=trace.graph.num_vertices, predicted_peak_bytes=found.predicted_peak_bytes,
+        baseline_peak_bytes=found.baseline_peak_bytes, num_stages=trace.num_stages, recompute_ms=None,
+        step_ms=step_ms(trace),
     )
 
 

@@ -1,11 +1,11 @@
 """Checkpoint planners: one module per algorithm, one signature, one registry.
 
 Every planner is a pure function ``(trace, *, cost_model) -> checkpoints`` (a sorted tuple of stage
-boundaries 1..n-1). A planner that ``plans_graphs`` (``acg``) also plans on the trace's op graph when the
-trace has one (``remat.client.planning.plans.make_plan`` decides which). ``cost_model`` names the objective a
-planner that searches should minimise; exact planners minimise their own objective whatever is asked
-(``cubic`` and ``acg``: classic, ``linear``: pytorch), and the caller evaluates the result under the
-requested model. Planners import neither torch nor any service code.
+boundaries 1..n-1). A planner with a ``graph_fn`` (``acg``) also plans on the trace's op graph when the
+trace has one (``remat.client.planning.plans.make_plan`` decides which, and asks no planner by name).
+``cost_model`` names the objective a planner that searches should minimise; exact planners minimise their
+own objective whatever is asked (``cubic`` and ``acg``: classic, ``linear``: pytorch), and the caller
+evaluates the result under the requested model. Planners import neither torch nor any service code.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from remat.client.planning.planners import acg, baselines, cubic, linear
+from remat.client.planning.planners.acg import GraphPlanned
+from remat.client.trace import Trace
 
 PlannerFn = Callable[..., tuple[int, ...]]
+GraphPlannerFn = Callable[[Trace], GraphPlanned]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +29,12 @@ class PlannerSpec:
     fn: PlannerFn
     native_cost_model: str
     summary: str
-    plans_graphs: bool = False
+    graph_fn: GraphPlannerFn | None = None
     """Plans on ``trace.graph`` (a graph plan, ``Plan.dropped_vertices``) when the trace has one."""
+
+    @property
+    def plans_graphs(self) -> bool:
+        return self.graph_fn is not None
 
 
 PLANNERS: dict[str, PlannerSpec] = {
@@ -43,7 +50,7 @@ PLANNERS: dict[str, PlannerSpec] = {
         PlannerSpec("cubic", cubic.plan, "classic", "exact minimiser of the classic model, O(n^3)"),
         PlannerSpec("linear", linear.plan, "pytorch", "exact minimiser of the pytorch model, O(n log^2 n)"),
         PlannerSpec("acg", acg.plan, "classic", "Feng & Huang: the classic model on the op graph (cuts inside "
-                    "blocks), on the chain when the trace has no graph", plans_graphs=True),
+                    "blocks), on the chain when the trace has no graph", graph_fn=acg.plan_trace_graph_dropped),
     )
 }
 DEFAULT_PLANNER = "linear"

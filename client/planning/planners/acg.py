@@ -670,6 +670,29 @@ def plan_trace_graph(trace: Trace) -> GraphPlan:
     return plan_graph(trace.graph.weights, trace.graph.edges)
 
 
+@dataclass(frozen=True, slots=True)
+class GraphPlanned:
+    """A graph planner's answer on a trace's op graph, as the registry hands it to plan reporting."""
+
+    dropped_vertices: tuple[int, ...]
+    predicted_peak_bytes: int
+    """Under the planner's own model (here: classic)."""
+    baseline_peak_bytes: int
+    """The same model's peak with every vertex kept."""
+    cost_model: str = "classic"
+
+
+def plan_trace_graph_dropped(trace: Trace) -> GraphPlanned:
+    """The registry's graph planner: the dropped vertices of :func:`plan_trace_graph`'s plan, its classic value
+    (the kept vertices' bytes plus the largest recomputed group) and the value of keeping every vertex."""
+    result = plan_trace_graph(trace)
+    assert trace.graph is not None  # plan_trace_graph refused a trace without one
+    weights, edges = trace.graph.weights, trace.graph.edges
+    return GraphPlanned(dropped_vertices=tuple(v for seg in result.segments for v in seg.interior),
+                        predicted_peak_bytes=result.value,
+                        baseline_peak_bytes=graph_cost(weights, edges, range(len(weights))))
+
+
 def plan(trace: Trace, *, cost_model: str = "classic") -> tuple[int, ...]:
     """Checkpoints minimising the classic cost model, found by the graph planner on the trace's chain.
 
