@@ -1,9 +1,10 @@
 """Hand jobs to the workers through the Celery broker, by task name only.
 
 The service never imports the worker's tasks (they pull in torch); it sends a task name with the job id as
-the one argument, and the worker re-reads the job from the database (style.md, thin tasks). The broker
-connection uses short timeouts and no retries: a dead broker must turn into a job that waits for it
-(``pending``, sent again by a worker's reaper), never into a hung or failed HTTP request.
+the one argument, and the worker re-reads the job from the database (a thin task: a re-delivered message
+carries no stale copy of the job). The broker connection uses short timeouts and no retries: a dead broker
+must turn into a job that waits for it (``pending``, sent again by a worker's reaper), never into a hung or
+failed HTTP request.
 
 The task names are defined here, once: the worker registers its tasks under them (``remat.worker.tasks``).
 """

@@ -1,4 +1,7 @@
-"""Oracles that judge the exact planners: exhaustive search over every plan (algorithms.md §6)."""
+"""Oracles that judge the exact planners: exhaustive search over every plan.
+
+docs/algorithms.md ("How they are checked") says which planner each judges, and under which objective.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Start a worker with ``remat-worker --queues cpu`` (``remat.worker.cli``) or, equ
 as the service (``remat.service.config``): ``REMAT_BROKER_URL``, ``REMAT_DATABASE_URL``... Job state lives in
 the database; there is no result backend.
 
-Delivery (../shared/workers.md has the traps these settings avoid):
+Delivery (each setting says the trap it avoids; docs/service.md, "Workers", says how a job outlives its worker):
 - ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged when its task returns, and
   put back when the child running it dies; ``worker_prefetch_multiplier=1`` reserves only what runs.
 - The Redis visibility timeout (all three places) is ``REMAT_VISIBILITY_TIMEOUT_S`` (2 h), above every task

@@ -3,7 +3,7 @@
 NOTE [ measured peak ] — what ``measured_peak_bytes`` means, and why it can be set beside a prediction:
 the ``pytorch`` cost model predicts *activation* bytes, i.e. memory above what exists before a training step
 starts: parameters, buffers, the input batch, the labels and (``grads="kept"``) the allocated gradients are
-that baseline (feasibility.md §0). So a step is measured as
+that baseline (docs/cost-model.md, "What is counted"). So a step is measured as
 
     measured_peak_bytes = activation_measured_bytes
                         = (highest allocation during forward + loss + backward) - (allocation just before it)

@@ -6,7 +6,7 @@ following each storage an op creates, and stops when that storage dies (``weakre
 untyped storage; since torch 2.x a storage's Python object lives exactly as long as the storage, so the
 finalizer fires at the storage's death and not when our reference goes away).
 
-NOTE [ meter exactness ] (feasibility.md §0) — two ways a naive meter goes wrong, both handled here:
+NOTE [ meter exactness ] — two ways a naive meter goes wrong (both found in a first version), handled here:
 
 1. A storage grown in place (``out=`` into an empty tensor, ``resize_``, ``set_``) would stay at the size it
    had when it was first seen. After every op, each argument the schema marks as written
@@ -80,8 +80,8 @@ class MemoryMeter(TorchDispatchMode):
 
     Use as a context manager. ``current_bytes`` and ``peak_bytes`` count from zero at construction;
     ``mark_baseline()`` lets a caller measure "peak above what was alive at this point", which is how
-    activation memory is defined (feasibility.md §0): parameters, the input batch and pre-existing
-    gradients are the baseline.
+    activation memory is defined (docs/cost-model.md, "What is counted"): parameters, the input batch and
+    pre-existing gradients are the baseline.
 
     Example:
         >>> with MemoryMeter() as meter:

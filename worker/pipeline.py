@@ -84,9 +84,10 @@ def _op_graph(built: BuiltModel) -> Any:
 
 
 SEARCH_EVALUATIONS = 2000
-"""Plans the graph search predicts for ``acg`` (remat.client.planning.graph_predict.search_plan): 2–25 ms each on
-torchvision models (about 15 s for DenseNet-121 on the 2-core CI machine, beside a profile and validation
-that take minutes); a count, not a clock, so the plan does not depend on the machine's load."""
+"""Plans the graph search predicts for ``acg`` (remat.client.planning.graph_predict.search_plan), each a pure-Python
+replay of the step's allocation events; a count, not a clock, so the plan does not depend on the machine's load.
+The time per plan and per search is in docs/benchmarks.md ("Graph plans predicted", "Graph plans (`acg`) against
+chain plans"): small beside the profile and validation of the same run."""
 
 
 def graph_planned(built: BuiltModel, trace: Trace, plan: Plan) -> Plan:

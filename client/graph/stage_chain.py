@@ -197,7 +197,7 @@ class StageChain:
 # NOTE [BatchNorm running stats under recompute]
 # A checkpointed segment runs its forward twice: once for real and once during backward to rebuild the
 # activations. In train mode BatchNorm updates running_mean/var and num_batches_tracked on *every* forward,
-# so a plain recompute updates them twice (feasibility §3: 150/159 buffers wrong after one ResNet-50 step,
+# so a plain recompute updates them twice (measured: 150 of 159 BN buffers wrong after one ResNet-50 step,
 # num_batches_tracked = 2). Disabling track_running_stats during the recompute does not work: the BN node
 # saves the running stats, so the number of saved tensors differs and checkpoint raises. What works is to
 # snapshot the running-stat buffers when the recompute starts and copy the snapshot back on exit: the
@@ -205,9 +205,10 @@ class StageChain:
 # undone, and the exit also runs when non-reentrant checkpoint stops the recompute early. Buffers that the
 # recorded run saw written in place (custom EMA buffers, functional batch_norm on get_attr buffers) are
 # restored the same way.
-# An earlier version swapped the buffers for clones instead (feasibility's other working option). Because
-# BN saves its running stats for backward, every clone then stayed alive until that BN's backward: memory no
-# trace can see, up to -1.7% prediction error on kept-gradient plans (docs/cost-model.md, Calibration).
+# An earlier version swapped the buffers for clones instead (another option that kept every buffer
+# bit-equal). Because BN saves its running stats for backward, every clone then stayed alive until that BN's
+# backward: memory no trace can see, up to -1.7% prediction error on kept-gradient plans (docs/cost-model.md,
+# "Fixed in the executor: BatchNorm buffer clones in the recompute").
 # The snapshot is freed as soon as the recompute ends.
 
 
@@ -235,7 +236,8 @@ class _RestoreBuffers:
 # NOTE [RNG on recompute]
 # Dropout and stochastic depth inside a checkpointed segment must draw the same masks when the segment is
 # recomputed, or the backward differentiates a different function than the forward computed: the loss is
-# unchanged but gradients are silently wrong (feasibility P7: max abs diff 0.05 on VGG-19's classifier).
+# unchanged but gradients are silently wrong (measured with preserve_rng_state=False: max abs diff 0.05 on
+# VGG-19's classifier gradients).
 # run() passes preserve_rng_state=True, which saves the CPU and device RNG states before each checkpointed
 # segment and restores them for its recompute. Stages keep fx's node order (see _build_from_fx in
 # stage_graph.py), so the sequence of random ops, hence every mask, is also the eager model's.

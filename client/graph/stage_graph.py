@@ -19,7 +19,7 @@ Public API (what profilers, ``apply`` and tests code against)::
     with preserved_state(model, devices=[x.device]): ...   # restores buffers (BN stats) and RNG on exit
     brute_force_cut_vertices(chain)    # -> list[str]; O(V·E) reference for chain.cut_vertices (tests)
 
-How the chain is found (docs/apply.md and /work/shared/feasibility.md §2–3 explain why):
+How the chain is found (docs/apply.md, "How it works"; the reason for each step is given with it):
 
 1. Trace with torch.fx, treating ``torchvision.ops.StochasticDepth`` as a leaf so the train/eval switch is
    not baked into the graph, in the requested mode (aux heads still depend on it: one chain per mode).

@@ -243,8 +243,10 @@ def _forked_rng(devices: Sequence[torch.device]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def preserved_state(model: nn.Module, *, devices: Sequence[torch.device] = ()) -> Iterator[None]:
-    """Run a block that trains or probes the model and leave the model as it was (feasibility P5).
+    """Run a block that trains or probes the model and leave the model as it was.
 
+    Any train-mode pass updates BatchNorm running statistics: profiling without this was measured to leave
+    every BN buffer of the model changed.
     Restores every buffer slot (BatchNorm running statistics, ``num_batches_tracked``; also undoing a forward
     that rebinds a buffer), each parameter's ``.grad`` object, the train/eval flag of every submodule and the
     RNG states (the CPU's and those of ``devices``, any accelerator: a ``cpu`` entry adds nothing). The probe

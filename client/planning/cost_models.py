@@ -2,7 +2,7 @@
 
 Two models, each a pure function ``peak(trace, checkpoints) -> bytes``:
 
-- ``classic`` — Chen et al. / Feng & Huang / Hong et al.'s first formulation (algorithms.md §2): all
+- ``classic`` — Chen et al. / Feng & Huang / Hong et al.'s first formulation (docs/cost-model.md §1): all
   checkpoints alive at once plus the largest re-forwarded segment interior.
 - ``pytorch`` — what the PyTorch caching allocator really holds when every segment but the last runs under
   ``torch.utils.checkpoint(use_reentrant=False)``. Every term and the reasoning for it is in

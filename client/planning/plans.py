@@ -103,14 +103,16 @@ def frontier_plans(trace: Trace) -> list[Plan]:
 
 
 FRONTIER_INLINE_STAGES = 500
-"""Up to this many stages the frontier is computed with the other plans (about 0.7 s at 500 stages on the
-2-core CI machine, docs/benchmarks.md "Budgets"); a service upload defers larger traces to a plan job."""
+"""Up to this many stages the frontier is computed with the other plans (O(n²) numpy steps of O(n) work; its
+time at 500 stages is in docs/benchmarks.md, "Planner scaling"); a service upload defers larger traces to a
+plan job."""
 FRONTIER_MAX_STAGES = 2000
-"""Above this the frontier is not computed at all: O(n²) vector steps, tens of seconds at 2,000 stages."""
+"""Above this the frontier is not computed at all: O(n²) vector steps of O(n) work, memory-bound past 1,000 stages
+(its time at 2,000 stages is in docs/benchmarks.md, "Planner scaling")."""
 VALIDATED_SHARES = (0.7, 0.5)
 """Budgets, as shares of the no-checkpoint peak, whose frontier plans a profiling run measures: the stored
 curve is measured at the points users ask for most, not only estimated. Two, because each costs every
-`plan MODEL` run a plan's worth of steps (ResNet-152 at 128 px: about a minute on the 2-core CI machine)."""
+`plan MODEL` run a plan's worth of real training steps (a measured step, a gradient check, timing rounds)."""
 
 
 def plans_to_store(trace: Trace, *, algorithms: Sequence[str] | None = None,

@@ -1,4 +1,4 @@
-"""remat-client on trace files: the design.md JSON contracts, bad input on one line with exit 2."""
+"""remat-client on trace files: the JSON contracts of the README's CLI reference, bad input on one line with exit 2."""
 
 from __future__ import annotations
 

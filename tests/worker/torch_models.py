@@ -2,8 +2,9 @@
 
 ``SequentialChain`` runs an ``nn.Sequential`` whose children are the stages the way
 ``remat.client.graph.stage_graph.StageChain.run`` does: every segment but the last under non-reentrant
-checkpointing, BatchNorm running statistics swapped for clones during the recompute (feasibility.md §3),
-so the profiler and ``measure_step`` are tested independently of the fx stage graph.
+checkpointing, BatchNorm running statistics swapped for clones during the recompute (the stage chain's
+earlier way: NOTE [BatchNorm running stats under recompute] in client/graph/stage_chain.py), so the profiler
+and ``measure_step`` are tested independently of the fx stage graph.
 """
 
 from __future__ import annotations

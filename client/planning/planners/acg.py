@@ -642,7 +642,7 @@ def plan_graph(weights: Sequence[int], edges: Sequence[tuple[int, int]], *,
     """The kept set of least cost (see the module docstring for the model, the algorithm and its guarantee).
 
     ``exhaustive_limit`` is the largest complicated region enumerated subset by subset (2^r subsets, each in
-    O(r) big-integer steps: 14 takes milliseconds, every step up doubles it); 0 uses the restricted family
+    O(r) big-integer steps, so every step up doubles the time); 0 uses the restricted family
     everywhere.
 
     Example:

@@ -1,4 +1,4 @@
-"""Baseline planners every comparison includes (algorithms.md §5).
+"""Baseline planners every comparison includes (the table at the top of docs/algorithms.md).
 
 They are not optimal; they are what people use today, so remat's plans are always shown beside them.
 """

@@ -47,7 +47,7 @@ _INT64_INFINITY = 1 << 62  # above every value below _INT64_LIMIT; plus one of t
 
 def _entry_dtype(largest: int) -> object:
     """int64 while every value of the recurrence (at most ``largest``) is below 2^59; Python integers
-    (object arrays: 200 stages take 0.22 s instead of 0.016 s) past it."""
+    (object arrays: exact, but about 14x slower, measured at 200 stages) past it."""
     return np.int64 if largest < _INT64_LIMIT else object
 
 

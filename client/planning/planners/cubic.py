@@ -86,7 +86,8 @@ def plan(trace: Trace, *, cost_model: str = "classic") -> tuple[int, ...]:
 
     References:
         Hong et al., "GPU Memory Usage Optimization for Backward Propagation in Deep Network Training",
-        JPDC 2025, arXiv 2502.12499 (the O(n³) algorithm; recurrence reconstructed, see algorithms.md §2).
+        JPDC 2025, arXiv 2502.12499 (the O(n³) algorithm; recurrence reconstructed, see docs/algorithms.md,
+        "`cubic`").
     """
     if trace.num_stages <= 1:
         return ()

@@ -1,4 +1,4 @@
-"""``linear``: the exact minimiser of the ``pytorch`` cost model (algorithms.md §3), in O(n log² n).
+"""``linear``: the exact minimiser of the ``pytorch`` cost model (docs/cost-model.md §2), in O(n log² n).
 
 The name is the registry's: Hong et al. claim a linear-time exact planner for their PyTorch-faithful model.
 For *our* model (``client/planning/cost_models.py``) we have not found an exact linear algorithm; this module is exact
@@ -38,8 +38,8 @@ Notes:
     O(32 n) in the leaves; O(n) to rebuild the plan. Memory O(n), plus an O(n log n) transient sparse
     table at the top level. Values are int64 while every table entry is below 2^59; beyond that the same
     code runs on Python integers (numpy object arrays): exact, about 2x slower (measured at n = 2·10^4).
-    Measured for plan() on random traces (2-core machine, CPU time, tables included): 10^4 stages 0.09 s,
-    10^5 0.8 s, 10^6 8 s; the log factors sit in numpy kernels, so over this range it scales linearly.
+    The log factors sit in numpy kernels, so measured time grows about tenfold per tenfold n up to 10^6
+    stages (docs/benchmarks.md, "Planner scaling", has the figures and the command).
 
     Tie-break among optimal plans: the plan is rebuilt forwards with the slack left under the optimum,
     taking the farthest admissible next checkpoint (fewer checkpoints by a greedy rule, not a guarantee,
@@ -56,7 +56,7 @@ Notes:
 References:
     Hong et al., "GPU Memory Usage Optimization for Backward Propagation in Deep Network Training",
     arXiv 2502.12499, 2025: a linear-time exact planner for a PyTorch-faithful model. Their full text was
-    not available; the model and this algorithm are our reconstruction (docs/algorithms.md §3).
+    not available; the model and this algorithm are our reconstruction (docs/algorithms.md, "`linear`").
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def test_resnet18_boundaries_match_brute_force() -> None:
     model = torchvision.models.resnet18(num_classes=10)
     chain = build_stage_chain(model, torch.randn(2, 3, 64, 64))
     assert chain.cut_vertices == brute_force_cut_vertices(chain)
-    assert chain.num_stages == 14  # feasibility §2: 13 safe boundaries
+    assert chain.num_stages == 14  # 13 safe boundaries
     assert set(chain.boundaries) <= set(chain.cut_vertices)
     # Every BN or residual add followed by an in-place ReLU stays with that ReLU.
     assert "bn1" in chain.dropped and _stage_of(chain, "bn1") == _stage_of(chain, "relu")

@@ -31,7 +31,7 @@ def _trace(with_graph: bool = True):
 
 def _classic(kept: set[int]) -> int | None:
     """Σ kept weights (input and output excluded) + the largest weakly connected dropped group, written here
-    from the definition (algorithms.md, acg) with a plain flood fill; None when a group has other than one
+    from the definition (docs/algorithms.md, `acg`) with a plain flood fill; None when a group has other than one
     kept vertex feeding it and one kept vertex reading it (no single checkpoint call runs it)."""
     n = len(WEIGHTS)
     dropped = set(range(n)) - kept
