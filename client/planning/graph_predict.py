@@ -613,43 +613,24 @@ class _Backward:
 
     def apply(self, a: int) -> None:
         """Autograd node ``a`` runs: its calls are re-run first, then its apply's transient is a peak candidate,
-        its gradients are made, its inputs and saved tensors freed, and its gradients sent on."""
-        led = self.led
-        node = self.profile.autograd[a]
+        its gradients are made, its inputs and saved tensors freed, and its gradients sent on.
+
+        The hot path of every prediction (once per autograd node of every plan the search tries): its steps are
+        written out here, on local names, rather than as one method each.
+        """
+        led, profile, schedule, own = self.led, self.profile, self.schedule, self.own
+        node = profile.autograd[a]
         inputs = self.buffers.pop(a, [])
         label = f"backward of {node['type']} #{a} ({node['fx']})"
-        for g in self.schedule.owner_calls.get(a, ()):
+        owner_calls = schedule.owner_calls.get(a, ())
+        for g in owner_calls:
             if not self.recomputed[g]:
                 self.recomputed[g] = True
-                _recompute(self.profile, self.schedule, led, g, label)
+                _recompute(profile, schedule, led, g, label)
         led.observe(node.get("extra", 0), label)
-        outs = self.gradients(node, inputs)
-        if node.get("leftover"):
-            led.hold(led.new(node["leftover"]), "leftover")
-        if node["type"] == "AccumulateGrad" and self.pgrads and inputs and inputs[0] is not None:
-            if node.get("incoming_sids", [None])[0] in self.pgrads:
-                led.hold(inputs[0].storage, "param grad")
-        for t in inputs:
-            if t is not None:
-                self.drop(t)
-        self.release_saved(a)
-        for (t_index, nr), t in zip(node.get("next", []), outs, strict=False):
-            if t_index < 0:
-                continue
-            if t is not None:
-                self.accumulate(t_index, nr, t, label)
-            self.deps[t_index] -= 1
-            if self.deps[t_index] == 0:
-                heapq.heappush(self.heap, (-self.seq[t_index], t_index))
-        for t in outs:
-            if t is not None:
-                self.drop(t)
-
-    def gradients(self, node: AutogradRecord, inputs: Sequence[_Grad | None]) -> list[_Grad | None]:
-        """The gradients ``node`` sends, each owned once: new storages (shared where the apply made one for
-        several), the very tensor it received, a view of a received storage, or no new memory. A new storage
-        no gradient holds is freed at once."""
-        led = self.led
+        # The gradients it sends, each owned once: new storages (shared where the apply made one for several),
+        # the very tensor it received, a view of a received storage, or no new memory. A new storage no
+        # gradient holds is freed at once.
         new_storages: dict[int, Any] = {}
         outs: list[_Grad | None] = []
         for out in node.get("outs", []):
@@ -659,22 +640,27 @@ class _Backward:
             if "new" in out:
                 if out["new"] not in new_storages:
                     new_storages[out["new"]] = led.new(out["storage"])
-                t = _Grad(new_storages[out["new"]], out["bytes"], out["dense"])
+                g_out = _Grad(new_storages[out["new"]], out["bytes"], out["dense"])
             elif "same" in out and out["same"] < len(inputs) and inputs[out["same"]] is not None:
-                t = inputs[out["same"]]
+                g_out = inputs[out["same"]]
             elif "view" in out and out["view"] < len(inputs) and inputs[out["view"]] is not None:
-                t = _Grad(inputs[out["view"]].storage, out["bytes"], out["dense"])
+                g_out = _Grad(inputs[out["view"]].storage, out["bytes"], out["dense"])
             else:
-                t = _Grad(led.new(0), out["bytes"], out["dense"])
-            outs.append(self.own(t))
+                g_out = _Grad(led.new(0), out["bytes"], out["dense"])
+            outs.append(own(g_out))
         for key in new_storages.values():
             led.free_if_unheld(key)
-        return outs
-
-    def release_saved(self, a: int) -> None:
-        """After ``a`` ran: the engine frees the saved tensors it unpacked (``release_variables``), and a call
-        whose last pack owner this was lets go of its frame's inputs."""
-        led, packs, schedule = self.led, self.profile.packs, self.schedule
+        if node.get("leftover"):
+            led.hold(led.new(node["leftover"]), "leftover")
+        if node["type"] == "AccumulateGrad" and self.pgrads and inputs and inputs[0] is not None:
+            if node.get("incoming_sids", [None])[0] in self.pgrads:
+                led.hold(inputs[0].storage, "param grad")
+        for t in inputs:
+            if t is not None:
+                self.drop(t)
+        # The engine frees the saved tensors ``a`` unpacked (``release_variables``), and a call whose last pack
+        # owner this was lets go of its frame's inputs.
+        packs = profile.packs
         for p in self.consumed.get(a, ()):
             s = packs[p]["sid"]
             if s is None:
@@ -684,29 +670,38 @@ class _Backward:
                 led.release(s, ("saved", p))
             else:
                 led.release(("r", g, s), ("rec", p))
-        for g in schedule.owner_calls.get(a, ()):
+        for g in owner_calls:
             self.owners_left[g] -= 1
             if self.owners_left[g] == 0:
                 for s in schedule.call_inputs[g]:
                     led.release(s, ("frame", g))
-
-    def accumulate(self, t_index: int, nr: int, t: _Grad, label: str) -> None:
-        """Gradient ``t`` into input ``nr`` of node ``t_index``'s buffer (``InputBuffer::accumulate``): the first
-        is kept as it is, a later one is added in place when the buffer holds the only reference to a dense
-        tensor, else into a new buffer tensor (a peak candidate)."""
-        buf = self.buffers.setdefault(t_index, [None] * max(self.profile.autograd[t_index].get("inputs", 1), nr + 1))
-        if len(buf) <= nr:
-            buf += [None] * (nr + 1 - len(buf))
-        old = buf[nr]
-        if old is None:
-            buf[nr] = self.own(t)
-        elif old.dense and old.refs == 1 and len(self.led.holders.get(old.storage, ())) == 1:
-            pass  # in place into the buffer's own tensor
-        else:
-            key = self.led.new(old.nbytes)
-            self.led.observe(0, f"gradient accumulation into #{t_index} after {label}")
-            buf[nr] = self.own(_Grad(key, old.nbytes, True))
-            self.drop(old)
+        deps, heap, seq, buffers, autograd = self.deps, self.heap, self.seq, self.buffers, profile.autograd
+        for (t_index, nr), t in zip(node.get("next", []), outs, strict=False):
+            if t_index < 0:
+                continue
+            if t is not None:
+                # Into input ``nr`` of node ``t_index``'s buffer (``InputBuffer::accumulate``): the first is kept
+                # as it is, a later one is added in place when the buffer holds the only reference to a dense
+                # tensor, else into a new buffer tensor (a peak candidate).
+                buf = buffers.get(t_index)
+                if buf is None:
+                    buf = buffers[t_index] = [None] * max(autograd[t_index].get("inputs", 1), nr + 1)
+                if len(buf) <= nr:
+                    buf += [None] * (nr + 1 - len(buf))
+                old = buf[nr]
+                if old is None:
+                    buf[nr] = own(t)
+                elif not (old.dense and old.refs == 1 and len(led.holders.get(old.storage, ())) == 1):
+                    key = led.new(old.nbytes)
+                    led.observe(0, f"gradient accumulation into #{t_index} after {label}")
+                    buf[nr] = own(_Grad(key, old.nbytes, True))
+                    self.drop(old)
+            deps[t_index] -= 1
+            if deps[t_index] == 0:
+                heapq.heappush(heap, (-seq[t_index], t_index))
+        for t in outs:
+            if t is not None:
+                self.drop(t)
 
 
 # --- plan search under the predictor ---------------------------------------------------------------------
