@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 
+from remat.client.job_state import JobState
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan_key import PlanKey
 from remat.client.trace import OPTIONAL_STAGE_BOOLS, OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, TRACE_FORMAT
@@ -291,12 +292,16 @@ class JobCreate(BaseModel):
         return self
 
 
+JobStateName = Literal[tuple(state.value for state in JobState)]  # type: ignore[valid-type]
+"""A job state as the API spells it (``remat.client.job_state.JobState``): an inline enum of plain strings."""
+
+
 class JobOut(BaseModel):
     """A job as stored (``remat.service.records.JobRecord``)."""
 
     id: str
     kind: Literal["profile", "plan"]
-    state: Literal["pending", "queued", "running", "succeeded", "failed"]
+    state: JobStateName
     progress: float
     """Fraction of the work done, 0 to 1; ``message`` says which phase runs."""
     message: str | None
@@ -416,7 +421,7 @@ class ZooModelOut(BaseModel):
 
     model: str
     job_id: str
-    state: Literal["pending", "queued", "running", "succeeded", "failed"]
+    state: JobStateName
     progress: float
     message: str | None
     row: ZooRow | None
