@@ -26,6 +26,7 @@ from remat.client.cli_common import request as _request
 from remat.client.cli_common import run_with_progress as _run_with_progress
 from remat.client.cli_common import server_or_fail as _server_or_fail
 from remat.client.errors import RematError
+from remat.client.job_state import FINISHED_JOB_STATES, JobState
 from remat.client.plan import COST_MODELS, Plan
 from remat.client.trace import Trace, load_trace
 from remat.client.zoo_command import zoo_command
@@ -355,7 +356,7 @@ def submit_command(model: str, batch_size: int | None, input_shape: str | None, 
         _emit_json(job)
     else:
         click.echo(job["id"])
-        note = job.get("message") if job.get("leader_id") or job["state"] == "pending" else None
+        note = job.get("message") if job.get("leader_id") or job["state"] == JobState.PENDING else None
         if note:
             click.echo(f"({note})", err=True)
 
@@ -412,7 +413,7 @@ def _follow_job(client: Any, job_id: str, *, as_json: bool, timeout_s: float | N
                 raise click.ClickException(str(exc)) from None
             if progress is not None:
                 progress(job.get("message") or job["state"], float(job.get("progress") or 0.0))
-            if job["state"] in ("succeeded", "failed"):
+            if job["state"] in FINISHED_JOB_STATES:
                 return job
             if deadline is not None and time.monotonic() >= deadline:
                 raise click.ClickException(f"job {job_id} is still {job['state']} after {timeout_s:g} s "
@@ -429,17 +430,17 @@ def _show_job(job: dict[str, Any], *, as_json: bool) -> None:
     state = job["state"]
     if as_json:
         _emit_json(job)
-    elif state == "succeeded" and job.get("kind", "profile") == "profile" and job.get("result"):
+    elif state == JobState.SUCCEEDED and job.get("kind", "profile") == "profile" and job.get("result"):
         report = ModelReport.from_job(job)
         _print_model_table(report, f"job {job['id']}" + (", plans already stored" if report.from_store else ""))
     else:
         line = f"{job['id']}: {state}"
-        if state not in ("succeeded", "failed"):
+        if state not in FINISHED_JOB_STATES:
             line += f", {float(job.get('progress') or 0):.0%}"
         if job.get("message"):
             line += f" ({job['message']})"
         click.echo(line)
-    if state == "failed":
+    if state == JobState.FAILED:
         raise click.ClickException(f"job {job['id']} failed: {job.get('error') or 'no reason recorded'}")
 
 

@@ -43,9 +43,8 @@ HOW_TO_CREATE = ("create one with `remat-client trace MODEL --out trace.json` an
 
 
 def describe_key(key: PlanKey) -> str:
-    """One line naming a key, short enough for an error message (the hash is cut to 12 hex digits)."""
-    return (f"model_hash {key.model_hash[:12]}…, input_shape {list(key.input_shape)}, dtype {key.dtype}, "
-            f"device {key.device}, mode {key.mode}, grads {key.grads}, torch {key.torch_version}")
+    """One line naming a key, short enough for an error message (``PlanKey.describe``)."""
+    return key.describe()
 
 
 @contextmanager

@@ -17,6 +17,7 @@ Public API::
             torch_version=<the installed torch's major.minor>)
     PlanKey.for_model(model, input_shape, *, dtype=..., mode=..., grads=..., device=..., graph=None)
     PlanKey.from_trace(trace) / key.to_dict() / PlanKey.from_dict(obj)
+    key.describe(exclude=()) -> "model_hash 3f2ab8c01d9e…, input_shape [32, 3, 224, 224], dtype float32, …"
     key.describe_mismatch(other, fields=None) -> str | None
     current_torch_version() -> "2.15";  normalize_torch_version("2.15.0+cu132") -> "2.15"
 """
@@ -29,7 +30,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from remat.client.errors import InvalidKeyError, PlanError
@@ -40,9 +41,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["KEY_FIELDS", "MAX_DIM", "MAX_DIMS", "MAX_NUMEL", "MODEL_HASH_PATTERN", "UNKNOWN", "PlanKey",
-           "content_sha256", "current_torch_version", "normalize_device", "normalize_dtype", "normalize_torch_version",
-           "parse_input_shape"]
+__all__ = ["KEY_FIELDS", "LABEL", "MAX_DIM", "MAX_DIMS", "MAX_NUMEL", "MODEL_HASH_PATTERN", "UNKNOWN", "UNRECORDED",
+           "PlanKey", "content_sha256", "current_torch_version", "normalize_device", "normalize_dtype",
+           "normalize_torch_version", "parse_input_shape"]
 
 UNKNOWN = "unknown"
 """dtype, device class or torch version of a trace that does not say: still a key, never one a profiler
@@ -127,24 +128,36 @@ def content_sha256(trace: Trace) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+UNRECORDED = "unrecorded"
+"""Field metadata: what a trace that does not record the field means by it (default: the field's default)."""
+LABEL = "label"
+"""Field metadata: the field's name in ``describe``'s messages (default: the field's name)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PlanKey:
-    """What a plan is valid for. Two keys match when every field is equal (see ``matches`` for lookups)."""
+    """What a plan is valid for. Two keys match when every field is equal (in a lookup, a torch_version of
+    ``unknown`` matches any version).
+
+    The fields are the one list of the key's components: the service's schemas, table columns, query
+    parameters and cache keys, and the client's lookups, are derived from ``fields(PlanKey)``. A new field
+    needs its bounds in service/keys.py, its columns in service/models.py and a migration.
+    """
 
     model_hash: str
     """``hashing.architecture_hash`` of the model (hex sha256), or ``trace:<digest>`` for a hand-written trace."""
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...] = field(metadata={UNRECORDED: ()})
     """Full input shape, batch dimension included."""
-    dtype: str = "float32"
+    dtype: str = field(default="float32", metadata={UNRECORDED: UNKNOWN})
     """The step's precision (``remat.client.precision``): ``float32``, ``bfloat16``… or ``autocast_bfloat16``."""
     mode: str = "train"
     """``train`` or ``eval``: graphs (aux heads) and memory differ between the two."""
     grads: str = "none"
     """``none``: gradients set to None between steps (``zero_grad(set_to_none=True)``, PyTorch's default);
     ``kept``: gradients stay allocated across steps."""
-    device: str = "cpu"
+    device: str = field(default="cpu", metadata={UNRECORDED: UNKNOWN})
     """Device class: ``cpu`` or ``cuda``."""
-    torch_version: str = field(default_factory=current_torch_version)
+    torch_version: str = field(default_factory=current_torch_version, metadata={UNRECORDED: UNKNOWN, LABEL: "torch"})
     """torch major.minor the trace was made with (``unknown`` when a trace does not say)."""
 
     def __post_init__(self) -> None:
@@ -193,23 +206,18 @@ class PlanKey:
         """The key a trace's plans are stored under.
 
         A trace without ``model_hash`` (written by hand) is keyed by its content digest, ``trace:<hex>``;
-        missing dtype, device and torch version read as ``unknown``, missing mode and grads as the defaults.
+        missing dtype, device and torch version read as ``unknown``, missing mode and grads as the defaults
+        (each field's ``UNRECORDED`` metadata, else its default).
         """
         meta = trace.metadata
-
-        def given(name: str, default: Any) -> Any:  # absent and null both mean "not recorded"
-            value = meta.get(name)
-            return default if value is None else value
-
-        model_hash = given("model_hash", None) or f"trace:{(content_hash or content_sha256(trace))[:40]}"
-        return cls(model_hash=model_hash, input_shape=tuple(given("input_shape", ())),
-                   dtype=given("dtype", UNKNOWN), device=given("device", UNKNOWN), mode=given("mode", "train"),
-                   grads=given("grads", "none"), torch_version=given("torch_version", UNKNOWN))
+        values = {f.name: _unrecorded(f) if meta.get(f.name) is None else meta[f.name]  # absent or null
+                  for f in fields(cls) if f.name != "model_hash"}
+        model_hash = meta.get("model_hash") or f"trace:{(content_hash or content_sha256(trace))[:40]}"
+        return cls(model_hash=model_hash, **values)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form; the names are the trace metadata's."""
-        return {"model_hash": self.model_hash, "input_shape": list(self.input_shape), "dtype": self.dtype,
-                "mode": self.mode, "grads": self.grads, "device": self.device, "torch_version": self.torch_version}
+        """JSON form, in field order; the names are the trace metadata's."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> PlanKey:
@@ -223,20 +231,38 @@ class PlanKey:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in obj.items() if k in known and v is not None})
 
+    def describe(self, *, exclude: Iterable[str] = ()) -> str:
+        """One line naming the key, short enough for an error message (the hash is cut to 12 characters):
+        ``model_hash 3f2ab8c01d9e…, input_shape [32, 3, 224, 224], dtype float32, mode train, grads none,
+        device cpu, torch 2.15``; ``exclude`` leaves out fields a message names its own way."""
+        skipped = set(exclude)
+        return ", ".join(f"{f.metadata.get(LABEL, f.name)} {self._shown(f.name)}" for f in fields(self)
+                         if f.name not in skipped)
+
     def describe_mismatch(self, other: PlanKey, fields: Iterable[str] | None = None) -> str | None:
         """None when ``other`` matches on ``fields`` (all by default), else one line naming each difference
         as ``field: <self's value> vs <other's value>``."""
         names = list(fields) if fields is not None else list(KEY_FIELDS)
-        diffs = []
-        for name in names:
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if mine != theirs:
-                if name == "model_hash":
-                    mine, theirs = f"{mine[:12]}…", f"{theirs[:12]}…"
-                elif name == "input_shape":
-                    mine, theirs = list(mine), list(theirs)
-                diffs.append(f"{name}: {mine} vs {theirs}")
+        diffs = [f"{name}: {self._shown(name)} vs {other._shown(name)}" for name in names
+                 if getattr(self, name) != getattr(other, name)]
         return "; ".join(diffs) or None
+
+    def _shown(self, name: str) -> Any:
+        """A field's value as messages show it: the hash cut to 12 characters, the shape as a list."""
+        value = getattr(self, name)
+        return f"{value[:12]}…" if name == "model_hash" else _plain(value)
+
+
+def _plain(value: Any) -> Any:
+    """A field's JSON value: a shape (tuple) as a list."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _unrecorded(f: Field[Any]) -> Any:
+    """What a trace that does not record field ``f`` means by it: its ``UNRECORDED`` metadata, else its default."""
+    if UNRECORDED in f.metadata:
+        return f.metadata[UNRECORDED]
+    return f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
 
 
 KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(PlanKey))

@@ -3,7 +3,7 @@
 Training jobs fetch plans at start-up, often from many nodes at once, so this module is deliberately small:
 it needs httpx and nothing else of the heavy stack (no torch, sqlalchemy, celery or the web framework; a test
 checks ``sys.modules`` in a fresh interpreter). Keys are taken as plain mappings or as anything with a
-``to_dict()`` (the client's ``PlanKey``), so that importing the key class, which imports torch, is not needed.
+``to_dict()`` (the client's ``PlanKey``, whose module imports no torch either).
 
 Every failure leaves as one ``ServiceError`` with a one-line message naming the URL and what happened, the
 way httpx maps socket errors to its own: callers catch one exception type and can show its message as is.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import MISSING, fields
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -30,11 +31,15 @@ from urllib.parse import quote
 import httpx
 
 from remat.client.errors import ServiceError
+from remat.client.plan_key import UNKNOWN, PlanKey
 
 __all__ = ["PlanServiceClient", "ServiceResponseError", "key_query"]
 
-_KEY_DEFAULTS = {"dtype": "float32", "device": "cpu", "mode": "train", "grads": "none", "torch_version": "unknown"}
-"""What a key mapping means when it leaves a field out: the defaults of the client's ``PlanKey``."""
+_KEY_DEFAULTS = {f.name: f.default if f.default is not MISSING else UNKNOWN for f in fields(PlanKey)
+                 if f.default is not MISSING or f.default_factory is not MISSING}
+"""What a key mapping means when it leaves a field out: the defaults of the client's ``PlanKey``, except that a
+default computed where the key is made (the installed torch's version) is ``unknown``, which asks the service
+for the newest plan of any."""
 
 
 class ServiceResponseError(ServiceError):

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from remat.client.errors import UnknownModelError
+from remat.client.job_state import JobState
 from remat.client.report import ModelReport
 from remat.client.request import ModelRequest
 
@@ -107,9 +108,9 @@ class ZooRow:
     def from_job(cls, job: Mapping[str, Any]) -> ZooRow | None:
         """The row of a finished service job (``GET /v1/jobs/{id}``); None while it has not finished."""
         request = ModelRequest.from_dict(job["request"])
-        if job["state"] == "failed":
+        if job["state"] == JobState.FAILED:
             return cls.failed(request.name, job.get("error") or "failed", request.input_shape)
-        if job["state"] != "succeeded" or not job.get("result"):
+        if job["state"] != JobState.SUCCEEDED or not job.get("result"):
             return None
         return cls.from_report(ModelReport.from_job(dict(job)))
 

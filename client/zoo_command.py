@@ -28,6 +28,7 @@ from remat.client.cli_common import (
     request,
     server_or_fail,
 )
+from remat.client.job_state import JobState
 from remat.client.zoo_batch import ZOOS, ZooRow
 
 __all__ = ["zoo_command"]
@@ -187,7 +188,7 @@ def _run_on_server(body: dict[str, Any], server: str, *, as_json: bool, csv_path
                             reported.add(entry["job_id"])
                             bar.say(_line(ZooRow.from_dict(entry["row"])))
                     running = [e["model"].removeprefix("torchvision:") for e in batch["models"]
-                               if e["state"] == "running"]
+                               if e["state"] == JobState.RUNNING]
                     bar.update(", ".join(running) or "queued", batch["progress"] * total)
                     if batch["done"]:
                         break

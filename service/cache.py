@@ -29,8 +29,9 @@ from remat.service.config import ServiceSettings
 
 log = logging.getLogger(__name__)
 
-KEY_VERSION = "2"
-"""Bumped when the cached JSON changes shape, so that a rolling upgrade never serves the old shape."""
+KEY_VERSION = "3"
+"""Bumped when the cached JSON or the names change, so that a rolling upgrade never serves the old shape
+(3: names list the key's fields in ``PlanKey`` order, the shape as a list)."""
 
 
 class PlanCache:
@@ -55,9 +56,9 @@ class PlanCache:
         return self._client is not None
 
     def key_name(self, key: PlanKey, algorithm: str, budget_bytes: int | None) -> str:
-        """The Redis key of one plan read: every component of the plan key, in a fixed order."""
-        parts = [key.model_hash, key.input_shape_text, key.dtype, key.device, key.mode, key.grads,
-                 key.torch_version, algorithm, budget_bytes or 0]
+        """The Redis key of one plan read: every field of the plan key (``PlanKey.to_dict()``, in field order),
+        then the algorithm and the budget (0: none)."""
+        parts = [*key.to_dict().values(), algorithm, budget_bytes or 0]
         return self.prefix + json.dumps(parts, separators=(",", ":"))
 
     def delete_plans(self, key: PlanKey, algorithms_budgets: Iterable[tuple[str, int | None]]) -> None:

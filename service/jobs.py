@@ -4,8 +4,8 @@ Shared by the API (creates jobs and answers for them) and the workers (claim, re
 function works inside the caller's transaction, like the rest of the repository. NOTE [job lease] in
 models.py explains why a lease and not the broker decides who runs a job.
 
-States: ``pending`` (recorded, not yet handed to the broker), ``queued`` (on the broker, or following
-another job), ``running`` (a worker holds the lease), ``succeeded``, ``failed``.
+States: ``remat.client.job_state.JobState`` (pending, queued, running, succeeded, failed), the vocabulary the
+CLI prints too.
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from remat.client.job_state import ACTIVE_JOB_STATES, FINISHED_JOB_STATES, JobState
 from remat.service.models import JobRow, utcnow
-from remat.service.records import FINISHED_JOB_STATES, JOB_STATES, JobRecord
+from remat.service.records import JobRecord
 
-__all__ = ["ACTIVE_STATES", "Claim", "claim_job", "create_job", "finish_job", "get_job", "heartbeat",
-           "list_jobs", "reap_jobs", "record_send", "release_job", "update_job"]
-
-ACTIVE_STATES = ("pending", "queued", "running")
+__all__ = ["Claim", "claim_job", "create_job", "finish_job", "get_job", "heartbeat", "list_jobs", "reap_jobs",
+           "record_send", "release_job", "update_job"]
 
 
 def _job(row: JobRow) -> JobRecord:
@@ -39,7 +38,7 @@ def _job(row: JobRow) -> JobRecord:
 
 def _active_leader(session: Session, request_key: str) -> JobRow | None:
     stmt = select(JobRow).where(JobRow.request_key == request_key, JobRow.leader_id.is_(None),
-                                JobRow.state.in_(ACTIVE_STATES))
+                                JobRow.state.in_(ACTIVE_JOB_STATES))
     return session.execute(stmt).scalars().first()
 
 
@@ -58,10 +57,10 @@ def create_job(*, session: Session, request: Mapping[str, Any], kind: str = "pro
         row = JobRow(id=str(uuid.uuid4()), kind=kind, request=dict(request), request_key=request_key, queue=queue,
                      created_at=now, updated_at=now, progress=0.0)
         if leader is not None:
-            row.state, row.leader_id = "queued", leader.id
+            row.state, row.leader_id = JobState.QUEUED, leader.id
             row.message = f"follows job {leader.id}, which runs the same request"
         else:
-            row.state = "pending"
+            row.state = JobState.PENDING
         try:
             with session.begin_nested():
                 session.add(row)
@@ -86,8 +85,8 @@ def update_job(*, session: Session, job_id: str, state: str | None = None, progr
     cannot overwrite the worker's "running" (the worker may start before the API has recorded the enqueue);
     when the condition fails the job is returned unchanged. ``enqueued`` records that it was just sent.
     """
-    if state is not None and state not in JOB_STATES:
-        raise ValueError(f"state: must be one of {', '.join(JOB_STATES)}, got {state!r}")
+    if state is not None and state not in tuple(JobState):
+        raise ValueError(f"state: must be one of {', '.join(JobState)}, got {state!r}")
     row = session.get(JobRow, job_id, with_for_update=True)
     if row is None:
         return None
@@ -95,7 +94,7 @@ def update_job(*, session: Session, job_id: str, state: str | None = None, progr
         return _job(row)
     now = utcnow()
     if state is not None:
-        if state == "running" and row.started_at is None:
+        if state == JobState.RUNNING and row.started_at is None:
             row.started_at = now
         if state in FINISHED_JOB_STATES:
             row.finished_at = now
@@ -146,7 +145,7 @@ def _finish(session: Session, row: JobRow, *, state: str, now: datetime, result:
         job.message = message if job is row else f"{message} (with job {row.id}, same request)"
         if result is not None:
             job.result = dict(result)
-        if state == "succeeded":
+        if state == JobState.SUCCEEDED:
             job.progress = 1.0
         if job.started_at is None:
             job.started_at = row.started_at or now
@@ -164,16 +163,16 @@ def claim_job(*, session: Session, job_id: str, owner: str, lease_s: float, max_
     if row.leader_id is not None:
         return Claim("follower", _job(row))
     now = utcnow()
-    if row.state == "running" and row.lease_owner not in (None, owner) and row.lease_expires_at is not None \
+    if row.state == JobState.RUNNING and row.lease_owner not in (None, owner) and row.lease_expires_at is not None \
             and row.lease_expires_at > now:
         return Claim("busy", _job(row), (row.lease_expires_at - now).total_seconds())
     if row.attempts >= max_attempts:
-        _finish(session, row, state="failed", now=now, result=None, message="gave up",
+        _finish(session, row, state=JobState.FAILED, now=now, result=None, message="gave up",
                 error=f"the worker running this job was lost {row.attempts} times in a row (killed, e.g. by the "
                       f"kernel's out-of-memory killer, or its node went away); not trying again")
         session.flush()
         return Claim("gave_up", _job(row))
-    row.state, row.attempts, row.lease_owner = "running", row.attempts + 1, owner
+    row.state, row.attempts, row.lease_owner = JobState.RUNNING, row.attempts + 1, owner
     row.lease_expires_at = now + timedelta(seconds=lease_s)
     row.started_at = row.started_at or now
     row.updated_at = now
@@ -194,7 +193,7 @@ def heartbeat(*, session: Session, job_id: str, owner: str, lease_s: float, prog
     if plan_key is not None:
         values["plan_key"] = dict(plan_key)
     result = session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == owner,
-                                                  JobRow.state == "running").values(**values))
+                                                  JobRow.state == JobState.RUNNING).values(**values))
     return result.rowcount == 1
 
 
@@ -209,12 +208,12 @@ def finish_job(*, session: Session, job_id: str, owner: str, state: str, result:
     if state not in FINISHED_JOB_STATES:
         raise ValueError(f"state: must be one of {', '.join(FINISHED_JOB_STATES)}, got {state!r}")
     row = session.get(JobRow, job_id, with_for_update=True)
-    if row is None or row.state != "running" or row.lease_owner != owner:
+    if row is None or row.state != JobState.RUNNING or row.lease_owner != owner:
         return False
     if plan_key is not None:
         row.plan_key = dict(plan_key)
     _finish(session, row, state=state, now=utcnow(), result=result, error=error,
-            message=message or ("done" if state == "succeeded" else "failed"))
+            message=message or ("done" if state == JobState.SUCCEEDED else "failed"))
     session.flush()
     return True
 
@@ -223,8 +222,8 @@ def release_job(*, session: Session, job_id: str, owner: str, message: str) -> b
     """Give the lease back without finishing (a transient error; the task will be retried)."""
     now = utcnow()
     result = session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == owner,
-                                                  JobRow.state == "running")
-                             .values(state="queued", lease_owner=None, lease_expires_at=None, message=message,
+                                                  JobRow.state == JobState.RUNNING)
+                             .values(state=JobState.QUEUED, lease_owner=None, lease_expires_at=None, message=message,
                                      updated_at=now, enqueued_at=now))
     return result.rowcount == 1
 
@@ -243,19 +242,19 @@ def reap_jobs(*, session: Session, requeue_after_s: float, pending_after_s: floa
     now = now or utcnow()
     sent_at = func.coalesce(JobRow.enqueued_at, JobRow.created_at)
     guards = {
-        "running": (JobRow.state == "running") & (JobRow.lease_expires_at < now),
-        "pending": (JobRow.state == "pending") & (sent_at < now - timedelta(seconds=pending_after_s)),
-        "queued": (JobRow.state == "queued") & (sent_at < now - timedelta(seconds=requeue_after_s)),
+        JobState.RUNNING: (JobRow.state == JobState.RUNNING) & (JobRow.lease_expires_at < now),
+        JobState.PENDING: (JobRow.state == JobState.PENDING) & (sent_at < now - timedelta(seconds=pending_after_s)),
+        JobState.QUEUED: (JobRow.state == JobState.QUEUED) & (sent_at < now - timedelta(seconds=requeue_after_s)),
     }
-    messages = {"running": "queued again: the worker running it stopped renewing its lease",
-                "pending": "sent to the broker",
-                "queued": "sent to the broker again: no worker took it"}
+    messages = {JobState.RUNNING: "queued again: the worker running it stopped renewing its lease",
+                JobState.PENDING: "sent to the broker",
+                JobState.QUEUED: "sent to the broker again: no worker took it"}
     candidates = session.execute(select(JobRow.id, JobRow.state).where(JobRow.leader_id.is_(None),
                                                                       or_(*guards.values()))).all()
     out = []
     for job_id, state in candidates:
         changed = session.execute(update(JobRow).where(JobRow.id == job_id, guards[state]).values(
-            state="queued", lease_owner=None, lease_expires_at=None, enqueued_at=now, updated_at=now,
+            state=JobState.QUEUED, lease_owner=None, lease_expires_at=None, enqueued_at=now, updated_at=now,
             message=messages[state])).rowcount
         if changed:
             row = session.get(JobRow, job_id)
@@ -274,11 +273,11 @@ def record_send(*, session: Session, job_id: str, queue: str, error: str | None)
     """
     now = utcnow()
     if error is None:
-        stmt = update(JobRow).where(JobRow.id == job_id, JobRow.state == "pending").values(
-            state="queued", enqueued_at=now, updated_at=now, message=f"queued on {queue}")
+        stmt = update(JobRow).where(JobRow.id == job_id, JobRow.state == JobState.PENDING).values(
+            state=JobState.QUEUED, enqueued_at=now, updated_at=now, message=f"queued on {queue}")
     else:
-        stmt = update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(("pending", "queued")),
+        stmt = update(JobRow).where(JobRow.id == job_id, JobRow.state.in_((JobState.PENDING, JobState.QUEUED)),
                                     JobRow.lease_owner.is_(None)).values(
-            state="pending", updated_at=now, message=f"waiting for the broker ({error})")
+            state=JobState.PENDING, updated_at=now, message=f"waiting for the broker ({error})")
     session.execute(stmt)
     return get_job(session=session, job_id=job_id)

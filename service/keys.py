@@ -2,19 +2,24 @@
 
 The plan key itself is ``remat.client.plan_key.PlanKey``, the one definition shared with the client and the
 worker; this module adds only the service's limits: byte and time caps on trace fields, metadata lengths,
-planner names and budgets, and the OpenAPI patterns derived from the key's own spellings.
+planner names and budgets, the OpenAPI patterns derived from the key's own spellings, and :data:`KEY_BOUNDS`,
+how the API takes each key field (the schemas and the plan routes derive their key fields from it).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import MISSING, dataclass, fields
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
 
 from remat.client.devices import QUEUE_PATTERN
 from remat.client.errors import InvalidKeyError
 from remat.client.plan_key import (
     DEVICE_PATTERN,
+    KEY_FIELDS,
     MAX_DIM,
     MAX_DIMS,
     MAX_NUMEL,
@@ -23,13 +28,14 @@ from remat.client.plan_key import (
     PlanKey,
 )
 from remat.client.precision import SPELLINGS
-from remat.client.trace import OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, Trace
+from remat.client.trace import GRAD_CONVENTIONS, MODES, OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, Trace
 from remat.service.errors import TraceRejectedError
 
-__all__ = ["ALGORITHM_PATTERN", "DEVICE_PATTERN", "DTYPE_PATTERN", "MAX_DIM", "MAX_DIMS", "MAX_FIELD_BYTES",
-           "MAX_FIELD_MS", "MAX_NUMEL", "METADATA_MAX_CHARS", "MODEL_HASH_PATTERN", "PRECISION_PATTERN",
-           "QUEUE_PATTERN", "TORCH_VERSION_PATTERN",
-           "check_algorithm", "check_budget", "check_storable", "find_bad_text", "trace_key"]
+__all__ = ["ALGORITHM_PATTERN", "DEVICE_PATTERN", "DTYPE_PATTERN", "KEY_BOUNDS", "MAX_DIM", "MAX_DIMS",
+           "MAX_FIELD_BYTES", "MAX_FIELD_MS", "MAX_NUMEL", "METADATA_MAX_CHARS", "MODEL_HASH_PATTERN",
+           "PLAN_KEY_DEFAULT", "PRECISION_PATTERN", "QUEUE_PATTERN", "REQUIRED", "TORCH_VERSION_PATTERN", "Dim",
+           "GradsName", "KeyBounds", "ModeName", "ModelHash", "api_default", "check_algorithm", "check_budget",
+           "check_storable", "find_bad_text", "trace_key"]
 
 MAX_FIELD_BYTES = 2**40
 """Largest byte count a trace field may hold (1 TiB): sums over 10^6 stages still fit in 64 bits."""
@@ -47,6 +53,69 @@ ALGORITHM_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
 METADATA_MAX_CHARS = {"model": 200, "device_name": 200, "torch_version": 64}
 """Lengths of the columns these trace metadata strings are stored in."""
 _ALGORITHM_RE = re.compile(ALGORITHM_PATTERN)
+
+ModelHash = Annotated[str, StringConstraints(pattern=f"^{MODEL_HASH_PATTERN}$")]
+Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+ModeName = Literal[MODES]  # type: ignore[valid-type]  # the trace format's tuple is the one list
+GradsName = Literal[GRAD_CONVENTIONS]  # type: ignore[valid-type]
+REQUIRED: Any = ...
+"""``KeyBounds.default`` of a field the API requires although ``PlanKey`` has a default (pydantic's marker)."""
+PLAN_KEY_DEFAULT: Any = object()
+"""``KeyBounds.default`` of a field whose API default is ``PlanKey``'s own (required when it has none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyBounds:
+    """How the API takes one ``PlanKey`` field: in a JSON body (``PlanKeyIn``), as a query parameter of the
+    plan routes, and in a trace upload's metadata (OpenAPI only). The field list is ``PlanKey``'s own: this
+    adds the bounds, which the client's normalisation (``PlanKey.__post_init__``) does not publish."""
+
+    type: Any
+    """The value's pydantic type in a body; its JSON Schema is also the trace metadata's, except for the fields
+    a trace records as full text (``METADATA_MAX_CHARS``: torch_version)."""
+    query: Any = None
+    """Its type as a query parameter, when not ``type`` (input_shape: comma-separated text)."""
+    default: Any = PLAN_KEY_DEFAULT
+    """Its default over the API: ``PLAN_KEY_DEFAULT``, ``REQUIRED`` or a value."""
+    description: str | None = None
+    """The query parameter's description in OpenAPI."""
+    example: str | None = None
+    """An example query value for OpenAPI."""
+
+
+KEY_BOUNDS: dict[str, KeyBounds] = {
+    "model_hash": KeyBounds(ModelHash, description="Architecture hash."),
+    "input_shape": KeyBounds(
+        Annotated[list[Dim], Field(max_length=MAX_DIMS)],
+        query=Annotated[str, StringConstraints(pattern=r"^([0-9]{1,10}(,[0-9]{1,10}){0,7})?$")],
+        description=f"Full input shape, batch included, comma-separated (each dimension 1..{MAX_DIM}).",
+        example="32,3,224,224"),
+    # A lookup names its precision and device: a plan for one says nothing about another.
+    "dtype": KeyBounds(Annotated[str, StringConstraints(pattern=f"^{DTYPE_PATTERN}$")], default=REQUIRED,
+                       example="float32"),
+    "mode": KeyBounds(ModeName),
+    "grads": KeyBounds(GradsName),
+    "device": KeyBounds(Annotated[str, StringConstraints(pattern=f"^{DEVICE_PATTERN}$")], default=REQUIRED,
+                        description="Device class; an index (cuda:1) is ignored.", example="cuda"),
+    # Not the server's torch: a lookup that does not say asks for the newest plan of any.
+    "torch_version": KeyBounds(Annotated[str, StringConstraints(pattern=f"^({TORCH_VERSION_PATTERN}|{UNKNOWN})$")],
+                               default=UNKNOWN, example="2.15",
+                               description="torch version of the training job (major.minor counts); unknown: the "
+                                           "newest plan of any."),
+}
+"""Every ``PlanKey`` field's bounds over the API, by name."""
+if set(KEY_BOUNDS) != set(KEY_FIELDS):  # fail at import, naming the field, not deep inside a schema
+    raise ImportError(f"service/keys.py: KEY_BOUNDS must bound exactly PlanKey's fields; they differ on "
+                      f"{sorted(set(KEY_BOUNDS) ^ set(KEY_FIELDS))}")
+
+
+def api_default(name: str) -> Any:
+    """The default of key field ``name`` in a body or a query; ``REQUIRED`` when a request must give it."""
+    bounds = KEY_BOUNDS[name]
+    if bounds.default is not PLAN_KEY_DEFAULT:
+        return bounds.default
+    [f] = [f for f in fields(PlanKey) if f.name == name]
+    return f.default if f.default is not MISSING else REQUIRED
 
 
 def trace_key(trace: Trace, *, content_hash: str | None = None) -> PlanKey:

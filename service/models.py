@@ -36,6 +36,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from remat.client.job_state import ACTIVE_JOB_STATES
+
 NO_BUDGET = 0
 """``plans.budget_bytes`` of a plan computed without a budget; see NOTE [plan key]."""
 
@@ -219,6 +221,10 @@ class MeasurementRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+_ACTIVE_LEADER = f"leader_id IS NULL AND state IN ({', '.join(repr(s.value) for s in ACTIVE_JOB_STATES)})"
+"""A job that leads and has not ended; the same text as migration 0003's partial index."""
+
+
 class JobRow(Base):
     """A profiling (or planning) request and its progress, written by the API and advanced by the worker.
 
@@ -234,9 +240,8 @@ class JobRow(Base):
 
     __tablename__ = "jobs"
     __table_args__ = (
-        Index("uq_jobs_active_request", "request_key", unique=True,
-              sqlite_where=text("leader_id IS NULL AND state IN ('pending', 'queued', 'running')"),
-              postgresql_where=text("leader_id IS NULL AND state IN ('pending', 'queued', 'running')")),
+        Index("uq_jobs_active_request", "request_key", unique=True, sqlite_where=text(_ACTIVE_LEADER),
+              postgresql_where=text(_ACTIVE_LEADER)),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

@@ -11,17 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from remat.client.job_state import FINISHED_JOB_STATES, JobState
 from remat.client.measurement import Measurement
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
 
-__all__ = ["FINISHED_JOB_STATES", "JOB_STATES", "JobRecord", "Measurement", "PlanRecord", "StoredTrace",
-           "TraceInfo"]
-
-JOB_STATES = ("pending", "queued", "running", "succeeded", "failed")
-"""pending: recorded, not yet handed to the broker; queued: on the broker; running/succeeded/failed: the
-worker's word. A job the broker refused is ``failed`` with an error that says so."""
-FINISHED_JOB_STATES = ("succeeded", "failed")
+__all__ = ["JobRecord", "Measurement", "PlanRecord", "StoredTrace", "TraceInfo"]
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -82,7 +77,8 @@ class JobRecord:
     """A profiling (or planning) job as stored; see NOTE [job lease] in models.py."""
 
     id: str
-    state: str
+    state: JobState
+    """A plain ``str`` from the database becomes the member here (and a misspelt state a ValueError)."""
     progress: float
     message: str | None
     error: str | None
@@ -102,12 +98,15 @@ class JobRecord:
     plan_key: Mapping[str, Any] | None = None
     """The plan key, once a worker has built the model."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", JobState(self.state))
+
     @property
     def finished(self) -> bool:
         return self.state in FINISHED_JOB_STATES
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "state": self.state, "progress": self.progress,
+        return {"id": self.id, "kind": self.kind, "state": self.state.value, "progress": self.progress,
                 "message": self.message, "error": self.error, "request": dict(self.request),
                 "result": dict(self.result) if self.result is not None else None,
                 "plan_key": dict(self.plan_key) if self.plan_key is not None else None,

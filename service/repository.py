@@ -26,7 +26,7 @@ from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
 from remat.client.errors import InvalidKeyError
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
-from remat.client.plan_key import UNKNOWN, PlanKey, content_sha256, normalize_torch_version
+from remat.client.plan_key import KEY_FIELDS, UNKNOWN, PlanKey, content_sha256, normalize_torch_version
 from remat.client.trace import STAGE_FIELDS, Trace, parse_trace
 from remat.service.keys import check_storable, trace_key
 from remat.service.models import (
@@ -46,8 +46,26 @@ from remat.service.records import (
 
 _STAGE_CHUNK = 5000
 MAX_MEASUREMENTS_PER_PLAN = 20
-_PLAN_KEY_COLUMNS = ("architecture_id", "input_shape", "dtype", "mode", "grads", "device_class",
-                     "torch_version", "algorithm", "budget_bytes")
+_PLAN_KEY_COLUMNS = [c.name for c in next(c for c in PlanRow.__table__.constraints if c.name == "uq_plans_key").columns]
+"""The columns a plan is unique on (models.py ``uq_plans_key``): what an upsert conflicts on."""
+_COLUMN_OF = {"device": "device_class"}
+"""The key fields whose column is named otherwise; ``model_hash`` is the architecture's ``hash``."""
+
+
+def _key_columns(key: PlanKey) -> dict[str, Any]:
+    """The columns of ``plans`` and ``traces`` that hold ``key``, less ``model_hash`` (``architecture_id``).
+
+    One key-to-row mapping for every write and lookup: the shape is stored as text (``32,3,224,224``).
+    """
+    values = {**key.to_dict(), "input_shape": key.input_shape_text}
+    return {_COLUMN_OF.get(name, name): value for name, value in values.items() if name != "model_hash"}
+
+
+def _row_key(model_hash: str, row: PlanRow | TraceRow, **overrides: Any) -> PlanKey:
+    """The key stored in a ``plans`` or ``traces`` row (``_key_columns`` backwards); ``overrides`` replace fields
+    the row holds in another form (a trace's full torch version)."""
+    values = {name: getattr(row, _COLUMN_OF.get(name, name)) for name in KEY_FIELDS if name != "model_hash"}
+    return PlanKey(model_hash=model_hash, **{**values, **overrides})
 
 
 def _insert(session: Session, table: Any) -> Any:
@@ -92,11 +110,12 @@ def store_trace(*, session: Session, trace: Trace) -> StoredTrace:
     key = trace_key(trace, content_hash=digest)
     meta = trace.metadata
     arch_id = _architecture_id(session, model_hash=key.model_hash, name=meta.get("model"), trace=trace)
+    # The trace records its torch version in full (or not at all); its plans key on the major.minor.
+    columns = {**_key_columns(key), "torch_version": meta.get("torch_version")}
     stmt = _insert(session, TraceRow.__table__).values(
-        architecture_id=arch_id, content_sha256=digest, input_shape=key.input_shape_text, dtype=key.dtype,
-        mode=key.mode, grads=key.grads, device_class=key.device, device_name=meta.get("device_name"),
-        torch_version=meta.get("torch_version"), input_bytes=trace.input_bytes, num_stages=trace.num_stages,
-        metadata=dict(meta), graph=trace.graph.to_dict() if trace.graph is not None else None, created_at=utcnow())
+        architecture_id=arch_id, content_sha256=digest, **columns, device_name=meta.get("device_name"),
+        input_bytes=trace.input_bytes, num_stages=trace.num_stages, metadata=dict(meta),
+        graph=trace.graph.to_dict() if trace.graph is not None else None, created_at=utcnow())
     stmt = stmt.on_conflict_do_nothing(index_elements=["content_sha256"]).returning(TraceRow.__table__.c.id)
     trace_id = session.execute(stmt).scalar_one_or_none()
     if trace_id is None:
@@ -137,16 +156,12 @@ def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> Pl
     if trace is None:
         return None
     model_hash = session.execute(select(Architecture.hash).where(Architecture.id == trace.architecture_id))
-    key = PlanKey(model_hash=model_hash.scalar_one(), input_shape=trace.input_shape, dtype=trace.dtype,
-                  device=trace.device_class, mode=trace.mode, grads=trace.grads,
-                  torch_version=_major_minor(trace.torch_version))
+    key = _row_key(model_hash.scalar_one(), trace, torch_version=_major_minor(trace.torch_version))
     by_key = {(p.algorithm, p.budget_bytes or NO_BUDGET): p for p in plans}  # one row per key per statement
     if not by_key:
         return key
     now = utcnow()
-    values = [{"architecture_id": trace.architecture_id, "trace_id": trace_id, "input_shape": trace.input_shape,
-               "dtype": trace.dtype, "mode": trace.mode, "grads": trace.grads,
-               "device_class": trace.device_class, "torch_version": key.torch_version,
+    values = [{"architecture_id": trace.architecture_id, "trace_id": trace_id, **_key_columns(key),
                "algorithm": algorithm, "budget_bytes": budget,
                "cost_model": p.cost_model, "checkpoints": list(p.checkpoints), "num_stages": p.num_stages,
                "dropped_vertices": list(p.dropped_vertices) if p.dropped_vertices is not None else None,
@@ -159,7 +174,7 @@ def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> Pl
     replaced = ("trace_id", "cost_model", "checkpoints", "num_stages", "dropped_vertices", "num_vertices",
                 "predicted_peak_bytes",
                 "baseline_peak_bytes", "recompute_ms", "step_ms", "extra", "updated_at")
-    stmt = stmt.on_conflict_do_update(index_elements=list(_PLAN_KEY_COLUMNS),
+    stmt = stmt.on_conflict_do_update(index_elements=_PLAN_KEY_COLUMNS,
                                       set_={c: stmt.excluded[c] for c in replaced})
     session.execute(stmt)
     return key
@@ -183,15 +198,14 @@ def _major_minor(version: str | None) -> str:
 def _plan_query(key: PlanKey, *, name: str | None = None) -> Select[Any]:
     """Plans of ``key``; a key whose torch_version is ``unknown`` matches every version, newest first. With
     ``name``, the architectures stored under that model name stand for the key's hash."""
+    columns = _key_columns(key)
+    if key.torch_version == UNKNOWN:
+        del columns["torch_version"]
     architecture = Architecture.hash == key.model_hash if name is None else Architecture.name == name
     stmt = (select(PlanRow, TraceRow, Architecture)
             .join(Architecture, PlanRow.architecture_id == Architecture.id)
             .join(TraceRow, PlanRow.trace_id == TraceRow.id)
-            .where(architecture, PlanRow.input_shape == key.input_shape_text,
-                   PlanRow.dtype == key.dtype, PlanRow.device_class == key.device, PlanRow.mode == key.mode,
-                   PlanRow.grads == key.grads))
-    if key.torch_version != UNKNOWN:
-        stmt = stmt.where(PlanRow.torch_version == key.torch_version)
+            .where(architecture, *(getattr(PlanRow, column) == value for column, value in columns.items())))
     return stmt.order_by(PlanRow.updated_at.desc(), PlanRow.id.desc())
 
 
@@ -225,10 +239,8 @@ def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
     measured = _measurements(session, [r[0] for r in rows])
     out = []
     for plan, trace, arch in rows:
-        key = PlanKey(model_hash=arch.hash, input_shape=plan.input_shape, dtype=plan.dtype,
-                      device=plan.device_class, mode=plan.mode, grads=plan.grads, torch_version=plan.torch_version)
         out.append(PlanRecord(
-            plan_id=plan.id, key=key, measurements=measured[plan.id], created_at=plan.created_at,
+            plan_id=plan.id, key=_row_key(arch.hash, plan), measurements=measured[plan.id], created_at=plan.created_at,
             updated_at=plan.updated_at,
             plan=Plan(algorithm=plan.algorithm, cost_model=plan.cost_model, checkpoints=tuple(plan.checkpoints),
                       predicted_peak_bytes=plan.predicted_peak_bytes, baseline_peak_bytes=plan.baseline_peak_bytes,

@@ -17,27 +17,38 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    create_model,
+    model_validator,
+)
 
 from remat.client.devices import DEVICES
+from remat.client.job_state import JobState
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan_key import PlanKey
 from remat.client.trace import OPTIONAL_STAGE_BOOLS, OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, TRACE_FORMAT
 from remat.client.zoo_batch import ZooRow
 from remat.service.keys import (
     ALGORITHM_PATTERN,
-    DEVICE_PATTERN,
-    DTYPE_PATTERN,
+    KEY_BOUNDS,
     MAX_DIM,
     MAX_DIMS,
     MAX_FIELD_BYTES,
     MAX_FIELD_MS,
     MAX_NUMEL,
     METADATA_MAX_CHARS,
-    MODEL_HASH_PATTERN,
     PRECISION_PATTERN,
     QUEUE_PATTERN,
-    TORCH_VERSION_PATTERN,
+    Dim,
+    GradsName,
+    ModeName,
+    api_default,
     find_bad_text,
 )
 
@@ -52,9 +63,10 @@ def _storable(value: Any) -> Any:
 SafeText = Annotated[str, StringConstraints(max_length=200), AfterValidator(_storable)]
 Bytes = Annotated[int, Field(ge=0, le=MAX_FIELD_BYTES)]
 Millis = Annotated[float, Field(ge=0, le=MAX_FIELD_MS, allow_inf_nan=False)]
-ModelHash = Annotated[str, StringConstraints(pattern=f"^{MODEL_HASH_PATTERN}$")]
-Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
 Device = Literal[DEVICES]  # type: ignore[valid-type]  # the names of remat.client.devices, whatever they are
+WIRE_TYPES: dict[Any, Any] = {tuple[int, ...]: list[int], tuple[int, ...] | None: list[int] | None,
+                              Mapping[str, Any]: dict[str, Any]}
+"""A record field's type in JSON, where it is not the field's own (tuples are lists, mappings objects)."""
 
 
 class ErrorOut(BaseModel):
@@ -65,34 +77,33 @@ class ErrorOut(BaseModel):
 
 # --- plans ------------------------------------------------------------------------------------------------
 
-class PlanKeyIn(BaseModel):
-    """The plan key (``remat.client.plan_key.PlanKey``): what a plan is valid for, less algorithm and budget."""
+class KeyBody(BaseModel):
+    """What ``PlanKeyIn`` adds to its derived fields: no unknown field, and the way to the one ``PlanKey``."""
 
     model_config = ConfigDict(extra="forbid")
-
-    model_hash: ModelHash
-    input_shape: Annotated[list[Dim], Field(max_length=MAX_DIMS)]
-    """Full input shape, batch included."""
-    dtype: Annotated[str, StringConstraints(pattern=f"^{DTYPE_PATTERN}$")]
-    device: Annotated[str, StringConstraints(pattern=f"^{DEVICE_PATTERN}$")]
-    mode: Literal["train", "eval"] = "train"
-    grads: Literal["none", "kept"] = "none"
-    torch_version: Annotated[str, StringConstraints(pattern=f"^({TORCH_VERSION_PATTERN}|unknown)$")] = "unknown"
-    """torch major.minor; ``unknown`` (the default) matches a plan of any torch version."""
 
     def to_key(self) -> PlanKey:
         """The one PlanKey: every normalisation and bound is its own."""
         return PlanKey(**self.model_dump())
 
 
-class PlanKeyOut(BaseModel):
-    model_hash: str
-    input_shape: list[int]
-    dtype: str
-    device: str
-    mode: str
-    grads: str
-    torch_version: str
+def _plan_key_models() -> tuple[type[KeyBody], type[BaseModel]]:
+    """``PlanKeyIn`` and ``PlanKeyOut``: ``PlanKey``'s fields in its order, bounded by ``KEY_BOUNDS`` on the way
+    in (its defaults: service/keys.py ``api_default``; ``torch_version`` ``unknown`` matches a plan of any torch
+    version), as ``PlanKey.to_dict()`` writes them on the way out."""
+    hints = typing.get_type_hints(PlanKey)
+    key_fields = dataclasses.fields(PlanKey)
+    key_in = create_model(
+        "PlanKeyIn", __base__=KeyBody,
+        __doc__="The plan key (``remat.client.plan_key.PlanKey``): what a plan is valid for, less algorithm and "
+                "budget.",
+        **{f.name: (KEY_BOUNDS[f.name].type, api_default(f.name)) for f in key_fields})
+    key_out = create_model("PlanKeyOut", **{f.name: (WIRE_TYPES.get(hints[f.name], hints[f.name]), ...)
+                                            for f in key_fields})
+    return key_in, key_out
+
+
+PlanKeyIn, PlanKeyOut = _plan_key_models()
 
 
 class PlanOut(BaseModel):
@@ -118,8 +129,7 @@ class PlanOut(BaseModel):
 def _measurement_out() -> type[BaseModel]:
     """The measurement as the API returns it: ``Measurement.to_dict()``'s fields, derived from the dataclass."""
     hints = typing.get_type_hints(Measurement)
-    wire = {tuple[int, ...] | None: list[int] | None, Mapping[str, Any]: dict[str, Any]}
-    model_fields: dict[str, Any] = {f.name: (wire.get(hints[f.name], hints[f.name]), ...)
+    model_fields: dict[str, Any] = {f.name: (WIRE_TYPES.get(hints[f.name], hints[f.name]), ...)
                                     for f in dataclasses.fields(Measurement)}
     model_fields["prediction_error"] = (float | None, ...)
     model_fields["activation_measured_bytes"] = (int | None, ...)
@@ -276,8 +286,8 @@ class JobCreate(BaseModel):
     """The step's precision: ``float32``, ``bfloat16``, ``autocast_bfloat16``... (any spelling ``remat-client
     plan --dtype`` accepts; stored in its canonical form)."""
     device: Device = "cuda"
-    mode: Literal["train", "eval"] = "train"
-    grads: Literal["none", "kept"] = "none"
+    mode: ModeName = "train"
+    grads: GradsName = "none"
     queue: Annotated[str | None, StringConstraints(pattern=f"^{QUEUE_PATTERN}$")] = None
     """Queue of the workers to run it (default: the device, ``cpu`` or ``cuda``); ``cuda-h100`` for workers
     started with ``--queues cuda-h100``. Must be of the requested device."""
@@ -293,12 +303,16 @@ class JobCreate(BaseModel):
         return self
 
 
+JobStateName = Literal[tuple(state.value for state in JobState)]  # type: ignore[valid-type]
+"""A job state as the API spells it (``remat.client.job_state.JobState``): an inline enum of plain strings."""
+
+
 class JobOut(BaseModel):
     """A job as stored (``remat.service.records.JobRecord``)."""
 
     id: str
     kind: Literal["profile", "plan"]
-    state: Literal["pending", "queued", "running", "succeeded", "failed"]
+    state: JobStateName
     progress: float
     """Fraction of the work done, 0 to 1; ``message`` says which phase runs."""
     message: str | None
@@ -365,6 +379,16 @@ _STAGE = {  # derived from the trace format's own field lists: one definition
         **{name: _nullable(_MS) for name in OPTIONAL_STAGE_MS},
     },
 }
+
+
+def _key_metadata(name: str) -> dict[str, Any]:
+    """A key field in a trace's metadata: its body schema (``KEY_BOUNDS``), or text where the trace records the
+    full value (torch_version: the whole version string, which plans key on the major.minor of)."""
+    if name in METADATA_MAX_CHARS:
+        return {**_TEXT, "maxLength": METADATA_MAX_CHARS[name]}
+    return TypeAdapter(KEY_BOUNDS[name].type).json_schema()
+
+
 TRACE_SCHEMA: dict[str, Any] = {
     "title": "Trace",
     "description": f"A layer memory trace in the {TRACE_FORMAT} format (docs/cost-model.md); further fields "
@@ -376,15 +400,8 @@ TRACE_SCHEMA: dict[str, Any] = {
         "input_bytes": _BYTES,
         "stages": {"type": "array", "minItems": 1, "items": _STAGE},
         "model": _nullable({**_TEXT, "maxLength": METADATA_MAX_CHARS["model"]}),
-        "model_hash": _nullable({"type": "string", "pattern": f"^{MODEL_HASH_PATTERN}$"}),
-        "input_shape": _nullable({"type": "array", "maxItems": MAX_DIMS,
-                                  "items": {"type": "integer", "minimum": 1, "maximum": MAX_DIM}}),
-        "dtype": _nullable({"type": "string", "pattern": f"^{DTYPE_PATTERN}$"}),
-        "device": _nullable({"type": "string", "pattern": f"^{DEVICE_PATTERN}$"}),
+        **{f.name: _nullable(_key_metadata(f.name)) for f in dataclasses.fields(PlanKey)},
         "device_name": _nullable({**_TEXT, "maxLength": METADATA_MAX_CHARS["device_name"]}),
-        "torch_version": _nullable({**_TEXT, "maxLength": METADATA_MAX_CHARS["torch_version"]}),
-        "grads": _nullable({"type": "string", "enum": ["none", "kept"]}),
-        "mode": _nullable({"type": "string", "enum": ["train", "eval"]}),
         "batch_size": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_DIM}),
     },
 }
@@ -407,7 +424,7 @@ class ZooCreate(BaseModel):
     """Per-sample shape for every model; default: each model's own (scaled to 128 px on cpu where it can be)."""
     dtype: Annotated[str, StringConstraints(pattern=f"^{PRECISION_PATTERN}$")] = "float32"
     device: Device = "cuda"
-    grads: Literal["none", "kept"] = "none"
+    grads: GradsName = "none"
     queue: Annotated[str | None, StringConstraints(pattern=f"^{QUEUE_PATTERN}$")] = None
     refresh: bool = False
     """Profile again models whose plans are stored (otherwise their jobs end at once with the stored plans)."""
@@ -418,7 +435,7 @@ class ZooModelOut(BaseModel):
 
     model: str
     job_id: str
-    state: Literal["pending", "queued", "running", "succeeded", "failed"]
+    state: JobStateName
     progress: float
     message: str | None
     row: ZooRow | None

@@ -18,11 +18,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from remat.client.job_state import FINISHED_JOB_STATES, JobState
 from remat.client.request import ModelRequest
 from remat.client.zoo_batch import ZooRow
 from remat.service import jobs
 from remat.service.models import ZooBatchJobRow, ZooBatchRow, utcnow
-from remat.service.records import FINISHED_JOB_STATES, JOB_STATES, JobRecord
+from remat.service.records import JobRecord
 
 __all__ = ["ZooBatch", "create_batch", "get_batch", "job_request_key"]
 
@@ -48,7 +49,7 @@ class ZooBatch:
 
     def to_dict(self) -> dict[str, Any]:
         """``GET /v1/zoo/{id}``: counts per state, overall progress and a row per model once it finished."""
-        counts = dict.fromkeys(JOB_STATES, 0)
+        counts = dict.fromkeys((state.value for state in JobState), 0)
         entries = []
         for model, job in zip(self.models, self.jobs, strict=True):
             counts[job.state] += 1
@@ -57,7 +58,7 @@ class ZooBatch:
                             "progress": 1.0 if job.state in FINISHED_JOB_STATES else job.progress,
                             "message": job.message, "row": row.to_dict() if row is not None else None})
         total = len(self.jobs)
-        finished = counts["succeeded"] + counts["failed"]
+        finished = sum(counts[state] for state in FINISHED_JOB_STATES)
         return {"id": self.id, "zoo": self.zoo, "filter": self.filter, "request": dict(self.request),
                 "created_at": self.created_at.isoformat(), "total": total, "finished": finished,
                 "counts": counts, "done": finished == total,

@@ -15,6 +15,7 @@ import threading
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from remat.client.job_state import JobState
 from remat.service import jobs
 from remat.service.celery_client import JobQueue, send_job
 from remat.service.config import ServiceSettings
@@ -30,7 +31,7 @@ def reap_once(store: PlanStore, queue: JobQueue, settings: ServiceSettings) -> i
                              pending_after_s=settings.pending_resend_after_s)
     sent = 0
     for job in due:
-        if send_job(store.db, queue, job).state == "pending":
+        if send_job(store.db, queue, job).state == JobState.PENDING:
             continue  # the broker refused it: waiting for the broker, sent again next time
         sent += 1
         log.info("job %s sent to %s again (%s)", job.id, job.queue, job.message)

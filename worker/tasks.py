@@ -31,6 +31,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError as DatabaseUnreachable
 
 from remat.client.errors import ModelError, RematError
+from remat.client.job_state import JobState
 from remat.client.plan_key import PlanKey
 from remat.client.request import ModelRequest
 from remat.service import jobs, repository
@@ -210,12 +211,12 @@ def profile_model(task: Task, job_id: str) -> str:
         except Exception as exc:  # noqa: BLE001 - every other failure ends the job with its reason
             if not isinstance(exc, (RematError, SoftTimeLimitExceeded)):
                 log.exception("job %s: unexpected error", job_id)
-            _finish(store, job_id, owner, state="failed", plan_key=beat.recorded_key,
+            _finish(store, job_id, owner, state=JobState.FAILED, plan_key=beat.recorded_key,
                     error=_failure_reason(exc, settings, settings.task_time_limit_s))
             return "failed"
         if existing is not None:  # the key's complete answer is stored: finish with it, profile nothing
             registered = [r for r in existing if not r.plan.budget_bytes]
-            _finish(store, job_id, owner, state="succeeded", plan_key=beat.recorded_key,
+            _finish(store, job_id, owner, state=JobState.SUCCEEDED, plan_key=beat.recorded_key,
                     message="done: the plans were already stored",
                     result={"key": registered[0].key.to_dict(), "trace_id": registered[0].trace.trace_id,
                             "reused": True, "plans": _plan_entries(registered)})
@@ -235,7 +236,7 @@ def profile_model(task: Task, job_id: str) -> str:
                                                      key=lambda r: r.plan.predicted_peak_bytes))}
 
         registered = [p for p in result.plans if not p.budget_bytes]
-        if _finish(store, job_id, owner, state="succeeded", write=write, plan_key=beat.recorded_key,
+        if _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write, plan_key=beat.recorded_key,
                    message=f"done: {len(registered)} plans validated, "
                            f"{len(result.plans) - len(registered)} frontier points"):
             store.invalidate(result.key, result.plans)
@@ -273,7 +274,7 @@ def plan_trace(task: Task, job_id: str) -> str:
         except Exception as exc:  # noqa: BLE001
             if not isinstance(exc, (RematError, SoftTimeLimitExceeded)):
                 log.exception("job %s: unexpected error", job_id)
-            _finish(store, job_id, owner, state="failed",
+            _finish(store, job_id, owner, state=JobState.FAILED,
                     error=_failure_reason(exc, settings, settings.plan_time_limit_s))
             return "failed"
 
@@ -282,7 +283,7 @@ def plan_trace(task: Task, job_id: str) -> str:
             return {"key": key.to_dict() if key else None, "trace_id": int(request["trace_id"]),
                     "plans": [{"plan": p.to_dict(), "measurement": None} for p in plans]}
 
-        if _finish(store, job_id, owner, state="succeeded", write=write, message=f"done: {len(plans)} plans"):
+        if _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write, message=f"done: {len(plans)} plans"):
             store.invalidate(PlanKey.from_trace(trace), plans)
             return "succeeded"
         return "lease lost"

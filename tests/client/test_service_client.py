@@ -22,9 +22,10 @@ import torchvision
 from remat.client.apply_plan import applied_chain, apply
 from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
 from remat.client.fetch import fetch_and_apply, fetch_plan
+from remat.client.plan_key import KEY_FIELDS, PlanKey
 from remat.client.planning.planners import PLANNERS
 from remat.client.request import default_request
-from remat.client.service_client import PlanServiceClient, ServiceResponseError
+from remat.client.service_client import PlanServiceClient, ServiceResponseError, key_query
 from remat.worker import local
 from tests.service.factories import TOKEN, closed_port_url
 from tests.utils.cli import run_cli
@@ -183,6 +184,15 @@ def test_a_wrong_base_url_is_not_mistaken_for_a_missing_plan(server: str) -> Non
     with PlanServiceClient(server + "/nothing-here") as client, pytest.raises(ServiceResponseError) as info:
         client.get_plan({"model_hash": "abc", "input_shape": [1]})
     assert info.value.status_code == 404
+
+
+def test_a_lookup_sends_every_key_field_and_a_short_mapping_means_the_key_defaults() -> None:
+    path, params = key_query({"model_hash": "abc", "input_shape": [2, 3]})
+    assert path == "/v1/plans/abc" and set(params) == {*KEY_FIELDS, "algorithm"} - {"model_hash"}
+    key = PlanKey(model_hash="abc", input_shape=(2, 3), torch_version="unknown")
+    assert {name: params[name] for name in KEY_FIELDS if name not in ("model_hash", "input_shape")} == \
+        {name: str(value) for name, value in key.to_dict().items() if name not in ("model_hash", "input_shape")}
+    assert key_query(key) == (path, params)
 
 
 def test_the_client_module_imports_no_heavy_packages() -> None:

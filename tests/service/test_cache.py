@@ -49,6 +49,13 @@ def test_key_names_separate_every_component() -> None:
     assert cache.key_name(KEY, "linear", None) == cache.key_name(KEY, "linear", 0)
 
 
+def test_key_names_follow_every_field_of_the_plan_key() -> None:
+    """key_name is built from the key's fields: a new field separates names with no change to the cache."""
+    cache = _cache(None)
+    parts = json.loads(cache.key_name(KEY, "linear", 1024).removeprefix(cache.prefix))
+    assert parts == [*KEY.to_dict().values(), "linear", 1024]
+
+
 def test_redis_down_is_a_miss_and_is_not_retried_per_request() -> None:
     cache = _cache(closed_port_url(), redis_retry_after_s=60)
     name = cache.key_name(KEY, "linear", None)

@@ -49,3 +49,35 @@ def test_from_trace_defaults_and_errors() -> None:
     assert key.torch_version == "unknown"
     with pytest.raises(TraceRejectedError, match="^dtype: "):
         trace_key(make_trace(dtype=""))
+
+
+# --- the API's key fields are PlanKey's ---------------------------------------------------------------------
+
+def test_every_key_field_has_api_bounds_and_the_schemas_list_them_in_order() -> None:
+    from remat.client.plan_key import KEY_FIELDS
+    from remat.service.keys import KEY_BOUNDS
+    from remat.service.schemas import TRACE_SCHEMA, PlanKeyIn, PlanKeyOut
+
+    assert set(KEY_BOUNDS) == set(KEY_FIELDS)
+    assert tuple(PlanKeyIn.model_fields) == tuple(PlanKeyOut.model_fields) == KEY_FIELDS
+    assert set(KEY_FIELDS) <= set(TRACE_SCHEMA["properties"])
+
+
+def test_the_plan_routes_read_every_key_field_from_path_and_query() -> None:
+    from remat.client.plan_key import KEY_FIELDS
+    from remat.service.api.app import create_app
+    from remat.service.config import ServiceSettings
+
+    doc = create_app(ServiceSettings(database_url="sqlite://", redis_url=None)).openapi()
+    for path in ("/v1/plans/{model_hash}", "/v1/plans/{model_hash}/frontier", "/v1/plans/{model_hash}/timeline"):
+        names = [p["name"] for p in doc["paths"][path]["get"]["parameters"]]
+        assert [n for n in names if n in KEY_FIELDS] == list(KEY_FIELDS), path
+
+
+def test_a_key_body_round_trips_through_the_one_plan_key() -> None:
+    from remat.service.schemas import PlanKeyIn
+
+    body = PlanKeyIn(model_hash="h", input_shape=[8, 3], dtype="torch.float32", device="CUDA:1")
+    assert body.to_key() == PlanKey(model_hash="h", input_shape=(8, 3), dtype="float32", device="cuda",
+                                    torch_version="unknown")
+    assert PlanKeyIn.model_validate(body.to_key().to_dict()).to_key() == body.to_key()

@@ -147,3 +147,21 @@ def test_list_plans_filters_and_pages(db: Database) -> None:
         assert repository.list_plans(session=session, device="cuda")[1] == 0
 
 
+
+
+def test_every_key_field_is_stored_and_read_back(db: Database) -> None:
+    """The key-to-row mapping covers every PlanKey field: a key unlike the defaults in each comes back whole."""
+    trace = make_trace(input_shape=(2, 5), dtype="autocast_bfloat16", device="cuda:1", mode="eval", grads="kept",
+                       torch_version="2.5.1+cu121")
+    key = PlanKey(model_hash="arch-1", input_shape=(2, 5), dtype="autocast_bfloat16", device="cuda", mode="eval",
+                  grads="kept", torch_version="2.5")
+    assert _store(db, trace).key == PlanKey.from_trace(trace)
+    with db.read_session() as session:
+        record = repository.get_plan(session=session, key=key, algorithm="linear")
+        assert record is not None and record.key == key
+        assert [r.key for r in repository.find_plans(session=session, key=key)] == [key, key]
+        for field, other in (("mode", "train"), ("grads", "none"), ("device", "cpu"), ("torch_version", "2.6"),
+                             ("dtype", "bfloat16"), ("input_shape", (2, 6))):
+            assert repository.find_plans(session=session, key=PlanKey(**{**key.to_dict(), field: other})) == []
+        anyversion = PlanKey(**{**key.to_dict(), "torch_version": "unknown"})
+        assert [r.key for r in repository.find_plans(session=session, key=anyversion)] == [key, key]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
@@ -22,7 +22,7 @@ from remat.service.api.deps import (
 )
 from remat.service.celery_client import send_job
 from remat.service.records import JobRecord
-from remat.service.schemas import ErrorOut, JobCreate, JobOut, JobsPage
+from remat.service.schemas import ErrorOut, JobCreate, JobOut, JobsPage, JobStateName
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -84,8 +84,7 @@ def read_job(job_id: JobId, state: StateDep) -> JSONResponse:
             openapi_extra=OPTIONAL_AUTH)
 def list_jobs(
     state: StateDep,
-    state_filter: Annotated[Literal["pending", "queued", "running", "succeeded", "failed"] | None,
-                            Query(alias="state")] = None,
+    state_filter: Annotated[JobStateName | None, Query(alias="state")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> JSONResponse:

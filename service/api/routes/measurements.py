@@ -29,7 +29,7 @@ def create_measurement(body: MeasurementCreate, state: StateDep) -> JSONResponse
     if stored is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             detail=f"key: no {body.algorithm} plan is stored for {key.model_hash} with "
-                                   f"input_shape {key.input_shape_text or '()'}, dtype {key.dtype}, "
-                                   f"device {key.device}, mode {key.mode}, grads {key.grads}")
+                                   f"input_shape {key.input_shape_text or '()'}, "
+                                   f"{key.describe(exclude=('model_hash', 'input_shape'))}")
     state.cache.delete_plans(key, [(body.algorithm, body.budget_bytes)])
     return JSONResponse(status_code=status.HTTP_201_CREATED, content=stored.to_dict())

@@ -2,40 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import Response
 
 from remat.client.plan import BUDGET_ALGORITHM
-from remat.client.plan_key import UNKNOWN, PlanKey, normalize_device, normalize_dtype
+from remat.client.plan_key import PlanKey, normalize_device, normalize_dtype
 from remat.client.planning.planners import DEFAULT_PLANNER, PLANNERS
 from remat.service import repository
 from remat.service.api.deps import OPTIONAL_AUTH, READ_RESPONSES, StateDep, require_reader
 from remat.service.keys import (
     DEVICE_PATTERN,
     DTYPE_PATTERN,
-    MAX_DIM,
+    KEY_BOUNDS,
     MAX_FIELD_BYTES,
     MODEL_HASH_PATTERN,
-    TORCH_VERSION_PATTERN,
+    REQUIRED,
+    api_default,
 )
 from remat.service.schemas import ErrorOut, FrontierOut, PlanRecordOut, PlansPage, TimelineOut
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_reader)])
 
 Algorithm = Literal[(*PLANNERS, BUDGET_ALGORITHM)]  # type: ignore[valid-type]  # the registry is the one list
-ModelHashPath = Annotated[str, Path(pattern=f"^{MODEL_HASH_PATTERN}$", description="Architecture hash.")]
-InputShapeQuery = Annotated[str, Query(
-    pattern=r"^([0-9]{1,10}(,[0-9]{1,10}){0,7})?$", examples=["32,3,224,224"],
-    description=f"Full input shape, batch included, comma-separated (each dimension 1..{MAX_DIM}).")]
-DtypeQuery = Annotated[str, Query(pattern=f"^{DTYPE_PATTERN}$", examples=["float32"])]
-DeviceQuery = Annotated[str, Query(pattern=f"^{DEVICE_PATTERN}$", examples=["cuda"],
-                                   description="Device class; an index (cuda:1) is ignored.")]
-TorchVersionQuery = Annotated[str, Query(
-    pattern=f"^({TORCH_VERSION_PATTERN}|{UNKNOWN})$", examples=["2.15"],
-    description="torch version of the training job (major.minor counts); unknown: the newest plan of any.")]
+PATH_FIELD = "model_hash"
+"""The key field in the path of ``/v1/plans/{model_hash}…``; every other one is a query parameter."""
 JSON_MEDIA = "application/json"
 
 
@@ -43,21 +38,27 @@ def _json(content: object) -> bytes:
     return json.dumps(content, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def _plan_key(
-    model_hash: ModelHashPath,
-    input_shape: InputShapeQuery,
-    dtype: DtypeQuery,
-    device: DeviceQuery,
-    mode: Literal["train", "eval"] = "train",
-    grads: Literal["none", "kept"] = "none",
-    torch_version: TorchVersionQuery = UNKNOWN,
-) -> PlanKey:
+def _key_parameter(field: dataclasses.Field[Any]) -> inspect.Parameter:
+    """One ``PlanKey`` field as a parameter of the key dependency, bounded and documented by ``KEY_BOUNDS``."""
+    bounds = KEY_BOUNDS[field.name]
+    docs: dict[str, Any] = {"description": bounds.description} if bounds.description else {}
+    if bounds.example is not None:
+        docs["examples"] = [bounds.example]
+    where = Path(**docs) if field.name == PATH_FIELD else Query(**docs)
+    default = api_default(field.name)
+    return inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY,
+                             annotation=Annotated[bounds.query or bounds.type, where],
+                             default=inspect.Parameter.empty if default is REQUIRED else default)
+
+
+def _plan_key(**fields: Any) -> PlanKey:
     """The plan key of a ``/v1/plans/{model_hash}…`` request, from its path and query: one definition for
-    every route that reads one key."""
-    return PlanKey(model_hash=model_hash, input_shape=input_shape, dtype=dtype, device=device, mode=mode,
-                   grads=grads, torch_version=torch_version)
+    every route that reads one key. Its parameters are ``PlanKey``'s fields (the signature below)."""
+    return PlanKey(**fields)
 
 
+_plan_key.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # FastAPI reads the parameters here
+    [_key_parameter(f) for f in dataclasses.fields(PlanKey)], return_annotation=PlanKey)
 KeyDep = Annotated[PlanKey, Depends(_plan_key)]
 
 
@@ -70,7 +71,6 @@ KeyDep = Annotated[PlanKey, Depends(_plan_key)]
 def read_plan(
     state: StateDep,
     key: KeyDep,
-    model_hash: ModelHashPath,
     algorithm: Algorithm = DEFAULT_PLANNER,
     budget: Annotated[int | None, Query(ge=1, le=MAX_FIELD_BYTES, description="Bytes; omit for min peak.")] = None,
 ) -> Response:
@@ -93,10 +93,9 @@ def read_plan(
         budget_text = f"budget {budget} bytes" if budget else "no budget"
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,
-            detail=f"model_hash: no {algorithm} plan ({budget_text}) for {model_hash} with input_shape "
-                   f"{key.input_shape_text or '()'}, dtype {key.dtype}, device {key.device}, mode {key.mode}, "
-                   f"grads {key.grads}, torch {key.torch_version}; POST its trace to /v1/traces or a profiling job "
-                   f"to /v1/jobs")
+            detail=f"model_hash: no {algorithm} plan ({budget_text}) for {key.model_hash} with input_shape "
+                   f"{key.input_shape_text or '()'}, {key.describe(exclude=('model_hash', 'input_shape'))}; POST its "
+                   f"trace to /v1/traces or a profiling job to /v1/jobs")
     body = _json(record.to_dict())
     state.cache.set(name, body)
     return Response(content=body, media_type=JSON_MEDIA, headers={"X-Remat-Cache": "miss"})
@@ -123,14 +122,14 @@ def _read_budget_plan(state: StateDep, key: PlanKey, budget: int | None) -> Resp
             responses={404: {"model": ErrorOut, "description": "No frontier is stored for this key."},
                        **READ_RESPONSES},
             openapi_extra=OPTIONAL_AUTH)
-def read_frontier(state: StateDep, key: KeyDep, model_hash: ModelHashPath) -> Response:
+def read_frontier(state: StateDep, key: KeyDep) -> Response:
     """Every plan not dominated in (predicted peak, estimated recompute time), tightest peak first, with the
     measurements of those a validation step ran: the key's time–memory curve."""
     with state.db.read_session() as session:
         points = repository.find_frontier(session=session, key=key)
     if not points:
         raise HTTPException(status.HTTP_404_NOT_FOUND,
-                            detail=f"model_hash: no frontier is stored for {model_hash} with input_shape "
+                            detail=f"model_hash: no frontier is stored for {key.model_hash} with input_shape "
                                    f"{key.input_shape_text or '()'} and these conventions")
     body = {"key": points[0].key.to_dict(), "points": [p.to_dict() for p in points]}
     return Response(content=_json(body), media_type=JSON_MEDIA)
@@ -140,8 +139,7 @@ def read_frontier(state: StateDep, key: KeyDep, model_hash: ModelHashPath) -> Re
             responses={404: {"model": ErrorOut, "description": "No plan, or no measured timeline, for this key."},
                        **READ_RESPONSES},
             openapi_extra=OPTIONAL_AUTH)
-def read_timeline(state: StateDep, key: KeyDep, model_hash: ModelHashPath,
-                  algorithm: Algorithm = DEFAULT_PLANNER) -> Response:
+def read_timeline(state: StateDep, key: KeyDep, algorithm: Algorithm = DEFAULT_PLANNER) -> Response:
     """Memory over one measured training step with this plan (its newest measurement that has one): the level
     after every aten op (CPU) or allocator event (CUDA, requested bytes), bucketed to at most 400 points that
     keep each bucket's highest level, and where backward starts; 404 for measurements stored before
@@ -150,7 +148,7 @@ def read_timeline(state: StateDep, key: KeyDep, model_hash: ModelHashPath,
         record = repository.get_plan(session=session, key=key, algorithm=algorithm)
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND,
-                            detail=f"model_hash: no {algorithm} plan for {model_hash} with input_shape "
+                            detail=f"model_hash: no {algorithm} plan for {key.model_hash} with input_shape "
                                    f"{key.input_shape_text or '()'} and these conventions")
     measured = next((m for m in record.measurements if (m.extra or {}).get("timeline")), None)
     if measured is None:
