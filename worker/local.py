@@ -2,16 +2,15 @@
 
 The Celery tasks (``remat.worker.tasks``) run the pipeline for the cluster; this module is their twin for one
 machine, and the client reaches it only through its port, ``remat.client.local_planner.LocalPlanner`` (bound
-by the ``remat.local_planner`` entry point): ``remat-client plan MODEL`` without a server, ``trace``,
-``measure``, ``zoo``, ``show``, and ``remat.client.checkpoint`` when no plan is stored anywhere.
+by the ``remat.local_planner`` entry point to this module): ``remat-client plan MODEL`` without a server,
+``trace``, ``measure``, ``zoo``, and ``remat.client.checkpoint`` when no plan is stored anywhere. What the
+store already holds is read by ``remat.worker.local_reads`` (re-exported here: ``cached_report``,
+``stored_plan``, ``stored_frontier``, ``stored_reports``, the rest of the port).
 
 The first ``remat-client plan resnet152`` builds the model, looks its key up, and only then profiles, plans
 with every algorithm, measures and gradient-checks each plan (``remat.worker.pipeline.run_built``), storing
 trace, plans and measurements in one transaction of the local plan database (``remat.service.store.PlanStore``:
-SQLite under the user's cache directory unless ``REMAT_DATABASE_URL`` says otherwise). Later runs with the
-same request answer from the store **without importing torch**: the request is matched by zoo name, input
-shape, precision, device class, gradient convention, mode and the installed torch's major.minor. Whether a
-stored answer is complete is the workers' rule too (``repository.newest_complete``).
+SQLite under the user's cache directory unless ``REMAT_DATABASE_URL`` says otherwise).
 
 The service is imported inside functions only: an image with torch alone (a GPU node) still profiles and
 plans here, and simply has no store.
@@ -21,24 +20,29 @@ from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from remat.client.budget_spec import BudgetInfeasibleError, BudgetSpec, pick_for_budget, pick_from_frontier
-from remat.client.devices import DEVICES
 from remat.client.errors import ModelError, RematError
 from remat.client.measurement import Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
-from remat.client.plan_key import UNKNOWN, PlanKey, current_torch_version
+from remat.client.plan_key import PlanKey
 from remat.client.report import ModelReport, PlanRow, ProfileResult
 from remat.client.request import ModelRequest, ProgressFn
 from remat.client.trace import Trace
 from remat.client.zoo_batch import ZooRow
+from remat.worker.local_reads import (
+    cached_report,
+    open_store,
+    report_from_records,
+    stored_frontier,
+    stored_plan,
+    stored_reports,
+)
 
 if TYPE_CHECKING:
     from remat.client.graph.built_model import BuiltModel
-    from remat.service.records import PlanRecord
     from remat.service.store import PlanStore
 
 __all__ = ["budget_report", "cached_report", "measure_algorithm", "plan_held_model", "plan_zoo", "profile",
@@ -47,66 +51,6 @@ __all__ = ["budget_report", "cached_report", "measure_algorithm", "plan_held_mod
 
 def _silent(message: str, fraction: float) -> None:
     return None
-
-
-def _open_store() -> PlanStore:
-    from remat.service.store import PlanStore
-
-    return PlanStore().open()
-
-
-def _existing_store() -> PlanStore | None:
-    """The local store when there is one: never creates a database, and an image without the service's
-    libraries (torch alone) has none."""
-    try:
-        from remat.service.config import ServiceSettings
-        from remat.service.store import PlanStore
-    except ImportError:
-        return None
-    settings = ServiceSettings()
-    url = settings.database_url
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        return None
-    return PlanStore(settings=settings)
-
-
-def _by_name(request: ModelRequest) -> bool:
-    """Only a zoo name without builder arguments stands for one architecture: anything else is found by the
-    key of the built model."""
-    return request.source in ("torchvision", "timm") and not request.model_kwargs
-
-
-def _key_like(request: ModelRequest, *, torch_version: str = UNKNOWN) -> PlanKey:
-    """A key with ``request``'s input, precision, device, gradients and mode; its hash is a placeholder (the
-    lookups by name or hash prefix do not read it)."""
-    return PlanKey(model_hash=UNKNOWN, input_shape=request.input_shape, dtype=request.dtype, mode=request.mode,
-                   grads=request.grads, device=request.device, torch_version=torch_version)
-
-
-def _report(request: ModelRequest, records: Sequence[PlanRecord]) -> ModelReport:
-    """A complete stored answer (``newest_complete``'s records) as a report: every planner's plan in registry
-    order, then the frontier."""
-    from remat.client.planning.planners import PLANNERS
-
-    by_algorithm = {r.plan.algorithm: r for r in records if r.plan.algorithm in PLANNERS and not r.plan.budget_bytes}
-    frontier = [r for r in records if r.plan.budget_bytes]
-    first = by_algorithm[next(iter(PLANNERS))]
-    return ModelReport.from_measured(
-        request, first.key.to_dict(), [by_algorithm[name].plan for name in PLANNERS] + [r.plan for r in frontier],
-        {r.plan.label: r.measurements[0] for r in [*by_algorithm.values(), *frontier] if r.measurements},
-        from_store=True, device_name=first.trace.device_name)  # the repository lists measurements newest first
-
-
-def cached_report(request: ModelRequest) -> ModelReport | None:
-    """The stored complete answer for a zoo request, found by name: never imports torch."""
-    from remat.service.repository import newest_complete
-
-    if not _by_name(request):
-        return None
-    with _open_store() as store:
-        records = store.find_plans_by_name(request.name, _key_like(request, torch_version=current_torch_version()))
-    complete = newest_complete(records)
-    return _report(request, complete) if complete is not None else None
 
 
 def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None, *,
@@ -124,12 +68,12 @@ def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None, 
     say(f"building {request.name}", 0.0)
     built = build(request)
     if not refresh:
-        with _open_store() as store:
+        with open_store() as store:
             complete = store.complete_plans(built.key)
         if complete is not None:
-            return _report(request, complete)
+            return report_from_records(request, complete)
     result = pipeline.run_built(built, progress=say)
-    with _open_store() as store:
+    with open_store() as store:
         key = store.save_profile(result.trace, result.plans, result.measurements)
     return ModelReport.from_measured(request, key.to_dict(), list(result.plans), dict(result.measurements),
                                      from_store=False, device_name=result.device_name)
@@ -159,7 +103,7 @@ def budget_report(request: ModelRequest, budget: BudgetSpec, progress: ProgressF
     assert none_row is not None and linear_row is not None  # a full report has every registered planner
     fit_bytes = fit_bytes_for(request) if budget.fit else None
     budget_bytes = budget.resolve(baseline_peak_bytes=none_row.plan.predicted_peak_bytes, fit_bytes=fit_bytes)
-    with _open_store() as store:
+    with open_store() as store:
         trace = None
         frontier = report.frontier
         if not frontier:  # stored before frontiers were: compute and keep it now
@@ -256,31 +200,6 @@ def plan_zoo(requests: Iterable[ModelRequest], *, refresh: bool = False,
 
 # --- remat.client.checkpoint: the model a training script holds ---------------------------------------------
 
-def _with_key(record: PlanRecord) -> Plan:
-    return Plan.from_dict({**record.plan.to_dict(), "key": record.key.to_dict()})
-
-
-def stored_plan(key: PlanKey, algorithm: str) -> Plan | None:
-    """The local plan store's ``algorithm`` plan for ``key`` (a Plan carrying its key), or None (no such plan,
-    or no store: one is never created here)."""
-    store = _existing_store()
-    if store is None:
-        return None
-    with store:
-        record = store.get_plan(key, algorithm=algorithm)
-    return _with_key(record) if record is not None else None
-
-
-def stored_frontier(key: PlanKey) -> list[Plan]:
-    """The local plan store's Pareto frontier for ``key`` (Plans carrying their key), tightest first; [] when
-    none is stored or there is no store."""
-    store = _existing_store()
-    if store is None:
-        return []
-    with store:
-        return [_with_key(r) for r in store.find_frontier(key)]
-
-
 def plan_held_model(built: BuiltModel, algorithm: str, progress: ProgressFn | None = None, *,
                     budget: BudgetSpec | None = None) -> tuple[ProfileResult, Plan | None]:
     """Profile a model the caller holds, plan it with every algorithm and its frontier, measure ``none`` and
@@ -340,57 +259,4 @@ def _keep_locally(result: ProfileResult) -> None:
         warnings.warn(f"remat: the local plan store did not take the plan ({type(exc).__name__}: {exc}); "
                       f"it is kept in the plan cache only", RuntimeWarning, stacklevel=4)
 
-
-# --- remat-client show ----------------------------------------------------------------------------------
-
-def stored_reports(*, request: ModelRequest | None = None, model_hash: str | None = None) -> list[ModelReport]:
-    """What the local store holds, whatever was measured: for ``request``'s key (a zoo name is found by name,
-    without torch; any other model is built to compute its key), or for every key whose architecture hash
-    starts with ``model_hash``. One report per key, from its newest trace; newest key first."""
-    if (request is None) == (model_hash is None):
-        raise ValueError("stored_reports: give request or model_hash")
-    with _open_store() as store:
-        if model_hash is not None:
-            records = store.find_plans_by_hash_prefix(model_hash)
-        elif _by_name(request):
-            records = store.find_plans_by_name(request.name, _key_like(request))
-        else:
-            from remat.client.graph.built_model import build
-
-            records = store.find_plan_records(build(request).key)
-    by_key: dict[PlanKey, list[PlanRecord]] = {}
-    for record in records:
-        by_key.setdefault(record.key, []).append(record)
-    reports = []
-    for key, group in by_key.items():
-        newest = max(group, key=lambda r: r.updated_at)
-        rows = [r for r in group if r.trace.trace_id == newest.trace.trace_id]
-        rows.sort(key=lambda r: _algorithm_order(r.plan.algorithm))
-        shown = request or _request_of(key, newest.trace.model)
-        report = ModelReport(request=shown, key=key.to_dict(), num_stages=rows[0].plan.num_stages,
-                             from_store=True, device_name=newest.trace.device_name)
-        for r in rows:
-            row = PlanRow.from_measurement(_with_key(r), r.measurements[0] if r.measurements else None)
-            (report.frontier if r.plan.budget_bytes else report.rows).append(row)
-        report.frontier.sort(key=lambda row: row.plan.predicted_peak_bytes)
-        reports.append((newest.updated_at, report))
-    return [report for _, report in sorted(reports, key=lambda pair: pair[0], reverse=True)]
-
-
-def _algorithm_order(name: str) -> int:
-    from remat.client.planning.planners import PLANNERS
-
-    names = list(PLANNERS)
-    return names.index(name) if name in names else len(names)
-
-
-def _request_of(key: PlanKey, model: str | None) -> ModelRequest:
-    """A request that describes a stored key (for display: the model's stored name and the key's input)."""
-    try:
-        spec = model or "custom:unknown"
-        return ModelRequest(spec=spec, batch_size=key.input_shape[0], sample_shape=key.input_shape[1:] or (1,),
-                            device=key.device if key.device in DEVICES else "cpu", grads=key.grads,
-                            dtype=key.dtype if key.dtype != "unknown" else "float32", mode=key.mode)
-    except RematError:
-        return ModelRequest(spec="custom:unknown", batch_size=1, sample_shape=(1,))
 
