@@ -6,9 +6,9 @@ it was made for, so that ``apply`` refuses it for another architecture, input or
 
     model = fetch_and_apply(model, (32, 3, 224, 224), server="http://plans:8000", grads="none")
 
-The key sent is the client's own (``PlanKey.for_model``); the torch version in the returned plan's key is the
-one of the trace the service planned from, because the service keys plans without it and records it as
-provenance (docs/service.md): ``apply`` then compares it with the installed torch.
+The key sent is the client's own (``remat.client.graph.built_model.key_for_model``); the torch version in the
+returned plan's key is the one of the trace the service planned from, because the service keys plans without
+it and records it as provenance (docs/service.md): ``apply`` then compares it with the installed torch.
 
 Public API::
 
@@ -29,12 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
+from remat.client.errors import PlanNotFoundError, ServiceError
 from remat.client.plan import Plan
-from remat.client.plan_key import UNKNOWN, PlanKey, normalize_torch_version
+from remat.client.plan_key import UNKNOWN, PlanKey
 from remat.client.report import ModelReport, PlanRow
 from remat.client.request import ModelRequest, ProgressFn
-from remat.client.service_client import PlanServiceClient
+from remat.client.service_client import PlanServiceClient, plan_from_record
 
 __all__ = ["PlanNotFoundError", "fetch_and_apply", "fetch_plan", "report_from_service"]
 
@@ -55,29 +55,6 @@ def _service(server: str | PlanServiceClient, token: str | None) -> Iterator[Pla
         return
     with PlanServiceClient(server, token=token) as client:
         yield client
-
-
-def plan_from_record(record: Mapping[str, Any], key: PlanKey) -> Plan:
-    """The served plan, carrying the key it is valid for in ``extra["key"]``.
-
-    The key is ``key`` (computed from the model here) with the torch version the service keyed the plan
-    under (that of the trace it planned from): the stage graph, hence the plan, can change between torch
-    releases, and ``apply`` checks this field against the installed torch.
-    """
-    served = (record.get("key") or {}).get("torch_version")
-    traced_with = served or (record.get("trace") or {}).get("torch_version")
-    key_dict = key.to_dict()
-    if traced_with:
-        try:
-            key_dict["torch_version"] = normalize_torch_version(traced_with)
-        except PlanError:
-            pass  # an unreadable version string is provenance, not a key; keep this torch's
-    try:
-        plan = record["plan"]
-    except (KeyError, TypeError):
-        raise ServiceError("remat service: a plan record without its 'plan' field; is this a remat service?") \
-            from None
-    return Plan.from_dict({**plan, "key": key_dict})
 
 
 def fetch_plan(model: nn.Module, input_shape: Sequence[int], *, server: str | PlanServiceClient,
@@ -105,7 +82,9 @@ def fetch_plan(model: nn.Module, input_shape: Sequence[int], *, server: str | Pl
         ServiceError: the service is unreachable or answered an error.
         PlanError: the arguments do not make a valid key, or the served plan is malformed.
     """
-    key = PlanKey.for_model(model, input_shape, dtype=dtype, mode=mode, grads=grads, device=device)
+    from remat.client.graph.built_model import key_for_model
+
+    key = key_for_model(model, input_shape, dtype=dtype, mode=mode, grads=grads, device=device)
     return _fetch_for_key(key, server=server, token=token, algorithm=algorithm)
 
 

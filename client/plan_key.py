@@ -9,13 +9,13 @@ convention decides what checkpointing buys (feasibility P8), autocast changes th
 metadata, so a trace's metadata dict can be read with ``PlanKey.from_dict``.
 
 Importing this module imports no torch: the torch version comes from the package metadata, and
-``for_model`` imports the hashing code only when called.
+a model's key is computed by the stage-graph family (``remat.client.graph.built_model.key_for_model``),
+which hashes the model: this vocabulary never reaches into model code.
 
 Public API::
 
     PlanKey(model_hash, input_shape, dtype="float32", mode="train", grads="none", device="cpu",
             torch_version=<the installed torch's major.minor>)
-    PlanKey.for_model(model, input_shape, *, dtype=..., mode=..., grads=..., device=..., graph=None)
     PlanKey.from_trace(trace) / key.to_dict() / PlanKey.from_dict(obj)
     key.describe(exclude=()) -> "model_hash 3f2ab8c01d9e…, input_shape [32, 3, 224, 224], dtype float32, …"
     key.describe_mismatch(other, fields=None) -> str | None
@@ -38,8 +38,7 @@ from remat.client.precision import normalize_precision
 from remat.client.trace import GRAD_CONVENTIONS, MODES, Trace
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
+    pass
 
 __all__ = ["KEY_FIELDS", "LABEL", "MAX_DIM", "MAX_DIMS", "MAX_NUMEL", "MODEL_HASH_PATTERN", "UNKNOWN", "UNRECORDED",
            "PlanKey", "content_sha256", "current_torch_version", "normalize_device", "normalize_dtype",
@@ -175,31 +174,6 @@ class PlanKey:
     def input_shape_text(self) -> str:
         """The shape as stored and as passed in URLs: ``32,3,224,224``."""
         return ",".join(map(str, self.input_shape))
-
-    @classmethod
-    def for_model(
-        cls,
-        model: nn.Module,
-        input_shape: Sequence[int],
-        *,
-        dtype: torch.dtype | str = "float32",
-        mode: str = "train",
-        grads: str = "none",
-        device: torch.device | str | None = None,
-        graph: Any = None,
-    ) -> PlanKey:
-        """The key of ``model`` for one input signature (computes the architecture hash).
-
-        ``device`` defaults to the device class of the model's parameters; ``graph`` is passed on to
-        ``architecture_hash`` (a train-mode trace from ``trace_model``, or None to trace here).
-        """
-        from remat.client.graph.hashing import architecture_hash
-
-        if device is None:
-            tensor = next(model.parameters(), None)
-            device = tensor.device if tensor is not None else "cpu"
-        return cls(model_hash=architecture_hash(model, graph=graph), input_shape=tuple(input_shape), dtype=dtype,
-                   mode=mode, grads=grads, device=str(device))
 
     @classmethod
     def from_trace(cls, trace: Trace, *, content_hash: str | None = None) -> PlanKey:

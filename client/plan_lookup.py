@@ -276,8 +276,7 @@ def _find_for_budget(key: PlanKey, spec: BudgetSpec, cache: LocalPlanCache, serv
 
 def _budget_from_service(key: PlanKey, spec: BudgetSpec, server: str, token: str | None,
                          timeout_s: float | None) -> Plan | None:
-    from remat.client.fetch import plan_from_record
-    from remat.client.service_client import PlanServiceClient
+    from remat.client.service_client import PlanServiceClient, plan_from_record
 
     try:
         with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
@@ -295,8 +294,7 @@ def _budget_from_service(key: PlanKey, spec: BudgetSpec, server: str, token: str
 
 def _from_service(key: PlanKey, algorithm: str, server: str, token: str | None,
                   timeout_s: float | None) -> Plan | None:
-    from remat.client.fetch import plan_from_record
-    from remat.client.service_client import PlanServiceClient
+    from remat.client.service_client import PlanServiceClient, plan_from_record
 
     try:
         with PlanServiceClient(server, token=token, timeout=timeout_s) as client:

@@ -16,6 +16,7 @@ Public API::
         client.upload_trace(trace) -> dict                          # {key, trace_id, created, plans}
         client.submit_job(request, queue=None) -> dict              # a profiling job (JobOut)
         client.get_job(job_id) -> dict                              # its state, progress and result
+    plan_from_record(record, key) -> Plan                           # a served record as a Plan carrying its key
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from urllib.parse import quote
 
 import httpx
 
-from remat.client.errors import ServiceError
-from remat.client.plan_key import UNKNOWN, PlanKey
+from remat.client.errors import PlanError, ServiceError
+from remat.client.plan import Plan
+from remat.client.plan_key import UNKNOWN, PlanKey, normalize_torch_version
 
-__all__ = ["PlanServiceClient", "ServiceResponseError", "key_query"]
+__all__ = ["PlanServiceClient", "ServiceResponseError", "key_query", "plan_from_record"]
 
 _KEY_DEFAULTS = {f.name: f.default if f.default is not MISSING else UNKNOWN for f in fields(PlanKey)
                  if f.default is not MISSING or f.default_factory is not MISSING}
@@ -315,3 +317,26 @@ class PlanServiceClient:
         else:
             message = f"remat service {url}: HTTP {code}: {detail}"
         raise ServiceResponseError(message, status_code=code, url=url, detail=detail)
+
+
+def plan_from_record(record: Mapping[str, Any], key: PlanKey) -> Plan:
+    """The served plan, carrying the key it is valid for in ``extra["key"]``.
+
+    The key is ``key`` (computed from the model here) with the torch version the service keyed the plan
+    under (that of the trace it planned from): the stage graph, hence the plan, can change between torch
+    releases, and ``apply`` checks this field against the installed torch.
+    """
+    served = (record.get("key") or {}).get("torch_version")
+    traced_with = served or (record.get("trace") or {}).get("torch_version")
+    key_dict = key.to_dict()
+    if traced_with:
+        try:
+            key_dict["torch_version"] = normalize_torch_version(traced_with)
+        except PlanError:
+            pass  # an unreadable version string is provenance, not a key; keep this torch's
+    try:
+        plan = record["plan"]
+    except (KeyError, TypeError):
+        raise ServiceError("remat service: a plan record without its 'plan' field; is this a remat service?") \
+            from None
+    return Plan.from_dict({**plan, "key": key_dict})

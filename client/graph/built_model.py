@@ -10,12 +10,14 @@ Public API::
     build(request) -> BuiltModel                             # a zoo / callable request: build the model, then
     build_from_model(request, model, example, *, graph=None, probe=None, facts=None, key=None) -> BuiltModel
     model_key(request, model, graph=None) -> PlanKey
+    key_for_model(model, input_shape, *, dtype=, mode=, grads=, device=, graph=None) -> PlanKey
     fit_bytes_for(request) -> int | None                     # --budget fit: the CUDA device's room
     guard_memory(request, exc)                               # out of memory -> OutOfMemoryProfiling
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +27,13 @@ from remat.client.precision import autocast_dtype
 from remat.client.request import ModelRequest
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from remat.client.planning.graph_predict import GraphProfile
 
 __all__ = ["BuiltModel", "OutOfMemoryProfiling", "build", "build_from_model", "fit_bytes_for", "guard_memory",
-           "model_key"]
+           "key_for_model", "model_key"]
 
 
 class OutOfMemoryProfiling(RematError):
@@ -111,10 +116,27 @@ def build(request: ModelRequest) -> BuiltModel:
     return build_from_model(request, model, x)
 
 
+def key_for_model(model: nn.Module, input_shape: Sequence[int], *, dtype: torch.dtype | str = "float32",
+                  mode: str = "train", grads: str = "none", device: torch.device | str | None = None,
+                  graph: Any = None) -> PlanKey:
+    """The key of ``model`` for one input signature (computes the architecture hash).
+
+    ``device`` defaults to the device class of the model's parameters; ``graph`` is passed on to
+    ``architecture_hash`` (a train-mode trace from ``trace_model``, or None to trace here).
+    """
+    from remat.client.graph.hashing import architecture_hash
+
+    if device is None:
+        tensor = next(model.parameters(), None)
+        device = tensor.device if tensor is not None else "cpu"
+    return PlanKey(model_hash=architecture_hash(model, graph=graph), input_shape=tuple(input_shape), dtype=dtype,
+                   mode=mode, grads=grads, device=str(device))
+
+
 def model_key(request: ModelRequest, model: Any, graph: Any = None) -> PlanKey:
     """The plan key of ``model`` for ``request``; ``graph``: the model's fx trace when the caller holds it
     (the chain's ``graph_module``), else the hash traces the model itself."""
-    return PlanKey.for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
+    return key_for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
                              grads=request.grads, device=request.device, graph=graph)
 
 

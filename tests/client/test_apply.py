@@ -13,6 +13,7 @@ from torch import nn
 
 from remat.client.apply_plan import applied_chain, applied_plan, apply, remove
 from remat.client.errors import PlanMismatchError
+from remat.client.graph.built_model import key_for_model
 from remat.client.graph.stage_graph import StageChain
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
@@ -58,7 +59,7 @@ def resnet() -> nn.Module:
 
 def _applied_resnet(resnet: nn.Module, checkpoints: tuple[int, ...] = (3, 7, 10)) -> tuple[nn.Module, nn.Module]:
     model, ref = copy.deepcopy(resnet), copy.deepcopy(resnet)
-    key = PlanKey.for_model(model, SHAPE)
+    key = key_for_model(model, SHAPE)
     assert apply(model, _plan(14, checkpoints, key)) is model
     return model, ref
 
@@ -85,7 +86,7 @@ def test_vgg_dropout_in_checkpointed_segments_is_bit_identical() -> None:
         nn.Linear(64, 10),
     )
     ref = copy.deepcopy(model)
-    key = PlanKey.for_model(model, SHAPE)
+    key = key_for_model(model, SHAPE)
     n = 20
     plan = _plan(n, (n // 2, n - 1), key)
     apply(model, plan)
@@ -123,7 +124,7 @@ def test_parameters_optimizer_and_state_dict_are_the_originals(resnet: nn.Module
     keys = list(model.state_dict())
     params = list(model.parameters())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # built before apply
-    apply(model, _plan(14, (5, 9), PlanKey.for_model(model, SHAPE)))
+    apply(model, _plan(14, (5, 9), key_for_model(model, SHAPE)))
     ref_optimizer = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     assert list(model.state_dict()) == keys
     assert all(p is q for p, q in zip(model.parameters(), params, strict=True))
@@ -145,7 +146,7 @@ def test_parameters_optimizer_and_state_dict_are_the_originals(resnet: nn.Module
 
 def test_mismatched_plans_are_refused(resnet: nn.Module) -> None:
     model = copy.deepcopy(resnet)
-    key = PlanKey.for_model(model, SHAPE)
+    key = key_for_model(model, SHAPE)
     other = copy.deepcopy(resnet)
     other.fc = nn.Linear(512, 11)
     with pytest.raises(PlanMismatchError, match="model_hash"):
@@ -168,7 +169,7 @@ def test_mismatched_plans_are_refused(resnet: nn.Module) -> None:
 
 def test_precision_is_checked_at_the_first_training_call(resnet: nn.Module) -> None:
     model, ref = copy.deepcopy(resnet), copy.deepcopy(resnet)
-    key = PlanKey.for_model(model, SHAPE, dtype="autocast_bfloat16")
+    key = key_for_model(model, SHAPE, dtype="autocast_bfloat16")
     apply(model, _plan(14, (3, 7, 10), key))
     x = torch.randn(SHAPE)
     with pytest.raises(PlanMismatchError, match="dtype: plan autocast_bfloat16 vs this call's float32"):
@@ -182,7 +183,7 @@ def test_precision_is_checked_at_the_first_training_call(resnet: nn.Module) -> N
         _assert_same_step(model, ref, x)
 
     plain = copy.deepcopy(resnet)
-    apply(plain, _plan(14, (5,), PlanKey.for_model(plain, SHAPE)))
+    apply(plain, _plan(14, (5,), key_for_model(plain, SHAPE)))
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(PlanMismatchError, match="float32 vs"):
         plain(x)
 
@@ -226,7 +227,7 @@ def deterministic_cuda() -> Iterator[None]:
 @pytest.mark.cuda
 def test_cuda_step_matches(resnet: nn.Module, deterministic_cuda: None) -> None:
     model, ref = copy.deepcopy(resnet).cuda(), copy.deepcopy(resnet).cuda()
-    key = PlanKey.for_model(model, SHAPE)
+    key = key_for_model(model, SHAPE)
     assert key.device == "cuda"
     apply(model, _plan(14, (3, 7, 10), key))
     x = torch.randn(SHAPE, device="cuda")
@@ -255,7 +256,7 @@ def test_shufflenet_boundaries_carry_one_tensor_and_train_identically() -> None:
         assert isinstance(value, torch.Tensor), (i, chain.names[i - 1], type(value))
     n = chain.num_stages
     assert n > 10
-    apply(model, _plan(n, tuple(range(2, n, 3)), PlanKey.for_model(model, SHAPE)))
+    apply(model, _plan(n, tuple(range(2, n, 3)), key_for_model(model, SHAPE)))
     _assert_same_step(model, ref, x)
 
 

@@ -25,6 +25,7 @@ import remat.client
 from remat.client.apply_plan import applied_chain, applied_plan
 from remat.client.errors import PlanError, PlanMismatchError, PlanNotFoundError
 from remat.client.graph import fx_trace, write_probe
+from remat.client.graph.built_model import key_for_model
 from remat.client.local_plans import LocalPlanCache
 from remat.client.plan_key import PlanKey
 from remat.client.request import ModelRequest
@@ -102,7 +103,7 @@ def test_a_cache_hit_traces_the_model_once_and_looks_no_further(cache_dir: Path,
     x = _batches(1)[0][0]
     made_here = _model()
     remat.client.checkpoint(made_here, x, grads="kept", cache_dir=cache_dir)
-    assert LocalPlanCache(cache_dir).get(PlanKey.for_model(made_here, SHAPE, grads="kept"), "linear") is not None
+    assert LocalPlanCache(cache_dir).get(key_for_model(made_here, SHAPE, grads="kept"), "linear") is not None
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("looked past the plan cache")
@@ -140,7 +141,7 @@ def test_cached_probe_facts_without_a_plan_still_profile_on_a_whole_batch_probe(
     x = _batches(1)[0][0]
     first = _model()
     remat.client.checkpoint(first, x, cache_dir=cache_dir)
-    key = PlanKey.for_model(first, SHAPE)
+    key = key_for_model(first, SHAPE)
     cache = LocalPlanCache(cache_dir)
     assert cache.get_probe_facts(key) is not None
     cache.path(key, "linear").unlink()
@@ -160,7 +161,7 @@ def test_cached_probe_facts_without_a_plan_still_profile_on_a_whole_batch_probe(
 def test_an_unusable_probe_facts_file_is_probed_past_and_rewritten(cache_dir: Path, content: str) -> None:
     x = _batches(1)[0][0]
     remat.client.checkpoint(_model(), x, cache_dir=cache_dir)
-    key = PlanKey.for_model(_model(), SHAPE)
+    key = key_for_model(_model(), SHAPE)
     cache = LocalPlanCache(cache_dir)
     written = cache.get_probe_facts(key)
     cache.probe_facts_path(key).write_text(content)
@@ -208,7 +209,7 @@ def test_a_plan_profiled_here_is_uploaded_with_the_write_token(cache_dir: Path, 
     x = torch.randn(4, 3, 24, 24)  # a key the service has not seen
     remat.client.checkpoint(_model(depth=3), x, cache_dir=cache_dir, server=service, token=TOKEN)
     fresh = _model(depth=3)
-    key = PlanKey.for_model(fresh, x.shape)
+    key = key_for_model(fresh, x.shape)
     with PlanServiceClient(service) as client:
         assert client.get_plan(key, algorithm="linear") is not None, "the cluster has the plan next time"
 
@@ -234,9 +235,9 @@ def test_an_unreachable_service_is_a_warning_and_never_a_hang(cache_dir: Path, n
 def test_a_cached_plan_for_another_key_is_refused_with_what_differs(cache_dir: Path, no_profiling: None) -> None:
     x = _batches(1)[0][0]
     model = _model()
-    key = PlanKey.for_model(model, SHAPE)
+    key = key_for_model(model, SHAPE)
     cache = LocalPlanCache(cache_dir)
-    other_key = PlanKey.for_model(model, (4, *SHAPE[1:]))
+    other_key = key_for_model(model, (4, *SHAPE[1:]))
     from remat.client.plan import Plan
 
     plan = Plan(algorithm="linear", cost_model="pytorch", checkpoints=(), predicted_peak_bytes=1,

@@ -39,8 +39,8 @@ from torch import nn
 from torchvision.models import efficientnet, maxvit, resnet, vision_transformer
 
 from remat.client.apply_plan import applied_chain, apply
+from remat.client.graph.built_model import key_for_model
 from remat.client.graph.stage_graph import build_stage_chain
-from remat.client.plan_key import PlanKey
 from remat.client.planning.plans import make_plan
 from remat.client.zoo import resolve_model
 from remat.worker.measure import make_loss
@@ -184,7 +184,7 @@ def test_family_trains_identically_under_its_linear_plan(family: Family) -> None
         assert not plan.checkpoints, f"linear now keeps {plan.checkpoints}: drop hand_plan for {family.model}"
     checkpoints = tuple(range(2, n, 2)) if family.hand_plan else plan.checkpoints
     assert checkpoints or n < 3, f"linear keeps no boundary of {family.model}'s {n} stages: nothing would recompute"
-    key = PlanKey.for_model(model, shape, graph=chain.graph_module)
+    key = key_for_model(model, shape, graph=chain.graph_module)
     plan = dataclasses.replace(plan, checkpoints=checkpoints, extra={"key": key.to_dict()})
 
     ref = copy.deepcopy(model)

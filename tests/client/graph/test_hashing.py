@@ -13,6 +13,7 @@ import torchvision
 from torch import nn
 
 from remat.client.errors import PlanError
+from remat.client.graph.built_model import key_for_model
 from remat.client.graph.hashing import architecture_hash
 from remat.client.graph.stage_graph import trace_model
 from remat.client.plan_key import KEY_FIELDS, PlanKey, current_torch_version
@@ -88,12 +89,12 @@ def test_resnet_width_and_depth_change_the_hash() -> None:
 
 def test_plan_keys_differ_by_input_shape_and_name_the_difference() -> None:
     model = _mlp()
-    a = PlanKey.for_model(model, (4, 8))
-    b = PlanKey.for_model(model, (8, 8))
+    a = key_for_model(model, (4, 8))
+    b = key_for_model(model, (8, 8))
     assert a != b
     assert a.describe_mismatch(b) == "input_shape: [4, 8] vs [8, 8]"
-    assert a.describe_mismatch(PlanKey.for_model(model, (4, 8))) is None
-    c = PlanKey.for_model(_mlp(width=17), (4, 8), grads="kept")
+    assert a.describe_mismatch(key_for_model(model, (4, 8))) is None
+    c = key_for_model(_mlp(width=17), (4, 8), grads="kept")
     message = a.describe_mismatch(c)
     assert message is not None and message.startswith("model_hash: ") and "grads: none vs kept" in message
 
