@@ -16,7 +16,13 @@ from typing import Any, NoReturn
 
 import click
 
-from remat.client.cli_common import InputError  # noqa: F401  (re-exported: tests and callers catch it)
+from remat.client.cli_common import (
+    ENVIRONMENT_BEFORE_CONFIG,
+    InputError,  # noqa: F401  (re-exported: tests and callers catch it)
+    format_checkpoints,
+    format_kept,
+    print_model_table,
+)
 from remat.client.cli_common import emit_json as _emit_json
 from remat.client.cli_common import fail_input as _fail_input
 from remat.client.cli_common import format_bytes as _format_bytes
@@ -36,20 +42,6 @@ MIN_HASH_PREFIX = 8
 """`show HASH`: the shortest hash prefix read as a hash rather than a model name."""
 
 
-def _format_checkpoints(checkpoints: Sequence[int], limit: int = 12) -> str:
-    if not checkpoints:
-        return "-"
-    shown = ",".join(str(c) for c in checkpoints[:limit])
-    return shown + (f",… ({len(checkpoints)})" if len(checkpoints) > limit else "")
-
-
-def _format_kept(plan: Plan) -> str:
-    """The checkpoints column: a chain plan's boundaries, or what a graph plan recomputes."""
-    if plan.dropped_vertices is not None:
-        return f"graph: recomputes {len(plan.dropped_vertices)} of {plan.num_vertices} vertices"
-    return _format_checkpoints(plan.checkpoints)
-
-
 def _print_plan_table(plans: Sequence[Plan], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -62,7 +54,7 @@ def _print_plan_table(plans: Sequence[Plan], title: str) -> None:
         recompute = "-" if p.recompute_ms is None else f"{p.recompute_ms:.1f} ms"
         if overhead is not None:
             recompute += f" (+{overhead:.0%})"
-        table.add_row(p.algorithm, _format_kept(p), p.cost_model,
+        table.add_row(p.algorithm, format_kept(p), p.cost_model,
                       _format_bytes(p.predicted_peak_bytes), f"{p.saving:.1%}", recompute)
     # A pipe gets no terminal width; 80 columns would truncate the checkpoint lists.
     Console(width=None if sys.stdout.isatty() else 140).print(table)
@@ -205,44 +197,7 @@ def _plan_model_for_budget(request: Any, budget: Any, *, refresh: bool, as_json:
     if as_json:
         _emit_json(report.to_dict())
     else:
-        _print_model_table(report, source=f"budget {budget.text}")
-
-
-def _print_model_table(report: Any, source: str | None = None) -> None:
-    """The model's plans beside their measurements; ``source`` says where the answer came from."""
-    from rich.console import Console
-    from rich.table import Table
-
-    req = report.request
-    source = source or ("from the plan store" if report.from_store else "profiled and measured now")
-    title = (f"{req.name} — input {list(req.input_shape)} {req.dtype}, {req.device}"
-             f"{f' ({report.device_name})' if report.device_name else ''}, grads={req.grads}, "
-             f"{report.num_stages} stages, {source}")
-    table = Table(title=title)
-    columns = ("algorithm", "checkpoints", "predicted peak", "measured peak", "saving vs none", "step time")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("algorithm", "checkpoints") else "right")
-    base = report.row("none")
-    for row in report.rows:
-        saving = "-"
-        if base and base.measured_peak_bytes and row.measured_peak_bytes is not None:
-            saving = f"{1 - row.measured_peak_bytes / base.measured_peak_bytes:.1%}"
-        step = "-" if row.step_ms is None else f"{row.step_ms:.0f} ms"
-        if base and base.step_ms and row.step_ms is not None:
-            step += f" ({row.step_ms / base.step_ms - 1:+.0%})"
-        predicted = _format_bytes(row.plan.predicted_peak_bytes)
-        if row.plan.cost_model != "pytorch":  # not the measured quantity: say which model it is
-            predicted += f" ({row.plan.cost_model})"
-        table.add_row(row.plan.algorithm, _format_kept(row.plan), predicted, _format_bytes(row.measured_peak_bytes),
-                      saving, step)
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
-    click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
-               "the step time's change against none is the recompute overhead.")
-    if report.frontier:
-        low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes
-        measured = sum(1 for r in report.frontier if r.measured_peak_bytes is not None)
-        click.echo(f"Time-memory frontier: {len(report.frontier)} plans from {_format_bytes(low)} to "
-                   f"{_format_bytes(high)} ({measured} measured); --budget SIZE picks the fastest that fits.")
+        print_model_table(report, source=f"budget {budget.text}")
 
 
 def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
@@ -256,7 +211,7 @@ def _plan_model(request: Any, *, refresh: bool, as_json: bool) -> None:
     if as_json:
         _emit_json(report.to_dict())
     else:
-        _print_model_table(report)
+        print_model_table(report)
 
 
 def _budget_report_from_server(request: Any, budget: Any, server: str, *, refresh: bool, as_json: bool) -> Any:
@@ -303,9 +258,9 @@ def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json
     if as_json:
         _emit_json({**report.to_dict(), "server": client.base_url})
     elif report.from_store:
-        _print_model_table(report, f"from the service at {client.base_url}")
+        print_model_table(report, f"from the service at {client.base_url}")
     else:
-        _print_model_table(report, f"profiled here, planned by the service at {client.base_url}")
+        print_model_table(report, f"profiled here, planned by the service at {client.base_url}")
 
 
 SUBMIT_TIMEOUT_S = 60.0
@@ -432,7 +387,7 @@ def _show_job(job: dict[str, Any], *, as_json: bool) -> None:
         _emit_json(job)
     elif state == JobState.SUCCEEDED and job.get("kind", "profile") == "profile" and job.get("result"):
         report = ModelReport.from_job(job)
-        _print_model_table(report, f"job {job['id']}" + (", plans already stored" if report.from_store else ""))
+        print_model_table(report, f"job {job['id']}" + (", plans already stored" if report.from_store else ""))
     else:
         line = f"{job['id']}: {state}"
         if state not in FINISHED_JOB_STATES:
@@ -555,7 +510,7 @@ def evaluate_command(trace_path: str, cost_model: str, checkpoints_file: str, as
         _emit_json({"cost_model": cost_model, "peaks": peaks})
     else:
         for s, p in zip(sets, peaks, strict=True):
-            click.echo(f"{_format_bytes(p):>12}  {_format_checkpoints(s, limit=1000)}")
+            click.echo(f"{_format_bytes(p):>12}  {format_checkpoints(s, limit=1000)}")
 
 
 @cli.command("show")
@@ -606,7 +561,7 @@ def show_command(target: str, batch_size: int | None, input_shape: str | None, d
         _emit_json([report.to_dict() for report in reports])
         return
     for report in reports:
-        _print_model_table(report, "stored")
+        print_model_table(report, "stored")
 
 
 @cli.group("config")
@@ -631,7 +586,7 @@ def config_show_command(as_json: bool) -> None:
     from remat.client import config
 
     path = config.config_path()
-    rows = config.effective(path=path, environ=_ENVIRONMENT_BEFORE_CONFIG)
+    rows = config.effective(path=path, environ=ENVIRONMENT_BEFORE_CONFIG)
     shown = [{"name": setting.name, "env": setting.env,
               "value": ("***" if setting.secret and value is not None else value), "source": source,
               "help": setting.help} for setting, value, source in rows]
@@ -658,15 +613,12 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-_ENVIRONMENT_BEFORE_CONFIG: dict[str, str] = {}
-
-
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console-script entry point: one-line errors, the documented exit codes."""
     from remat.client.config import ConfigError, apply_to_environment
 
-    _ENVIRONMENT_BEFORE_CONFIG.clear()
-    _ENVIRONMENT_BEFORE_CONFIG.update(os.environ)
+    ENVIRONMENT_BEFORE_CONFIG.clear()
+    ENVIRONMENT_BEFORE_CONFIG.update(os.environ)
     try:
         apply_to_environment()  # the config file feeds the REMAT_* layer that flags override
     except ConfigError as exc:
