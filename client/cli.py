@@ -28,7 +28,7 @@ from remat.client.cli_common import fail_input as _fail_input
 from remat.client.cli_common import format_bytes as _format_bytes
 from remat.client.cli_common import model_kwargs_option as _model_kwargs_option
 from remat.client.cli_common import model_options as _model_options
-from remat.client.cli_common import request as _request
+from remat.client.cli_common import model_request as _request
 from remat.client.cli_common import run_with_progress as _run_with_progress
 from remat.client.cli_common import server_or_fail as _server_or_fail
 from remat.client.errors import RematError

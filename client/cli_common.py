@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from remat.client.plan import Plan
 
 __all__ = ["ENVIRONMENT_BEFORE_CONFIG", "InputError", "emit_json", "fail_input", "format_bytes", "format_checkpoints",
-           "format_kept", "model_kwargs_option", "model_options", "parse_shape", "print_model_table", "request",
+           "format_kept", "model_kwargs_option", "model_options", "model_request", "parse_shape", "print_model_table",
            "run_with_progress", "server_or_fail"]
 
 ENVIRONMENT_BEFORE_CONFIG: dict[str, str] = {}
@@ -94,8 +94,8 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-def request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
-            dtype: str = "float32", model_kwargs: str | None = None) -> Any:
+def model_request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
+                  dtype: str = "float32", model_kwargs: str | None = None) -> Any:
     """The ``ModelRequest`` of a command's MODEL and options; a bad one exits 2 with one line."""
     from remat.client.model_spec import parse_model_kwargs
     from remat.client.request import default_request
