@@ -58,8 +58,8 @@ def submit_command(model: str, batch_size: int | None, input_shape: str | None, 
     if request.source != "torchvision" or request.model_kwargs:
         # A worker that imported and called what a request names would run code chosen by whoever submits.
         fail_input(f"{request.name}: a service's workers build torchvision models with their default arguments "
-                    f"only; plan this one here (`remat-client plan {model}`), or upload its trace with "
-                    f"`plan {model} --server URL` and REMAT_API_TOKEN set")
+                   f"only; plan this one here (`remat-client plan {model}`), or upload its trace with "
+                   f"`plan {model} --server URL` and REMAT_API_TOKEN set")
     # A service checks the model name against the zoo, which it loads once (seconds): a longer first answer.
     with PlanServiceClient(server_or_fail(server), token=os.environ.get("REMAT_API_TOKEN") or None,
                            timeout=SUBMIT_TIMEOUT_S) as client:
