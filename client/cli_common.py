@@ -1,15 +1,17 @@
 """What every ``remat-client`` command shares: the one-line input error (exit 2), JSON output, byte
-formatting, the zoo-model options and the request they make, and the progress bar on stderr.
+formatting, the zoo-model options and the request they make, the progress bar on stderr, and the model table
+that ``plan``, ``status`` and ``show`` all print.
 
-Kept apart from ``cli.py`` so that command groups in their own modules (``zoo_command.py``) use the same
-conventions without importing the whole CLI.
+Kept apart from ``cli.py`` so that each command group in its own module (``cli_plan.py``, ``cli_jobs.py``,
+``cli_show.py``, ``zoo_command.py``) uses the same conventions without importing the CLI that registers it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -18,9 +20,17 @@ from remat.client.errors import RematError
 from remat.client.precision import PRECISIONS
 from remat.client.request import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
 
-__all__ = ["InputError", "emit_json", "fail_input", "format_bytes", "model_kwargs_option", "model_options",
-           "parse_shape", "request",
+if TYPE_CHECKING:
+    from remat.client.plan import Plan
+
+__all__ = ["ENVIRONMENT_BEFORE_CONFIG", "InputError", "emit_json", "fail_input", "format_bytes", "format_checkpoints",
+           "format_kept", "model_kwargs_option", "model_options", "model_request", "parse_shape", "print_model_table",
            "run_with_progress", "server_or_fail"]
+
+ENVIRONMENT_BEFORE_CONFIG: dict[str, str] = {}
+"""The environment as ``main()`` found it, before the config file fed the ``REMAT_*`` layer: ``config show``
+tells an env setting from a file one by it. Here rather than in ``cli.py`` so that the command module reading it
+never imports ``cli.py`` (under ``python -m remat.client.cli`` that would be a second copy with its own dict)."""
 
 
 class InputError(click.ClickException):
@@ -84,8 +94,8 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-def request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
-            dtype: str = "float32", model_kwargs: str | None = None) -> Any:
+def model_request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
+                  dtype: str = "float32", model_kwargs: str | None = None) -> Any:
     """The ``ModelRequest`` of a command's MODEL and options; a bad one exits 2 with one line."""
     from remat.client.model_spec import parse_model_kwargs
     from remat.client.request import default_request
@@ -120,3 +130,55 @@ def server_or_fail(server: str | None) -> str:
     if not server:
         fail_input("--server URL (or REMAT_SERVER) is needed: jobs run on a remat service's workers")
     return server
+
+
+def format_checkpoints(checkpoints: Sequence[int], limit: int = 12) -> str:
+    """A chain plan's boundaries, cut after ``limit`` so that a deep model's plan keeps its table readable."""
+    if not checkpoints:
+        return "-"
+    shown = ",".join(str(c) for c in checkpoints[:limit])
+    return shown + (f",… ({len(checkpoints)})" if len(checkpoints) > limit else "")
+
+
+def format_kept(plan: Plan) -> str:
+    """The checkpoints column: a chain plan's boundaries, or what a graph plan recomputes."""
+    if plan.dropped_vertices is not None:
+        return f"graph: recomputes {len(plan.dropped_vertices)} of {plan.num_vertices} vertices"
+    return format_checkpoints(plan.checkpoints)
+
+
+def print_model_table(report: Any, source: str | None = None) -> None:
+    """The model's plans beside their measurements; ``source`` says where the answer came from."""
+    from rich.console import Console
+    from rich.table import Table
+
+    req = report.request
+    source = source or ("from the plan store" if report.from_store else "profiled and measured now")
+    title = (f"{req.name} — input {list(req.input_shape)} {req.dtype}, {req.device}"
+             f"{f' ({report.device_name})' if report.device_name else ''}, grads={req.grads}, "
+             f"{report.num_stages} stages, {source}")
+    table = Table(title=title)
+    columns = ("algorithm", "checkpoints", "predicted peak", "measured peak", "saving vs none", "step time")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("algorithm", "checkpoints") else "right")
+    base = report.row("none")
+    for row in report.rows:
+        saving = "-"
+        if base and base.measured_peak_bytes and row.measured_peak_bytes is not None:
+            saving = f"{1 - row.measured_peak_bytes / base.measured_peak_bytes:.1%}"
+        step = "-" if row.step_ms is None else f"{row.step_ms:.0f} ms"
+        if base and base.step_ms and row.step_ms is not None:
+            step += f" ({row.step_ms / base.step_ms - 1:+.0%})"
+        predicted = format_bytes(row.plan.predicted_peak_bytes)
+        if row.plan.cost_model != "pytorch":  # not the measured quantity: say which model it is
+            predicted += f" ({row.plan.cost_model})"
+        table.add_row(row.plan.algorithm, format_kept(row.plan), predicted, format_bytes(row.measured_peak_bytes),
+                      saving, step)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
+               "the step time's change against none is the recompute overhead.")
+    if report.frontier:
+        low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes
+        measured = sum(1 for r in report.frontier if r.measured_peak_bytes is not None)
+        click.echo(f"Time-memory frontier: {len(report.frontier)} plans from {format_bytes(low)} to "
+                   f"{format_bytes(high)} ({measured} measured); --budget SIZE picks the fastest that fits.")

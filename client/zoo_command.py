@@ -24,8 +24,8 @@ from remat.client.cli_common import (
     fail_input,
     format_bytes,
     model_options,
+    model_request,
     parse_shape,
-    request,
     server_or_fail,
 )
 from remat.client.job_state import JobState
@@ -242,5 +242,5 @@ def zoo_command(zoo: str, pattern: str | None, batch_size: int | None, input_sha
                 "device": device, "grads": grads, "dtype": dtype, "queue": queue, "refresh": refresh}
         _run_on_server(body, server, as_json=as_json, csv_path=csv_path, title=title)
         return
-    requests = [request(m, batch_size, input_shape, device, grads, dtype) for m in models]
+    requests = [model_request(m, batch_size, input_shape, device, grads, dtype) for m in models]
     _run_embedded(requests, refresh=refresh, as_json=as_json, csv_path=csv_path, title=title)
