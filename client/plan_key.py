@@ -4,9 +4,10 @@ One definition for the whole product: the client computes it from a model, the s
 up by it (its database columns, API schemas and cache keys derive from it), the worker keys what it profiles
 with it. A plan measured for one (architecture, input shape, precision, mode, gradient convention, device
 class, torch version) says nothing reliable about another: activation sizes scale with the input, the gradient
-convention decides what checkpointing buys (feasibility P8), autocast changes the peak by up to 80%
-(docs/cost-model.md), and fx graphs may change between torch releases. The field names are those of the trace
-metadata, so a trace's metadata dict can be read with ``PlanKey.from_dict``.
+convention decides what checkpointing buys (docs/cost-model.md, "The `linear` plan against the others"),
+autocast changes the peak by up to 80% (docs/cost-model.md), and fx graphs may change between torch releases.
+The field names are those of the trace metadata, so a trace's metadata dict can be read with
+``PlanKey.from_dict``.
 
 Importing this module imports no torch: the torch version comes from the package metadata, and
 a model's key is computed by the stage-graph family (``remat.client.graph.built_model.key_for_model``),

@@ -70,7 +70,8 @@ class ServiceSettings(BaseSettings):
     """Traces with more stages are refused (422 naming the limit): a real network has at most a few thousand."""
     max_graph_vertices: int = Field(default=20_000, ge=2, le=1_000_000)
     """Traces whose op graph (``graph``) has more vertices are refused (422 naming the limit): torchvision's
-    classifiers have a few hundred to a few thousand, and ``acg`` plans 20,000 in about 2.5 s."""
+    classifiers have a few hundred to a few thousand; ``acg`` plans in linear time on chain-like graphs
+    (docs/service.md, "Limits", has its time at this limit)."""
     inline_cubic_stages: int = Field(default=256, ge=1)
     """``cubic`` (O(n³)) runs inside an upload up to this many stages (under a second), beyond it as a job."""
     max_cubic_stages: int = Field(default=2000, ge=1)

@@ -6,7 +6,7 @@ plan) and ``jobs`` (profiling requests). The schema itself is created by the Ale
 ``migrations/``; these classes must match them (tests/service/test_migrations.py checks that they do).
 
 NOTE [plan key]: a plan is stored once per (architecture, input shape, dtype, mode, gradient convention,
-device class, algorithm, budget), the key of design.md. "No budget" (minimise the peak) is stored as
+device class, algorithm, budget): the plan key (client/plan_key.py). "No budget" (minimise the peak) is stored as
 ``budget_bytes = 0`` rather than NULL, because a unique constraint treats NULLs as distinct (SQLite, and
 PostgreSQL by default) and would let two "no budget" rows coexist. No plan fits in 0 bytes, so 0 is free.
 """

@@ -42,8 +42,9 @@ def _parse(body: bytes, settings: ServiceSettings) -> Trace:
 def split_algorithms(num_stages: int, settings: ServiceSettings) -> tuple[list[str], list[str], dict[str, str]]:
     """Which planners run inside the upload, which as a ``plan`` job, and which not at all (with why).
 
-    Every planner but ``cubic`` is at most O(n log n) or a few seconds at ``max_stages``; ``cubic`` is O(n³):
-    inline while it answers in under a second, as a job up to ``max_cubic_stages``, beyond that skipped.
+    Every planner but ``cubic`` is at most O(n log n) (docs/service.md, "Limits", times them at ``max_stages``);
+    ``cubic`` is O(n³): inline up to ``inline_cubic_stages``, as a job up to ``max_cubic_stages``, beyond that
+    skipped.
     The Pareto frontier (``budget``, O(n²) vector steps) likewise: inline up to FRONTIER_INLINE_STAGES, as a
     job up to FRONTIER_MAX_STAGES.
     """
