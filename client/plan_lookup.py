@@ -181,7 +181,7 @@ def _build_for_apply(request: ModelRequest, model: nn.Module, example: torch.Ten
     if example.shape[0] > PROBE_BATCH:
         try:
             built = build_from_model(request, model, example, graph=graph, probe=example[:PROBE_BATCH],
-                                              facts=facts, key=key)
+                                     facts=facts, key=key)
         except (RematError, RuntimeError):
             pass
     if built is None:
