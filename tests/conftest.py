@@ -1,17 +1,36 @@
-"""Suite-wide policy: CUDA tests run only where a GPU is present; services are required under CI=true."""
+"""Suite-wide policy: CUDA tests run only where a GPU is present; services are required under CI=true; every
+connection stays on loopback (tests/loopback_guard.py)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import Phase, settings
+
+from tests import loopback_guard
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # Mutation runs (benchmarks/mutation_*.toml) pass --hypothesis-profile=mutation: a failing example only has to
 # be found, not shrunk, and shrinking a killed mutant's counterexample would cost most of the run's time.
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], print_blob=False)
+
+loopback_guard.install()
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only() -> Iterator[None]:
+    """Fail the test that opened a connection outside loopback, even if the code under test swallowed the
+    refusal."""
+    seen = len(loopback_guard.violations)
+    yield
+    refused = loopback_guard.violations[seen:]
+    if refused:
+        pytest.fail(f"this test opened connections outside loopback ({', '.join(refused)}); tests address "
+                    f"127.0.0.0/8 and ::1 only: use a closed loopback port or a loopback listener that never "
+                    f"answers", pytrace=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
