@@ -11,13 +11,14 @@ Public API::
     ONE_JOB_PER_PROCESS            # devices whose worker process is replaced after every job
     QUEUE_PATTERN                  # a profiling queue: a device, optionally narrowed (cuda-h100)
     queue_device("cuda-h100") -> "cuda"
+    unavailable_reason("cuda") -> "torch sees no CUDA device" | None   # imports torch
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["DEVICES", "ONE_JOB_PER_PROCESS", "QUEUE_PATTERN", "queue_device"]
+__all__ = ["DEVICES", "ONE_JOB_PER_PROCESS", "QUEUE_PATTERN", "queue_device", "unavailable_reason"]
 
 DEVICES = ("cpu", "cuda")
 """Device classes (``torch.device(...).type``) that remat profiles, plans and measures on."""
@@ -35,3 +36,20 @@ that a job can ask for a kind of GPU while its request still names only the devi
 def queue_device(queue: str) -> str:
     """The device class a profiling queue serves: the part before the first dash (``cuda-h100`` → ``cuda``)."""
     return queue.split("-", 1)[0]
+
+
+def unavailable_reason(device: str) -> str | None:
+    """Why this machine cannot run ``device`` (``torch sees no CUDA device``); None when it can.
+
+    One answer for the client's model building and the worker's backends: an accelerator is usable when
+    torch's module of that name says so (``torch.cuda``, ``torch.mps``, ``torch.xpu`` share the face), so a
+    new device needs nothing here. Imports torch, when called.
+    """
+    if device == "cpu":
+        return None
+    import torch
+
+    accelerator = getattr(torch, device, None)
+    if accelerator is not None and accelerator.is_available():
+        return None
+    return f"torch sees no {device.upper()} device"

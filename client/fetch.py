@@ -124,7 +124,7 @@ def fetch_and_apply(model: nn.Module, input_shape: Sequence[int], *, server: str
     Raises:
         PlanNotFoundError, ServiceError, PlanError: as ``fetch_plan``; PlanMismatchError: as ``apply``.
     """
-    from remat.client.apply_plan import apply, apply_with_chain, example_for, remove
+    from remat.client.apply_plan import apply, apply_with_chain, example_for
     from remat.client.local_plans import LocalPlanCache
     from remat.client.plan_lookup import build_held_model
 
@@ -133,7 +133,6 @@ def fetch_and_apply(model: nn.Module, input_shape: Sequence[int], *, server: str
                                        grads=grads, mode=mode, device=device, token=token), strict=strict)
     wanted = PlanKey(model_hash=UNKNOWN, input_shape=tuple(input_shape), dtype=dtype, mode=mode, grads=grads,
                      device=str(device) if device is not None else "cpu")  # normalises and checks the arguments
-    remove(model)
     example = example_for(wanted, model) if device is None else example_for(wanted, model).to(device)
     built = build_held_model(model, example, grads=wanted.grads, dtype=wanted.dtype, cache=LocalPlanCache())
     plan = _fetch_for_key(built.key, server=server, token=token, algorithm=algorithm)

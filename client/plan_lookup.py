@@ -88,7 +88,7 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     import torch
     from torch import nn
 
-    from remat.client.apply_plan import apply_with_chain, remove
+    from remat.client.apply_plan import apply_with_chain
     from remat.client.graph.built_model import build_from_model
     from remat.client.precision import precision_of_call
 
@@ -109,7 +109,6 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     server = server if server is not None else (os.environ.get("REMAT_SERVER") or None)
     token = token if token is not None else (os.environ.get("REMAT_API_TOKEN") or None)
 
-    remove(model)  # a second call re-plans from the model's own forward
     cache = LocalPlanCache(cache_dir)
     built = build_held_model(model, example_input, grads=grads, dtype=precision_of_call(model, example_input),
                              cache=cache)
@@ -152,9 +151,11 @@ def build_held_model(model: nn.Module, example: torch.Tensor, *, grads: str, dty
         example: a batch, or a tensor of its shape, dtype and device.
         dtype: the step's precision as keyed (``precision_of_call``, or what the caller says it trains in).
     """
+    from remat.client.apply_plan import remove
     from remat.client.graph.stage_graph import ModelError, trace_model
     from remat.client.request import ModelRequest
 
+    remove(model)  # a plan applied before is undone: the key and chain come from the model's own forward
     request = ModelRequest(spec=f"custom:{type(model).__name__}", batch_size=int(example.shape[0]),
                            sample_shape=tuple(int(d) for d in example.shape[1:]), device=example.device.type,
                            grads=grads, dtype=dtype)

@@ -98,11 +98,12 @@ def build(request: ModelRequest) -> BuiltModel:
     """
     import torch
 
+    from remat.client.devices import unavailable_reason
     from remat.client.model_spec import build_model
 
-    accelerator = getattr(torch, request.device, None)  # torch.cuda, torch.mps, torch.xpu: the same face
-    if request.device != "cpu" and not (accelerator is not None and accelerator.is_available()):
-        raise ModelError(f"--device {request.device}: torch sees no {request.device.upper()} device on this machine")
+    unavailable = unavailable_reason(request.device)
+    if unavailable is not None:
+        raise ModelError(f"--device {request.device}: {unavailable} on this machine")
     torch.manual_seed(0)
     # An autocast precision trains float32 weights on float32 inputs; a plain one runs everything in it.
     dtype = getattr(torch, "float32" if autocast_dtype(request.dtype) else request.dtype)

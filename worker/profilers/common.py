@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
+from remat.client.devices import unavailable_reason
 from remat.client.errors import ModelError
 from remat.client.graph.write_probe import preserved_state
 from remat.client.precision import autocast_context, autocast_dtype, normalize_precision, precision_of_call
@@ -132,8 +133,9 @@ class Backend(abc.ABC):
         """Why this machine cannot run this device class (``torch sees no CUDA device``); None when it can.
 
         Asked before anything is built on the device, so that the user gets one line instead of torch's error.
+        The client's model building asks the same question (``remat.client.devices.unavailable_reason``).
         """
-        return None
+        return unavailable_reason(cls.name)
 
     @abc.abstractmethod
     def make_meter(self) -> Meter:

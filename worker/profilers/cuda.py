@@ -128,10 +128,6 @@ class CudaBackend(Backend):
             dev = torch.device("cuda", torch.cuda.current_device())
         super().__init__(dev, torch.cuda.get_device_name(dev))
 
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        return None if torch.cuda.is_available() else "torch sees no CUDA device"
-
     def make_meter(self) -> CudaMeter:
         return CudaMeter(self.device)
 
