@@ -41,8 +41,8 @@ from remat.client.trace import GRAD_CONVENTIONS, MODES, Trace
 if TYPE_CHECKING:
     pass
 
-__all__ = ["KEY_FIELDS", "LABEL", "MAX_DIM", "MAX_DIMS", "MAX_NUMEL", "MODEL_HASH_PATTERN", "UNKNOWN", "UNRECORDED",
-           "PlanKey", "content_sha256", "current_torch_version", "normalize_device", "normalize_dtype",
+__all__ = ["KEY_FIELDS", "LABEL", "MAX_DIM", "MAX_DIMS", "MAX_INPUTS_CHARS", "MAX_NUMEL", "MODEL_HASH_PATTERN", "UNKNOWN", "UNRECORDED",
+           "PlanKey", "content_sha256", "current_torch_version", "normalize_device", "normalize_dtype", "normalize_inputs",
            "normalize_torch_version", "parse_input_shape"]
 
 UNKNOWN = "unknown"
@@ -116,6 +116,20 @@ def parse_input_shape(value: object, field: str = "input_shape") -> tuple[int, .
     return tuple(dims)
 
 
+MAX_INPUTS_CHARS = 2000
+"""Longest call signature a key holds (``ModelCall`` refuses longer ones with the reason)."""
+_INPUTS_RE = re.compile(r"[ -~]*")
+
+
+def normalize_inputs(value: object, field: str = "inputs") -> str:
+    """A call signature: printable ASCII, at most ``MAX_INPUTS_CHARS`` characters ("" for one tensor)."""
+    if not isinstance(value, str):
+        raise InvalidKeyError(f"{field}: must be a call signature (text), got {value!r}")
+    if len(value) > MAX_INPUTS_CHARS or not _INPUTS_RE.fullmatch(value):
+        raise InvalidKeyError(f"{field}: must be at most {MAX_INPUTS_CHARS} printable ASCII characters")
+    return value
+
+
 def _check_choice(value: object, choices: Sequence[str], field: str) -> str:
     if value not in choices:
         raise InvalidKeyError(f"{field}: must be one of {', '.join(choices)}, got {value!r}")
@@ -147,7 +161,11 @@ class PlanKey:
     model_hash: str
     """``hashing.architecture_hash`` of the model (hex sha256), or ``trace:<digest>`` for a hand-written trace."""
     input_shape: tuple[int, ...] = field(metadata={UNRECORDED: ()})
-    """Full input shape, batch dimension included."""
+    """Full input shape, batch dimension included (of the first tensor input, for a call of several)."""
+    inputs: str = field(default="", metadata={UNRECORDED: ""})
+    """The training call's signature (``remat.client.graph.model_call.ModelCall``): every input's name,
+    dtype and shape and every constant the call passes (``input_ids: int64[2, 256]; use_cache=False``); ""
+    for a call of one positional tensor, which ``input_shape`` and ``dtype`` describe."""
     dtype: str = field(default="float32", metadata={UNRECORDED: UNKNOWN})
     """The step's precision (``remat.client.precision``): ``float32``, ``bfloat16``… or ``autocast_bfloat16``."""
     mode: str = "train"
@@ -165,6 +183,7 @@ class PlanKey:
             raise InvalidKeyError(f"model_hash: must be 1-128 characters of letters, digits and ._:+- starting "
                                   f"with a letter or digit, got {self.model_hash!r}")
         object.__setattr__(self, "input_shape", parse_input_shape(self.input_shape))
+        object.__setattr__(self, "inputs", normalize_inputs(self.inputs))
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         _check_choice(self.mode, MODES, "mode")
         _check_choice(self.grads, GRAD_CONVENTIONS, "grads")
@@ -210,7 +229,7 @@ class PlanKey:
         """One line naming the key, short enough for an error message (the hash is cut to 12 characters):
         ``model_hash 3f2ab8c01d9e…, input_shape [32, 3, 224, 224], dtype float32, mode train, grads none,
         device cpu, torch 2.15``; ``exclude`` leaves out fields a message names its own way."""
-        skipped = set(exclude)
+        skipped = set(exclude) | ({"inputs"} if not self.inputs else set())
         return ", ".join(f"{f.metadata.get(LABEL, f.name)} {self._shown(f.name)}" for f in fields(self)
                          if f.name not in skipped)
 

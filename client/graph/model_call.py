@@ -1,0 +1,232 @@
+"""A training call's inputs, whatever the model's ``forward`` takes: one tensor, several, keywords, constants.
+
+``remat.client.checkpoint(model, *args, **kwargs)`` plans for one *call signature*: which inputs the call
+passes, each tensor's shape and dtype, and every non-tensor value (``None``, flags such as
+``use_cache=False``), which the trace bakes in. :class:`ModelCall` is that call, in one canonical spelling:
+arguments are bound to ``forward``'s parameter names, so ``model(ids, mask)`` and
+``model(input_ids=ids, attention_mask=mask)`` are the same call, with the same plan key.
+
+A call of one positional tensor is the *single-tensor* call every earlier version planned: its key's
+``inputs`` field stays empty (input_shape and dtype say everything), so existing plans keep their keys.
+
+Public API::
+
+    call = ModelCall.bind(model, args, kwargs)     # PlanError naming the input that cannot be planned
+    call.single_tensor        # the tensor of a single-tensor call, else None
+    call.main                 # the tensor the key's input_shape is read from (first tensor input)
+    call.signature            # "input_ids: int64[2, 256]; labels: int64[2, 256]; use_cache=False" ("" if single)
+    call.leaves()             # the tensors in order (pytree leaves of args and kwargs that are tensors)
+    call.args, call.kwargs    # the canonical spelling, to call the model with
+    call.describe_difference(other) -> str | None   # what differs, for refusing a plan made for another call
+    synthetic_call(signature, model, device)        # a call of that signature with made-up values
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from remat.client.errors import PlanError
+from remat.client.plan_key import MAX_INPUTS_CHARS as MAX_SIGNATURE_CHARS
+
+__all__ = ["ModelCall", "synthetic_call"]
+
+
+_CONSTANTS = (type(None), bool, int, float, str)
+
+
+def _leaf_text(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        dims = ", ".join(str(d) for d in value.shape)
+        return f"{str(value.dtype).removeprefix('torch.')}[{dims}]"
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else f"float('{value}')"
+    return repr(value)
+
+
+def _path_text(path: tuple[Any, ...]) -> str:
+    out = ""
+    for entry in path:
+        if isinstance(entry, pytree.SequenceKey):
+            out += f"[{entry.idx}]"
+        elif isinstance(entry, pytree.MappingKey):
+            out += f"[{entry.key!r}]"
+        else:
+            out += str(entry)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class ModelCall:
+    """One call of a model's forward, bound to its parameter names (the module docstring says why)."""
+
+    args: tuple[Any, ...]
+    """Positional arguments that cannot be named (``*args``, positional-only parameters)."""
+    kwargs: dict[str, Any]
+    """Every other argument, by parameter name, in the order of ``forward``'s parameters."""
+    signature: str = field(default="")
+    """The call's canonical text: each input's name with its dtype and shape, or its value; "" for the
+    single-tensor call (module docstring)."""
+
+    @classmethod
+    def bind(cls, model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ModelCall:
+        """The call ``model(*args, **kwargs)`` in canonical form.
+
+        Raises:
+            PlanError: no inputs, inputs that do not fit ``forward``, or an input that is neither a tensor,
+                a constant (None, bool, int, float, str) nor a tuple, list or dict of those (one line
+                naming the input and why).
+        """
+        kwargs = dict(kwargs)
+        if not args and not kwargs:
+            raise PlanError(f"checkpoint: give the example inputs of one training call of "
+                            f"{type(model).__name__} (a tensor, or the arguments its forward takes)")
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            return cls(args=(args[0],), kwargs={}, signature="")
+        positional, named = _bind_names(model, args, kwargs)
+        parts = []
+        for name, value in [*((f"*{i}", v) for i, v in enumerate(positional)), *named.items()]:
+            leaves, _ = pytree.tree_flatten_with_path(value)
+            if not leaves and value is not None:
+                parts.append(f"{name}={_leaf_text(value)}" if isinstance(value, _CONSTANTS) else f"{name}=()")
+                continue
+            if value is None:
+                parts.append(f"{name}=None")
+                continue
+            for path, leaf in leaves:
+                label = name + _path_text(path)
+                if isinstance(leaf, torch.Tensor):
+                    if leaf.layout != torch.strided:
+                        raise PlanError(f"input {label}: a {leaf.layout} tensor cannot be traced; pass dense tensors")
+                    parts.append(f"{label}: {_leaf_text(leaf)}")
+                elif isinstance(leaf, _CONSTANTS):
+                    parts.append(f"{label}={_leaf_text(leaf)}")
+                else:
+                    raise PlanError(f"input {label}: a {type(leaf).__name__} cannot be traced; pass tensors, "
+                                    f"numbers, strings, None, or tuples, lists and dicts of them")
+        if not any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((positional, named))):
+            raise PlanError(f"checkpoint: the example call of {type(model).__name__} passes no tensor")
+        text = "; ".join(parts)
+        if len(text) > MAX_SIGNATURE_CHARS:
+            raise PlanError(f"checkpoint: the call's signature is {len(text)} characters, more than the "
+                            f"{MAX_SIGNATURE_CHARS} a plan key holds (too many inputs)")
+        return cls(args=tuple(positional), kwargs=named, signature=text)
+
+    @property
+    def single_tensor(self) -> torch.Tensor | None:
+        """The input of a single-tensor call, else None."""
+        return self.args[0] if not self.signature else None
+
+    def leaves(self) -> list[torch.Tensor]:
+        """Every tensor input, in the order the call passes them."""
+        return [leaf for leaf in pytree.tree_leaves((self.args, self.kwargs)) if isinstance(leaf, torch.Tensor)]
+
+    @property
+    def main(self) -> torch.Tensor:
+        """The tensor whose shape is the key's ``input_shape``: the first tensor input (``input_ids``)."""
+        return self.leaves()[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.main.device
+
+    def describe_difference(self, other: ModelCall) -> str | None:
+        """None when both calls have one signature, else one line naming the first inputs that differ."""
+        if self.signature == other.signature:
+            return None
+        mine, theirs = _entries(self.signature), _entries(other.signature)
+        diffs = [f"{name}: {mine.get(name, 'absent')} vs {theirs.get(name, 'absent')}"
+                 for name in dict.fromkeys([*mine, *theirs]) if mine.get(name) != theirs.get(name)]
+        return "; ".join(diffs[:3]) + ("; …" if len(diffs) > 3 else "")
+
+
+def _entries(signature: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, signature.split("; ")):
+        name, _, rest = re.split(r"(: |=)", part, maxsplit=1) if re.search(r"(: |=)", part) else (part, "", "")
+        out[name] = rest
+    return out
+
+
+def _bind_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Bind the call to ``type(model).forward``'s parameters: (arguments that stay positional, the rest by
+    name in parameter order). A forward whose signature cannot be read keeps the call as given."""
+    try:
+        sig = inspect.signature(type(model).forward)
+    except (TypeError, ValueError):
+        return list(args), kwargs
+    try:
+        bound = sig.bind(model, *args, **kwargs)
+    except TypeError as exc:
+        raise PlanError(f"checkpoint: the example inputs do not fit {type(model).__name__}.forward: {exc}") from None
+    positional: list[Any] = []
+    named: dict[str, Any] = {}
+    params = list(sig.parameters.values())[1:]  # without self
+    for param in params:
+        if param.name not in bound.arguments:
+            continue
+        value = bound.arguments[param.name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            positional.extend(value)
+        elif param.kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif param.kind is inspect.Parameter.POSITIONAL_ONLY or positional:
+            positional.append(value)
+        else:
+            named[param.name] = value
+    return positional, named
+
+
+_TENSOR_TEXT = re.compile(r"^([a-z0-9_]+)\[([0-9, ]*)\]$")
+
+
+def synthetic_call(signature: str, model: nn.Module, device: torch.device | str) -> ModelCall | None:
+    """A call with ``signature`` made of made-up values (integer inputs zeros, floating ones seeded normal
+    values, constants as written), on ``device``, without touching the global RNG; None when the signature
+    names nested inputs or values it cannot rebuild. Used to cut a plan's chain at ``apply`` time."""
+    generator = torch.Generator().manual_seed(0)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for name, rest in _entries(signature).items():
+        if not re.fullmatch(r"\*?[A-Za-z_][A-Za-z0-9_]*", name):
+            return None
+        match = _TENSOR_TEXT.match(rest)
+        if match:
+            dtype = getattr(torch, match.group(1), None)
+            if not isinstance(dtype, torch.dtype):
+                return None
+            shape = [int(d) for d in match.group(2).split(",") if d.strip()]
+            if dtype.is_floating_point:
+                value: Any = torch.randn(shape, generator=generator).to(dtype)
+            else:
+                value = torch.zeros(shape, dtype=dtype)
+            value = value.to(device)
+        else:
+            try:
+                value = _constant(rest)
+            except ValueError:
+                return None
+        if name.startswith("*"):
+            args.append(value)
+        else:
+            kwargs[name] = value
+    return ModelCall.bind(model, tuple(args), kwargs)
+
+
+def _constant(text: str) -> Any:
+    import ast
+
+    if text.startswith("float('"):
+        return float(text[7:-2])
+    value = ast.literal_eval(text)
+    if not isinstance(value, _CONSTANTS):
+        raise ValueError(text)
+    return value
