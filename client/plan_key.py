@@ -41,9 +41,9 @@ from remat.client.trace import GRAD_CONVENTIONS, MODES, Trace
 if TYPE_CHECKING:
     pass
 
-__all__ = ["KEY_FIELDS", "LABEL", "MAX_DIM", "MAX_DIMS", "MAX_INPUTS_CHARS", "MAX_NUMEL", "MODEL_HASH_PATTERN", "UNKNOWN", "UNRECORDED",
-           "PlanKey", "content_sha256", "current_torch_version", "normalize_device", "normalize_dtype", "normalize_inputs",
-           "normalize_torch_version", "parse_input_shape"]
+__all__ = ["KEY_FIELDS", "LABEL", "MAX_DIM", "MAX_DIMS", "MAX_INPUTS_CHARS", "MAX_NUMEL", "MODEL_HASH_PATTERN",
+           "UNKNOWN", "UNRECORDED", "PlanKey", "content_sha256", "current_torch_version", "normalize_device",
+           "normalize_dtype", "normalize_inputs", "normalize_torch_version", "parse_input_shape"]
 
 UNKNOWN = "unknown"
 """dtype, device class or torch version of a trace that does not say: still a key, never one a profiler
