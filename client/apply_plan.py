@@ -30,6 +30,7 @@ from torch import nn
 
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
 from remat.client.graph.hashing import architecture_hash
+from remat.client.graph.model_call import ModelCall, synthetic_call
 from remat.client.graph.op_graph import OpGraph, build_op_graph
 from remat.client.graph.stage_graph import StageChain, build_stage_chain, trace_model
 from remat.client.plan import Plan
@@ -77,9 +78,15 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def example_for(key: PlanKey, model: nn.Module) -> torch.Tensor:
+def example_for(key: PlanKey, model: nn.Module) -> torch.Tensor | ModelCall:
     """A probe input with the key's shape in its precision's floating dtype, on the model's device, without
-    touching the global RNG (an autocast precision runs a float32 model on float32 inputs)."""
+    touching the global RNG (an autocast precision runs a float32 model on float32 inputs); for a key of a
+    call of several inputs, a call of its signature (``model_call.synthetic_call``: integer inputs zeros)."""
+    if key.inputs:
+        call = synthetic_call(key.inputs, model, _model_device(model))
+        if call is None:
+            raise PlanError(f"plan: the call signature {key.inputs[:80]!r} cannot be rebuilt to cut the chain")
+        return call
     dtype = getattr(torch, "float32" if autocast_dtype(key.dtype) else key.dtype)
     generator = torch.Generator().manual_seed(0)
     return torch.randn(key.input_shape, generator=generator).to(dtype).to(_model_device(model))
@@ -104,9 +111,11 @@ def _check_stages(state: _Applied) -> None:
         raise _mismatch(state.plan, f"the model splits into {n} stages, the plan into {state.plan.num_stages}")
 
 
-def _build(state: _Applied, model: nn.Module, example: torch.Tensor, graph: Any = None) -> None:
+def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall, graph: Any = None) -> None:
     try:
         if state.plan.is_graph_plan:
+            if not isinstance(example, torch.Tensor):
+                raise ModelError("graph plans run on models called with one tensor")
             state.chain = build_op_graph(model, example, train=True, graph=graph)
         else:
             state.chain = build_stage_chain(model, example, train=True, graph=graph)
@@ -119,15 +128,20 @@ def _cut_points(plan: Plan) -> tuple[int, ...]:
     return plan.dropped_vertices if plan.dropped_vertices is not None else plan.checkpoints
 
 
-def _check_call(state: _Applied, model: nn.Module, x: torch.Tensor) -> None:
+def _check_call(state: _Applied, model: nn.Module, call: ModelCall) -> None:
     """First training call: the input signature must be the one the plan was measured for."""
     key = state.key
     if key is None or not state.strict:
         return
     diffs = []
+    x = call.main
     if tuple(x.shape) != key.input_shape:
         diffs.append(f"input_shape: plan {list(key.input_shape)} vs input {list(x.shape)}")
-    precision = precision_of_call(model, x)
+    if call.signature != key.inputs:
+        planned = ModelCall(args=(), kwargs={}, signature=key.inputs)
+        diffs.append(f"inputs: {planned.describe_difference(call) or 'the plan was made for one tensor'} "
+                     f"(plan vs call)")
+    precision = precision_of_call(model, call)
     if precision != key.dtype:
         diffs.append(f"dtype: plan {key.dtype} vs this call's {precision}")
     if x.device.type != key.device:
@@ -142,21 +156,34 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     original = type(self).forward
     if not self.training or not torch.is_grad_enabled():
         return original(self, *args, **kwargs)
-    if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
+    try:
+        call = ModelCall.bind(self, args, kwargs)
+    except PlanError:
+        call = None
+    chain = state.chain
+    several = isinstance(chain, StageChain) and chain.pytree_specs is not None
+    usable = call is not None and (several or call.single_tensor is not None) and (
+        chain is not None or call.single_tensor is not None or (state.key is not None and state.key.inputs))
+    if not usable:
         if not state.warned:
             # Not silent: the user believes the plan is saving memory, and on this call it is not.
-            warnings.warn("remat: the applied plan only handles a single positional tensor input; this "
-                          "training call ran without checkpointing", RuntimeWarning, stacklevel=2)
+            warnings.warn("remat: the applied plan was made for another kind of call (one tensor, or the inputs "
+                          "the plan names); this training call ran without checkpointing", RuntimeWarning,
+                          stacklevel=2)
             state.warned = True
         return original(self, *args, **kwargs)
-    x = args[0]
+    assert call is not None
     if state.chain is None:
-        _build(state, self, x)
+        _build(state, self, call.single_tensor if call.single_tensor is not None else call)
     if not state.checked:
-        _check_call(state, self, x)
+        _check_call(state, self, call)
         state.checked = True
     assert state.chain is not None
-    return state.chain.run(x, _cut_points(state.plan))
+    if isinstance(state.chain, StageChain) and state.chain.pytree_specs is not None:
+        return state.chain.run_call(call, _cut_points(state.plan))
+    if call.single_tensor is None:
+        raise _mismatch(state.plan, "the plan was made for a call of one tensor")
+    return state.chain.run(call.single_tensor, _cut_points(state.plan))
 
 
 def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: bool = True) -> nn.Module:
@@ -181,16 +208,20 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
     key = _plan_key(plan, key)
     remove(model)
     graph = None  # the hash check's trace, when there is one, is the trace the chain is cut from
+    example = example_for(key, model) if key is not None else None
     if key is not None and strict:
+        call = example if isinstance(example, ModelCall) else None
         try:
-            graph = trace_model(model, train=True)
-        except ModelError:
+            graph = trace_model(model, train=True, call=call)
+        except ModelError as exc:
+            if call is not None:  # the hash of a call of several inputs is of its exported graph
+                raise _mismatch(plan, f"the model cannot be traced for the plan's inputs: {exc}") from None
             graph = None
         _check_key(plan, key, architecture_hash(model, graph=graph))
     state = _Applied(plan=plan, key=key, strict=strict)
-    if key is not None:
+    if example is not None:
         try:
-            _build(state, model, example_for(key, model), graph=graph)
+            _build(state, model, example, graph=graph)
         except PlanMismatchError:
             raise
         except (RuntimeError, TypeError, ValueError, IndexError):

@@ -1,12 +1,19 @@
-"""Your own model in one call: ``model = remat.client.checkpoint(model, example_input)``.
+"""Your own model in one call: ``model = remat.client.checkpoint(model, *example_args, **example_kwargs)``.
 
-Any single-input ``nn.Module``, in a training script::
+Any ``nn.Module``, called as it trains, in a training script::
 
     import remat.client
 
     model = MyNet().cuda()
     model = remat.client.checkpoint(model, next(iter(loader))[0].cuda())   # before building the optimizer
     optimizer = torch.optim.AdamW(model.parameters())
+
+    llm = remat.client.checkpoint(llm, input_ids=ids, attention_mask=mask, labels=ids)   # a transformer
+
+The example is one training call: one tensor, or every argument the model's ``forward`` takes (tensors,
+token ids, masks, ``None`` and constants such as ``use_cache=False``, which the plan bakes in). Keywords
+named like this function's options (``grads``, ``algorithm``, ``budget``, ``server``, ``token``, ``on_miss``,
+``cache_dir``, ``timeout_s``) are the options; every other keyword is the model's.
 
 The model is traced once; its plan key (architecture hash, input shape, precision, gradient convention,
 device class, torch version) is computed from that trace, and so is the stage chain the plan is applied to.
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 
     from remat.client.budget_spec import BudgetSpec
     from remat.client.graph.built_model import BuiltModel
+    from remat.client.graph.model_call import ModelCall
     from remat.client.plan import Plan
     from remat.client.plan_key import PlanKey
     from remat.client.request import ModelRequest
@@ -52,17 +60,20 @@ logger = logging.getLogger("remat")
 ON_MISS = ("profile", "none", "raise")
 
 
-def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "none", algorithm: str = "linear",
+def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algorithm: str = "linear",
                budget: str | int | None = None, server: str | None = None, token: str | None = None,
                on_miss: str = "profile", cache_dir: str | os.PathLike[str] | None = None,
-               timeout_s: float | None = None) -> nn.Module:
-    """Find or make ``model``'s plan for batches like ``example_input`` and apply it; returns ``model``.
+               timeout_s: float | None = None, **example_kwargs: Any) -> nn.Module:
+    """Find or make ``model``'s plan for training calls like ``model(*example_args, **example_kwargs)`` and
+    apply it; returns ``model``.
 
     Args:
-        model: any single-input module, on the device it trains on. Only its instance ``forward`` changes
+        model: any module, on the device it trains on. Only its instance ``forward`` changes
             (remat.client.apply): parameters, ``state_dict()`` keys and optimizers are untouched.
-        example_input: one training batch, or a tensor of its shape, dtype and device: plans are made for
-            one input shape. Call inside ``torch.autocast`` if training runs there (the precision is keyed).
+        example_args, example_kwargs: one training call's inputs (module docstring), or tensors of their
+            shapes, dtypes and devices: plans are made for one call signature. Call inside ``torch.autocast``
+            if training runs there (the precision is keyed). When the model computes its own loss (``labels=``
+            given, ``output.loss``), plans are made for backpropagating that loss.
         grads: ``"none"`` if gradients are set to None between steps (``zero_grad()``'s default) or
             ``"kept"`` if they stay allocated; the best plans differ.
         algorithm: which planner's plan (``linear``: least peak memory under the PyTorch-faithful model).
@@ -82,24 +93,25 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     Raises:
         PlanMismatchError: a cached or served plan was made for another key (the message says what differs).
         PlanNotFoundError: no plan anywhere and ``on_miss="raise"``.
-        ModelError: the model cannot be traced and cut into stages at this input.
-        PlanError: bad arguments (one line naming the argument).
+        ModelError: the model cannot be traced and cut into stages for this call (one line saying why).
+        PlanError: bad arguments (one line naming the argument or input).
     """
-    import torch
     from torch import nn
 
     from remat.client.apply_plan import apply_with_chain
     from remat.client.graph.built_model import build_from_model
+    from remat.client.graph.model_call import ModelCall
     from remat.client.precision import precision_of_call
 
     if not isinstance(model, nn.Module):
         raise PlanError(f"checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(example_input, torch.Tensor):
-        raise PlanError(f"checkpoint: example_input must be one tensor (the model's single input), got "
-                        f"{type(example_input).__name__}")
-    if example_input.dim() < 2:
-        raise PlanError(f"checkpoint: example_input must have a batch dimension and at least one more, got shape "
-                        f"{list(example_input.shape)}")
+    call = ModelCall.bind(model, example_args, example_kwargs)
+    if call.main.dim() < 2:
+        what = "example_input" if call.single_tensor is not None else "the first tensor input"
+        raise PlanError(f"checkpoint: {what} must have a batch dimension and at least one more, got shape "
+                        f"{list(call.main.shape)}")
+    example_input = call.main
+    described = call.signature or str(list(example_input.shape))
     if on_miss not in ON_MISS:
         raise PlanError(f"checkpoint: on_miss must be one of {', '.join(ON_MISS)}, got {on_miss!r}")
     spec = _budget_spec(budget, algorithm, example_input) if budget is not None else None
@@ -110,8 +122,7 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     token = token if token is not None else (os.environ.get("REMAT_API_TOKEN") or None)
 
     cache = LocalPlanCache(cache_dir)
-    built = build_held_model(model, example_input, grads=grads, dtype=precision_of_call(model, example_input),
-                             cache=cache)
+    built = build_held_model(model, call, grads=grads, dtype=precision_of_call(model, call), cache=cache)
     example = built.example
 
     if spec is not None:
@@ -122,11 +133,11 @@ def checkpoint(model: nn.Module, example_input: torch.Tensor, *, grads: str = "n
     if plan is None:
         if on_miss == "raise":
             raise PlanNotFoundError(f"no {algorithm} plan for {type(model).__name__} at input "
-                                    f"{list(example_input.shape)} in the plan cache, the local store"
+                                    f"{described} in the plan cache, the local store"
                                     f"{' or the service' if server else ''}")
         if on_miss == "none":
             warnings.warn(f"remat: no {algorithm} plan for {type(model).__name__} at input "
-                          f"{list(example_input.shape)}; training without checkpointing", RuntimeWarning,
+                          f"{described}; training without checkpointing", RuntimeWarning,
                           stacklevel=2)
             return model
         if built.probe_batch is not None:  # profiling needs a chain probed with the whole batch
@@ -141,45 +152,57 @@ batch size, the probe's cost does (a forward of the whole batch was most of a hi
 Two, not one: a BatchNorm in train mode refuses one value per channel."""
 
 
-def build_held_model(model: nn.Module, example: torch.Tensor, *, grads: str, dtype: str,
+def build_held_model(model: nn.Module, example: torch.Tensor | ModelCall, *, grads: str, dtype: str,
                      cache: LocalPlanCache) -> BuiltModel:
     """The train-time path's one build, shared by :func:`checkpoint` and ``fetch_and_apply``: the model a
     script holds, traced once (train mode); its plan key from that trace, and its stage chain cut from the same
     trace (from the key's cached probe facts when there are some: no run of the model at all).
 
     Args:
-        example: a batch, or a tensor of its shape, dtype and device.
+        example: a batch, or a tensor of its shape, dtype and device; or one training call's inputs
+            (``ModelCall``: several tensors, keywords, constants).
         dtype: the step's precision as keyed (``precision_of_call``, or what the caller says it trains in).
     """
     from remat.client.apply_plan import remove
+    from remat.client.graph.model_call import ModelCall
     from remat.client.graph.stage_graph import ModelError, trace_model
     from remat.client.request import ModelRequest
 
     remove(model)  # a plan applied before is undone: the key and chain come from the model's own forward
-    request = ModelRequest(spec=f"custom:{type(model).__name__}", batch_size=int(example.shape[0]),
-                           sample_shape=tuple(int(d) for d in example.shape[1:]), device=example.device.type,
+    call = example if isinstance(example, ModelCall) else ModelCall.bind(model, (example,), {})
+    main = call.main
+    request = ModelRequest(spec=f"custom:{type(model).__name__}", batch_size=int(main.shape[0]),
+                           sample_shape=tuple(int(d) for d in main.shape[1:]), device=main.device.type,
                            grads=grads, dtype=dtype)
     try:
-        graph = trace_model(model, train=True)
+        graph = trace_model(model, train=True, call=call)
     except ModelError:
+        if call.single_tensor is None:
+            raise  # a call of several inputs has no fallback: export's reason is the model's
         graph = None  # build_stage_chain falls back to the top-level children and says why if it cannot
-    return _build_for_apply(request, model, example.detach(), graph, cache)
+    detached = call.detach()
+    held = detached.single_tensor if detached.single_tensor is not None else detached
+    return _build_for_apply(request, model, held, graph, cache)
 
 
-def _build_for_apply(request: ModelRequest, model: nn.Module, example: torch.Tensor, graph: Any,
+def _build_for_apply(request: ModelRequest, model: nn.Module, example: torch.Tensor | ModelCall, graph: Any,
                      cache: LocalPlanCache) -> BuiltModel:
     """The model's chain and key: cut from the probe facts cached for the key when there are some (no run of
-    the model at all), else probing a slice of the batch, or the whole batch when the slice fails (a model
-    that needs a batch divisible by something, say). Facts a probe here found are cached for next time."""
+    the model at all), else probing a slice of the batch (one tensor), or the whole batch when the slice fails
+    (a model that needs a batch divisible by something, say) or the call has several inputs (which of them
+    have a batch dimension is the model's business). Facts a probe here found are cached for next time."""
+    import torch
+
     from remat.client.graph.built_model import build_from_model, model_key
     from remat.client.graph.write_probe import ProbeFacts
 
     key = facts = None
+    inputs = getattr(example, "signature", "")
     if graph is not None:
-        key = model_key(request, model, graph)
+        key = model_key(request, model, graph, inputs=inputs)
         facts = ProbeFacts.from_dict(cache.get_probe_facts(key))
     built = None
-    if example.shape[0] > PROBE_BATCH:
+    if isinstance(example, torch.Tensor) and example.shape[0] > PROBE_BATCH:
         try:
             built = build_from_model(request, model, example, graph=graph, probe=example[:PROBE_BATCH],
                                      facts=facts, key=key)

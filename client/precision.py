@@ -96,6 +96,8 @@ def precision_of_call(model: nn.Module, x: torch.Tensor) -> str:
     """
     import torch
 
+    if not isinstance(x, torch.Tensor):  # a ModelCall: its first floating input, else its first tensor
+        x = x.floating() if x.floating() is not None else x.main
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         return AUTOCAST_PREFIX + str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")

@@ -53,6 +53,8 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "grads": str,
     "mode": str,
     "batch_size": int,
+    "inputs": str,
+    "side_bytes": int,
 }
 GRAD_CONVENTIONS = ("none", "kept")
 MODES = ("train", "eval")
@@ -181,6 +183,13 @@ class Trace:
     @property
     def num_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def side_bytes(self) -> int:
+        """Bytes of the side values (metadata ``side_bytes``): tensors the forward makes once and every later
+        stage reads besides the boundary (attention masks, an encoder's output), alive to the end of
+        backward whatever is checkpointed; a constant of every plan (docs/cost-model.md, "Side values")."""
+        return int(self.metadata.get("side_bytes") or 0)
 
     @property
     def has_times(self) -> bool:
@@ -339,6 +348,8 @@ def parse_trace(obj: Any) -> Trace:
             raise TraceFormatError(f"{key}: must be of type {getattr(expected, '__name__', expected)}, "
                                    f"got {value!r}")
         metadata[key] = value
+    if metadata.get("side_bytes") is not None:
+        _nonneg_int(metadata, "side_bytes", "", required=True)
     if metadata.get("grads") not in (None, *GRAD_CONVENTIONS):
         raise TraceFormatError(f"grads: must be one of {', '.join(GRAD_CONVENTIONS)}, got {metadata['grads']!r}")
     if metadata.get("mode") not in (None, *MODES):

@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from remat.client.errors import ModelError
 from remat.client.measurement import Measurement
 from remat.client.precision import autocast_context, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, Trace
-from remat.worker.model_output import AUX_LOSS_WEIGHT, output_tensors
+from remat.worker.model_output import AUX_LOSS_WEIGHT, output_tensors, own_loss
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
 
@@ -75,12 +76,20 @@ def make_loss(output: Any, *, seed: int = 0) -> LossFn:
     return loss
 
 
-def _step(chain: StageChainLike, x: torch.Tensor, loss_fn: LossFn, checkpoints: Sequence[int],
+def _run(runner: Any, x: Any, checkpoints: Sequence[int]) -> Any:
+    """The model's output with the plan: a call of several inputs through the chain's ``run_call`` (which
+    folds an exported model's output back into its ``ModelOutput``), one tensor through ``run``."""
+    if isinstance(x, torch.Tensor):
+        return runner.run(x, checkpoints)
+    return runner.run_call(x, checkpoints)
+
+
+def _step(chain: StageChainLike, x: Any, loss_fn: LossFn, checkpoints: Sequence[int],
           precision: str, on_backward: Callable[[], None] | None = None) -> None:
     # Forward and loss under autocast for an autocast precision, backward outside it (the AMP recipe); one
     # expression, so that no Python name keeps the network output alive during backward.
     with autocast_context(precision, x.device.type):
-        loss = loss_fn(chain.run(x, checkpoints))
+        loss = loss_fn(_run(chain, x, checkpoints))
     if on_backward is not None:
         on_backward()
     loss.backward()
@@ -120,10 +129,21 @@ def _precision(model: nn.Module, x: torch.Tensor, precision: str | None) -> str:
     return normalize_precision(precision) if precision is not None else precision_of_call(model, x)
 
 
-def _default_loss(chain: StageChainLike, x: torch.Tensor, precision: str) -> LossFn:
-    """:func:`make_loss` for the network output as the step will produce it (its dtype under autocast)."""
+def _default_loss(chain: StageChainLike, x: Any, precision: str) -> LossFn:
+    """The model's own loss when it computes one (``labels=`` given), else :func:`make_loss` for the network
+    output as the step will produce it (its dtype under autocast)."""
     with torch.no_grad(), autocast_context(precision, x.device.type):
-        return make_loss(chain.run(x))
+        output = _run(chain, x, ())
+    if own_loss(output) is not None:
+        return _own_loss
+    return make_loss(output)
+
+
+def _own_loss(output: Any) -> torch.Tensor:
+    loss = own_loss(output)
+    if loss is None:
+        raise ModelError("the model stopped returning its own loss between two steps")
+    return loss
 
 
 def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_fn: LossFn,
@@ -155,7 +175,8 @@ def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_
     out: dict[str, Any] = {"activation_bytes": peak - base}
     if samples and positions:  # none when CUDA's history ring buffer wrapped (entries lost)
         out["timeline"] = _compact_timeline(samples, positions[0], meter.timeline_sample)
-    out["absolute_peak_bytes"] = peak if backend.meter_counts_resident else peak - base + _baseline_bytes(model, [x])
+    inputs = [x] if isinstance(x, torch.Tensor) else x.leaves()
+    out["absolute_peak_bytes"] = peak if backend.meter_counts_resident else peak - base + _baseline_bytes(model, inputs)
     if reserved_before is not None:
         out["reserved_peak_bytes"] = backend.peak_reserved_bytes()
         out["reserved_before_bytes"] = reserved_before

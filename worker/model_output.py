@@ -1,4 +1,9 @@
-"""A model's training output: one tensor, or a tuple of tensors whose first is the main output.
+"""A model's training output: one tensor, a tuple of tensors whose first is the main output, or any pytree
+of tensors (a dict, a ``transformers`` ``ModelOutput``), possibly holding the model's own loss.
+
+A model that computes its own loss (``labels=`` given: ``output.loss``) is trained on that loss: the
+profiled and measured steps backpropagate it alone (:func:`training_outputs`), as its training loop does.
+Otherwise the step's loss covers every floating output.
 
 Stage boundaries always carry one tensor (client/graph/boundaries.py), but the *last* stage returns whatever the
 model returns. GoogLeNet and Inception v3 return a namedtuple in train mode — the main logits and the
@@ -17,26 +22,46 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from remat.client.errors import ModelError
 
-__all__ = ["AUX_LOSS_WEIGHT", "output_tensors", "requires_grad", "seeded_sum"]
+__all__ = ["AUX_LOSS_WEIGHT", "output_tensors", "own_loss", "requires_grad", "seeded_sum", "training_outputs"]
 
 AUX_LOSS_WEIGHT = 0.3
 
 
+def own_loss(y: Any) -> torch.Tensor | None:
+    """The loss a model computed itself (``output.loss``, ``output["loss"]``: a scalar floating tensor), else None."""
+    if isinstance(y, torch.Tensor) or isinstance(y, (tuple, list)) and not hasattr(y, "keys"):
+        return None
+    loss = y.get("loss") if hasattr(y, "get") else getattr(y, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point():
+        return loss
+    return None
+
+
 def output_tensors(y: Any, *, where: str = "the model") -> tuple[torch.Tensor, ...]:
-    """``y`` as a tuple of tensors, the main output first.
+    """``y`` as a tuple of tensors, the main output first: a tensor, a flat tuple/list/namedtuple of tensors, or
+    the floating tensors of any other pytree (dict, ``ModelOutput``) in order.
 
     Raises:
-        ModelError: ``y`` is neither a tensor nor a flat tuple/list/namedtuple of tensors.
+        ModelError: ``y`` holds no floating tensor.
     """
     if isinstance(y, torch.Tensor):
         return (y,)
     if isinstance(y, (tuple, list)) and y and all(isinstance(t, torch.Tensor) for t in y):
         return tuple(y)
-    raise ModelError(f"{where} returns a {type(y).__name__}, not a tensor or a tuple of tensors (remat "
-                     f"plans models whose output is one tensor, or a main output with auxiliary ones)")
+    leaves = tuple(t for t in pytree.tree_leaves(y) if isinstance(t, torch.Tensor) and t.is_floating_point())
+    if not leaves:
+        raise ModelError(f"{where} returns a {type(y).__name__} without a floating tensor: nothing to train on")
+    return leaves
+
+
+def training_outputs(y: Any) -> Any:
+    """What the step's loss is made of: the model's own loss when it computed one, else ``y`` itself."""
+    loss = own_loss(y)
+    return (loss,) if loss is not None else y
 
 
 def requires_grad(y: Any) -> bool:

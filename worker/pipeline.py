@@ -76,6 +76,8 @@ def _op_graph(built: BuiltModel) -> Any:
     from remat.client.graph.op_graph import build_op_graph
     from remat.client.precision import autocast_context
 
+    if getattr(built.example, "signature", ""):
+        return None  # op graphs take one tensor; a call of several inputs is planned on its chain (acg too)
     try:
         with autocast_context(built.request.dtype, built.example.device.type):
             return build_op_graph(built.model, built.example, graph=built.chain.graph_module)

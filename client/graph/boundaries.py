@@ -17,20 +17,27 @@ __all__ = ["brute_force_cut_vertices"]
 
 INPUT = "<input>"
 OUTPUT = "<output>"
+SOURCE = "<inputs>"
+"""A virtual node before every graph input: paths start at any input, a boundary lies on the main one's."""
+
+
+def reachable(edges: dict[str, list[str]], start: str) -> set[str]:
+    """Every node reachable from ``start`` (itself included)."""
+    seen = {start}
+    stack = [start]
+    while stack:
+        for v in edges.get(stack.pop(), ()):
+            if v not in seen:
+                seen.add(v)
+                stack.append(v)
+    return seen
 
 
 def on_path_edges(
     order: list[str], edges: dict[str, list[str]], source: str, sink: str
 ) -> dict[str, list[str]]:
     """Restrict ``edges`` to nodes that lie on some source→sink path."""
-    reach = {source}
-    stack = [source]
-    while stack:
-        u = stack.pop()
-        for v in edges.get(u, ()):
-            if v not in reach:
-                reach.add(v)
-                stack.append(v)
+    reach = reachable(edges, source)
     reverse: dict[str, list[str]] = {}
     for u, vs in edges.items():
         for v in vs:

@@ -119,26 +119,28 @@ def build(request: ModelRequest) -> BuiltModel:
 
 def key_for_model(model: nn.Module, input_shape: Sequence[int], *, dtype: torch.dtype | str = "float32",
                   mode: str = "train", grads: str = "none", device: torch.device | str | None = None,
-                  graph: Any = None) -> PlanKey:
+                  graph: Any = None, inputs: str = "") -> PlanKey:
     """The key of ``model`` for one input signature (computes the architecture hash).
 
     ``device`` defaults to the device class of the model's parameters; ``graph`` is passed on to
-    ``architecture_hash`` (a train-mode trace from ``trace_model``, or None to trace here).
+    ``architecture_hash`` (a train-mode trace from ``trace_model``, or None to trace here; a call of several
+    inputs must give its exported trace); ``inputs``: the call's signature (``ModelCall.signature``).
     """
     from remat.client.graph.hashing import architecture_hash
 
     if device is None:
         tensor = next(model.parameters(), None)
         device = tensor.device if tensor is not None else "cpu"
-    return PlanKey(model_hash=architecture_hash(model, graph=graph), input_shape=tuple(input_shape), dtype=dtype,
-                   mode=mode, grads=grads, device=str(device))
+    return PlanKey(model_hash=architecture_hash(model, graph=graph), input_shape=tuple(input_shape), inputs=inputs,
+                   dtype=dtype, mode=mode, grads=grads, device=str(device))
 
 
-def model_key(request: ModelRequest, model: Any, graph: Any = None) -> PlanKey:
-    """The plan key of ``model`` for ``request``; ``graph``: the model's fx trace when the caller holds it
-    (the chain's ``graph_module``), else the hash traces the model itself."""
+def model_key(request: ModelRequest, model: Any, graph: Any = None, *, inputs: str = "") -> PlanKey:
+    """The plan key of ``model`` for ``request``; ``graph``: the model's trace when the caller holds it
+    (the chain's ``graph_module``), else the hash traces the model itself; ``inputs``: the training call's
+    signature when it is not one tensor."""
     return key_for_model(model, request.input_shape, dtype=request.dtype, mode=request.mode,
-                             grads=request.grads, device=request.device, graph=graph)
+                         grads=request.grads, device=request.device, graph=graph, inputs=inputs)
 
 
 def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: Any = None,
@@ -171,7 +173,7 @@ def build_from_model(request: ModelRequest, model: Any, example: Any, *, graph: 
         raise ModelError(f"{request.name} cannot run on input {list(request.input_shape)}: "
                          f"{text}{_input_hint(request, text)}") from None
     if key is None or graph is None or chain.graph_module is not graph:
-        key = model_key(request, model, chain.graph_module)
+        key = model_key(request, model, chain.graph_module, inputs=getattr(example, "signature", ""))
     probe_batch = 0 if not chain.probed else int(probe.shape[0]) if probe is not None else None
     return BuiltModel(request=request, model=model, example=example, chain=chain, key=key, probe_batch=probe_batch)
 

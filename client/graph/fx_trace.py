@@ -1,8 +1,17 @@
-"""Tracing a model with torch.fx for remat: the custom tracer and the train/eval mode it traces in.
+"""Tracing a model for remat: torch.fx for a single-tensor call, torch.export for any other call.
 
 ``trace_model`` is the one tracer behind both the stage chain (``stage_graph``) and the architecture hash
 (``hashing``). ``StochasticDepth`` stays a leaf so its train/eval switch is not baked into the graph; the
 trace runs in the requested mode, which is restored on every submodule afterwards.
+
+A call of several inputs, keywords or constants (``remat.client.graph.model_call.ModelCall``) — every Hugging
+Face model — is traced with ``torch.export`` (``strict=False``): fx's symbolic tracer cannot follow their
+forwards (``co_varnames is too small`` on Llama), while export runs the Python code on fake tensors and keeps
+aten ops. The exported graph, with its parameters looked up on the live model by their qualified names,
+computes losses and gradients bit-equal to the eager model's, dropout included (same random ops, same
+order: tests/client/graph/test_export_chain.py). Its placeholders are the call's flat pytree leaves (constants
+included) and its output the flat leaves of the model's output; ``meta["remat_pytree"]`` keeps both specs.
+A single-tensor model fx cannot trace is exported too, when the caller gives the call.
 """
 
 from __future__ import annotations
@@ -11,12 +20,16 @@ import contextlib
 import copy
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx
 from torch import nn
 
 from remat.client.errors import ModelError
+
+if TYPE_CHECKING:
+    from remat.client.graph.model_call import ModelCall
 
 __all__ = ["trace_model"]
 
@@ -54,13 +67,25 @@ def training_mode(model: nn.Module, train: bool) -> Iterator[None]:
             m.training = flag
 
 
-def trace_model(model: nn.Module, *, train: bool = True) -> torch.fx.GraphModule:
-    """Trace ``model`` with remat's tracer in the given mode; raise ``ModelError`` if fx cannot.
+def trace_model(model: nn.Module, *, train: bool = True, call: ModelCall | None = None) -> torch.fx.GraphModule:
+    """Trace ``model`` in the given mode; raise ``ModelError`` if it cannot be traced.
 
-    The trace uses a shallow copy of the model as root: the copy shares the parameter, buffer and submodule
-    dictionaries (so every ``get_attr`` resolves to the live tensors) while the tracer's own bookkeeping
-    attributes (``_tensor_constant0``…) land on the copy instead of the user's model.
+    A single-tensor call (or none given) is traced with torch.fx, on a shallow copy of the model as root: the
+    copy shares the parameter, buffer and submodule dictionaries (so every ``get_attr`` resolves to the live
+    tensors) while the tracer's own bookkeeping attributes (``_tensor_constant0``…) land on the copy instead
+    of the user's model. Any other call, or a single-tensor model fx cannot follow, is exported (module
+    docstring); ``meta["remat_tracer"]`` says which.
     """
+    if call is None or call.single_tensor is not None:
+        try:
+            return _fx_trace(model, train)
+        except ModelError:
+            if call is None:
+                raise
+    return export_model(model, call, train=train)
+
+
+def _fx_trace(model: nn.Module, train: bool) -> torch.fx.GraphModule:
     root = copy.copy(model)
     with training_mode(model, train):
         root.training = train
@@ -70,6 +95,41 @@ def trace_model(model: nn.Module, *, train: bool = True) -> torch.fx.GraphModule
             raise ModelError(f"torch.fx cannot trace {type(model).__name__}: {one_line(exc)}") from exc
     gm = torch.fx.GraphModule(root, graph, class_name=type(model).__name__)
     gm.meta["remat_train"] = train  # hashing.architecture_hash only reuses train-mode traces
+    gm.meta["remat_tracer"] = "fx"
+    return gm
+
+
+_EXPORT_NOISE = ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range")
+"""aten ops export adds to check what it assumed (dtypes, shapes); they compute nothing a stage needs."""
+
+
+def export_model(model: nn.Module, call: ModelCall, *, train: bool = True) -> torch.fx.GraphModule:
+    """``torch.export`` of ``model`` on ``call`` (non-strict), unlifted: parameters and buffers are ``get_attr``
+    nodes named by their qualified names in the model, the input guards are dropped (a plan's key checks the
+    call's signature instead). Raises ``ModelError`` naming why export failed (data-dependent control flow,
+    say): such a model cannot be cut, and is refused rather than half-planned."""
+    import warnings
+
+    with training_mode(model, train), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.export.export(model, tuple(call.args), dict(call.kwargs), strict=False)
+            gm = program.module()
+        except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
+            raise ModelError(f"torch.export cannot trace {type(model).__name__}: {one_line(exc)}") from exc
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and str(node.target) == "_guards_fn":
+            graph.erase_node(node)
+        elif node.op == "call_function" and any(name in str(node.target) for name in _EXPORT_NOISE) and not node.users:
+            graph.erase_node(node)
+    if hasattr(gm, "_guards_fn"):
+        delattr(gm, "_guards_fn")
+    gm.recompile()
+    info = graph._codegen.pytree_info  # type: ignore[attr-defined]
+    gm.meta["remat_train"] = train
+    gm.meta["remat_tracer"] = "export"
+    gm.meta["remat_pytree"] = (info.in_spec, info.out_spec)
     return gm
 
 

@@ -138,6 +138,28 @@ class ModelCall:
     def device(self) -> torch.device:
         return self.main.device
 
+    @property
+    def shape(self) -> torch.Size:
+        """The main input's shape (what the key's ``input_shape`` records)."""
+        return self.main.shape
+
+    def to(self, device: torch.device | str) -> ModelCall:
+        """The same call with every tensor on ``device`` (the call itself when they are there already)."""
+        target = torch.device(device)
+        if all(t.device == target or (target.index is None and t.device.type == target.type) for t in self.leaves()):
+            return self
+        args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(target), (self.args, self.kwargs))
+        return ModelCall(args=tuple(args), kwargs=dict(kwargs), signature=self.signature)
+
+    def detach(self) -> ModelCall:
+        """The same call with every tensor detached (an example batch must not hold an autograd graph)."""
+        args, kwargs = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, (self.args, self.kwargs))
+        return ModelCall(args=tuple(args), kwargs=dict(kwargs), signature=self.signature)
+
+    def floating(self) -> torch.Tensor | None:
+        """The first floating tensor input (what decides a call's precision), else None (token ids only)."""
+        return next((t for t in self.leaves() if t.is_floating_point()), None)
+
     def describe_difference(self, other: ModelCall) -> str | None:
         """None when both calls have one signature, else one line naming the first inputs that differ."""
         if self.signature == other.signature:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -74,6 +75,18 @@ class StageChain:
     probed: bool = True
     """False when the chain was cut from cached ``probe_facts`` without a probe run: it serves ``run`` (and
     ``apply``) only, since ``stage(i)`` may need values from the build-time example run that it did not make."""
+    main_input: str = ""
+    """The graph input stage 1 receives as ``x``: the only one, or a call's first tensor (``input_ids``)."""
+    input_names: tuple[str, ...] = ()
+    """Every graph input (placeholder) in order: the call's flat pytree leaves for an exported model."""
+    side_values: tuple[str, ...] = ()
+    """Tensors computed in one stage and read by later ones besides the boundary (NOTE [side values] in
+    stage_graph.py): masks, position tables. The profiler prices them once, as resident."""
+    pytree_specs: Any = field(default=None, repr=False)
+    """(input spec, output spec) of an exported model: how a call flattens into the graph's inputs and the
+    graph's flat outputs fold back into the model's output (a ``ModelOutput``); None for fx traces."""
+    _extra_inputs: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The build-time call's inputs other than ``x``, by placeholder name, for ``stage(i)``."""
 
     @property
     def num_stages(self) -> int:
@@ -128,6 +141,34 @@ class StageChain:
             env.update(zip(st.exports, out[1:], strict=True))
         return x
 
+    def split_call(self, call: Any) -> tuple[Any, dict[str, Any]]:
+        """A call's (``x`` for stage 1, the other graph inputs by name); ``call``: a tensor or a ``ModelCall``
+        with the signature the chain was built for."""
+        if isinstance(call, torch.Tensor) or self.pytree_specs is None:
+            return (call if isinstance(call, torch.Tensor) else call.main), {}
+        leaves, spec = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))
+        if spec != self.pytree_specs[0] or len(leaves) != len(self.input_names):
+            raise PlanError("this call's inputs are not those the chain was built for (names or structure differ)")
+        named = dict(zip(self.input_names, leaves, strict=True))
+        return named.pop(self.main_input), named
+
+    def fold_output(self, flat: Any) -> Any:
+        """The model's output from the last stage's: an exported model's flat leaves folded back."""
+        if self.pytree_specs is None:
+            return flat
+        return pytree.tree_unflatten(list(flat), self.pytree_specs[1])
+
+    def run_call(self, call: Any, checkpoints: Sequence[int] = ()) -> Any:
+        """``run`` on a whole call (tensor or ``ModelCall``), returning what the model returns."""
+        x, extra = self.split_call(call)
+        return self.fold_output(self.run(x, checkpoints, extra=extra))
+
+    def bind_inputs(self, call: Any) -> Any:
+        """Make ``call``'s inputs other than ``x`` what ``stage(i)`` reads; returns ``x``."""
+        x, extra = self.split_call(call)
+        self._extra_inputs = extra
+        return x
+
     def stage(self, i: int) -> Callable[[Any], Any]:
         """Stage ``i`` (1-indexed) as a callable mapping x_{i-1} to x_i, for profiling one stage at a time.
 
@@ -140,7 +181,7 @@ class StageChain:
         st = self._stages[i - 1]
 
         def call(x: Any) -> Any:
-            env = {**self._example_values, **self._probe_env}
+            env = {**self._example_values, **self._extra_inputs, **self._probe_env}
             missing = [name for kind, name in st.inputs if kind == "value" and name not in env]
             if missing:
                 raise ModelError(f"stage {i} needs {missing} from earlier stages: run stages 1..{i - 1} first")
@@ -151,8 +192,10 @@ class StageChain:
         call.__name__ = f"stage_{i}"
         return call
 
-    def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
+    def run(self, x: Any, checkpoints: Sequence[int] = (), *, extra: dict[str, Any] | None = None) -> Any:
         """Run the whole chain on ``x``; boundaries in ``checkpoints`` (1..n-1) keep their activations.
+        ``extra``: the graph's other inputs by name (``split_call``); the output is the last stage's (flat
+        for an exported model: ``run_call`` folds it).
 
         Segments are the runs of stages between consecutive kept boundaries. Every segment but the last
         runs under non-reentrant ``torch.utils.checkpoint`` so that only its input is kept and its inside is
@@ -164,7 +207,7 @@ class StageChain:
             isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= n - 1 for c in cps
         ):
             raise PlanError(f"checkpoints {list(checkpoints)} must be distinct boundaries in 1..{n - 1}")
-        env: dict[str, Any] = {}
+        env: dict[str, Any] = dict(extra) if extra else {}
         if not torch.is_grad_enabled():
             return self._run_stages(1, n, x, env)
         bounds = (0, *cps, n)

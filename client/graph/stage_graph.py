@@ -47,19 +47,22 @@ notes). This module builds the chain from those and re-exports the public API ab
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch import nn
 
 from remat.client.errors import ModelError
 from remat.client.graph.boundaries import (
     INPUT,
     OUTPUT,
+    SOURCE,
     brute_force_cut_vertices,
     cut_vertices,
     on_path_edges,
+    reachable,
     safe_boundaries,
 )
 from remat.client.graph.fx_trace import one_line, trace_model, training_mode
@@ -73,6 +76,9 @@ from remat.client.graph.write_probe import (
     running_stat_slots,
     untouched,
 )
+
+if TYPE_CHECKING:
+    from remat.client.graph.model_call import ModelCall
 
 __all__ = [
     "StageChain",
@@ -100,7 +106,12 @@ def module_path(n: torch.fx.Node) -> str:
     if n.op == "call_module":
         return str(n.target)
     stack = n.meta.get("nn_module_stack")
-    return next(reversed(stack)) if stack else ""
+    if not stack:
+        return ""
+    key = next(reversed(stack))
+    value = stack[key]
+    # torch.export keys the stack by a tracing name (``L__self__h.0``) and keeps the module's path in the value.
+    return value[0] if isinstance(value, tuple) and value and isinstance(value[0], str) else str(key)
 
 
 def _common_prefix(paths: list[str]) -> str:
@@ -139,16 +150,84 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
+def module_lists(model: nn.Module) -> set[str]:
+    """Qualified names of the model's ``nn.ModuleList`` containers: where repeated blocks live."""
+    return {name for name, m in model.named_modules() if isinstance(m, nn.ModuleList)}
+
+
+def block_of(n: torch.fx.Node, lists: set[str]) -> str | None:
+    """The repeated block (``transformer.h.3``: a child of a ``ModuleList``) whose code produced node ``n``."""
+    stack = n.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    for value in stack.values():
+        path = value[0] if isinstance(value, tuple) else str(value)
+        parent, _, index = str(path).rpartition(".")
+        if parent in lists and index.isdigit():
+            return str(path)
+    return None
+
+
+def side_values(nodes: list[torch.fx.Node], lists: set[str], has_tensor: dict[str, bool]) -> set[str]:
+    """Tensors that several repeated blocks read again besides the one they hand each other: attention masks,
+    position biases, an encoder's output read by every decoder block.
+
+    NOTE [side values] A transformer's blocks are called in a loop with keyword arguments computed once
+    before it (masks, rotary tables) or by the first block (T5's position bias); every block reads them.
+    Their edges jump over every block, so a graph cut would find no boundary between blocks at all. They are
+    alive from their making to the end of backward whatever is checkpointed (each block reads them, or keeps
+    them saved), so they are handed to every stage that reads them (a checkpointed segment keeps them as an
+    input, not as something it saves) and priced once, as the trace's ``side_bytes`` (docs/cost-model.md).
+    A value is one when its readers lie in two or more blocks of one ``ModuleList`` other than its own.
+    """
+    if not lists:
+        return set()
+    out = set()
+    for n in nodes:
+        if n.op in ("placeholder", "get_attr", "output") or not has_tensor.get(n.name, False):
+            continue
+        own = block_of(n, lists)
+        readers = {block_of(u, lists) for u in n.users} - {None, own}
+        by_list: dict[str, int] = {}
+        for block in readers:
+            parent = block.rpartition(".")[0]  # type: ignore[union-attr]
+            by_list[parent] = by_list.get(parent, 0) + 1
+        if any(count >= 2 for count in by_list.values()):
+            out.add(n.name)
+    return out
+
+
+def _flat_inputs(gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall) -> list[Any]:
+    """The values of ``gm``'s placeholders for ``example``: the tensor, or the call's flat pytree leaves."""
+    if isinstance(example, torch.Tensor):
+        return [example]
+    if gm.meta.get("remat_tracer") != "export":
+        return [example.single_tensor if example.single_tensor is not None else example.main]
+    leaves, spec = pytree.tree_flatten((tuple(example.args), dict(example.kwargs)))
+    in_spec = gm.meta["remat_pytree"][0]
+    if spec != in_spec:
+        raise ModelError("the call's inputs are not those the model was traced with")
+    return leaves
+
+
 def _build_from_fx(
-    model: nn.Module, gm: torch.fx.GraphModule, example: torch.Tensor, train: bool, facts: ProbeFacts | None = None
+    model: nn.Module, gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall, train: bool,
+    facts: ProbeFacts | None = None
 ) -> StageChain:
     graph = gm.graph
     nodes = list(graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    if len(placeholders) != 1:
-        raise ModelError(
-            f"{type(model).__name__}.forward takes {len(placeholders)} inputs; only one tensor is supported"
-        )
+    flat = _flat_inputs(gm, example)
+    if len(placeholders) != len(flat):
+        raise ModelError(f"{type(model).__name__}.forward takes {len(placeholders)} inputs; the example gives "
+                         f"{len(flat)}: pass every input of one training call (remat.client.checkpoint(model, "
+                         f"*args, **kwargs))")
+    tensor_at = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+    if not tensor_at:
+        raise ModelError(f"{type(model).__name__}: the example passes no tensor")
+    main = placeholders[tensor_at[0]]
+    extra_inputs = {n.name: v for n, v in zip(placeholders, flat, strict=True) if n is not main}
+    device = flat[tensor_at[0]].device
 
     small_values: dict[str, Any] = {}
     if facts is not None and facts.fits(model, gm):
@@ -157,26 +236,37 @@ def _build_from_fx(
         buffer_writes = facts.buffer_slots(model, gm)
     else:
         probed = True
-        with training_mode(model, train), untouched(model, example):
+        with training_mode(model, train), untouched(model, device):
             recorder = WriteRecorder(buffer_owners(model, gm))
             interp = RecordingInterpreter(gm, recorder)
             with recorder:
-                interp.run(example)
+                interp.run(*flat)
         facts = ProbeFacts.recorded(model, gm, interp.has_tensor, interp.is_tensor, recorder)
         has_tensor, is_tensor, hits = interp.has_tensor, interp.is_tensor, recorder.hits
         buffer_writes = recorder.buffer_writes
         small_values = interp.small_values
 
-    # Tensor-carrying edges, restricted to input→output paths.
-    order = [_node_name(n) for n in nodes]
-    edges: dict[str, list[str]] = {}
+    def node_name(n: torch.fx.Node) -> str:
+        return INPUT if n is main else OUTPUT if n.op == "output" else n.name
+
+    # Tensor-carrying edges on some input→output path. Inputs besides the main one (masks, labels) are held
+    # by the caller for the whole step and side values (NOTE [side values]) by every stage that reads them:
+    # their edges never decide a boundary. A boundary is on the main input's paths (not a mask's).
+    others = {n.name for n in placeholders if n is not main}
+    order = [SOURCE, *(node_name(n) for n in nodes)]
+    edges: dict[str, list[str]] = {SOURCE: [node_name(placeholders[i]) for i in tensor_at]}
     for n in nodes:
         if n.op != "output" and has_tensor.get(n.name, False):
-            edges[_node_name(n)] = [_node_name(u) for u in n.users]
-    path_edges = on_path_edges(order, edges, INPUT, OUTPUT)
+            edges[node_name(n)] = [node_name(u) for u in n.users]
+    path_edges = on_path_edges(order, edges, SOURCE, OUTPUT)
+    side = side_values(nodes, module_lists(model), dict(has_tensor)) & set(path_edges)
+    jump_edges = {u: vs for u, vs in path_edges.items() if u not in side and u not in others and u != SOURCE}
+    from_main = reachable(path_edges, INPUT)
     # A stage hands the next one a single tensor: a cut vertex whose value is a tuple (shufflenet's channel
     # split, x.chunk(2)) is no boundary; the nodes that unpack it stay in its stage.
-    cuts = [c for c in cut_vertices(order, path_edges, INPUT, OUTPUT) if is_tensor.get(c, False)]
+    cuts = [c for c in cut_vertices(order, jump_edges, SOURCE, OUTPUT)
+            if c != INPUT and c in from_main and is_tensor.get(c, False)]
+    path_edges = {u: vs for u, vs in path_edges.items() if u != SOURCE}
     bounds, unsafe = safe_boundaries([n.name for n in nodes], cuts, hits, path_edges)
 
     # Every node goes to a stage by its position: stage k holds the nodes after boundary k-1 up to and
@@ -194,15 +284,15 @@ def _build_from_fx(
         if n.op != "get_attr":  # parameters are looked up per stage, never handed between stages
             members[stage_of[n.name] - 1].append(n)
 
-    # The last stage that uses each value computed in an earlier stage.
+    # The last stage that uses each value computed in an earlier stage (inputs are handed to every stage).
     last_use: dict[str, int] = {}
     for n in nodes:
         for u in n.all_input_nodes:
-            if u.op != "get_attr" and stage_of[u.name] < stage_of[n.name]:
+            if u.op not in ("get_attr", "placeholder") and stage_of[u.name] < stage_of[n.name]:
                 last_use[u.name] = max(last_use.get(u.name, 0), stage_of[n.name])
 
     stages: list[ChainStage] = []
-    incoming = placeholders[0]
+    incoming = main
     for idx, stage_nodes in enumerate(members, start=1):
         g = torch.fx.Graph()
         env: dict[torch.fx.Node, torch.fx.Node] = {incoming: g.placeholder("x")}
@@ -210,7 +300,7 @@ def _build_from_fx(
         # Extra inputs first: placeholders must precede every other node.
         for n in stage_nodes:
             for u in n.all_input_nodes:
-                if u not in env and (u.op == "get_attr" or stage_of[u.name] < idx):
+                if u not in env and (u.op in ("get_attr", "placeholder") or stage_of[u.name] < idx):
                     inputs.append(("attr", str(u.target)) if u.op == "get_attr" else ("value", u.name))
                     env[u] = g.placeholder(f"in_{u.name}")
         boundary = stage_nodes[-1] if idx <= len(bounds) else None
@@ -264,6 +354,12 @@ def _build_from_fx(
         train=train,
         probe_facts=facts,
         probed=probed,
+        main_input=main.name,
+        input_names=tuple(n.name for n in placeholders),
+        side_values=tuple(n.name for n in nodes if n.name in last_use and n.name not in bound_set
+                          and has_tensor.get(n.name, False)),
+        pytree_specs=gm.meta.get("remat_pytree"),
+        _extra_inputs=extra_inputs,
     )
 
 
@@ -373,18 +469,19 @@ def _build_from_children(model: nn.Module, example: torch.Tensor, train: bool) -
 # Entry point
 # ----------------------------------------------------------------------------------------------------------
 
-def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: bool = True,
+def build_stage_chain(model: nn.Module, example_input: torch.Tensor | ModelCall, *, train: bool = True,
                       graph: torch.fx.GraphModule | None = None, facts: ProbeFacts | None = None) -> StageChain:
     """Cut ``model`` into a chain of stages for checkpointing; raise ``ModelError`` if it cannot be.
 
     Args:
         model: the model; it is not modified (its buffers and the RNG are restored after the probe run).
-        example_input: one input batch (its values do not matter, its shape, dtype and device do: the
-            probe run records which nodes carry tensors and which write in place).
+        example_input: one input batch, or one training call's inputs (``ModelCall``: several tensors,
+            keywords, constants). Values do not matter, shapes, dtypes and devices do: the probe run records
+            which nodes carry tensors and which write in place.
         train: trace and probe in train mode (True, what checkpointing needs) or eval mode. Graphs differ
             between modes (aux heads), so a chain belongs to one mode.
-        graph: ``trace_model(model, train=train)`` when the caller already has it (the key's hash needs the
-            same trace): fx tracing runs the model's Python once more for nothing otherwise.
+        graph: ``trace_model(model, train=train, call=...)`` when the caller already has it (the key's hash
+            needs the same trace): tracing runs the model's Python once more for nothing otherwise.
         facts: an earlier probe's ``chain.probe_facts`` for the same plan key (from the plan cache): the chain
             is cut from them without running the model, when they name exactly this graph's nodes and this
             model's buffers; otherwise the probe runs as without them. Such a chain has ``probed`` False.
@@ -392,22 +489,31 @@ def build_stage_chain(model: nn.Module, example_input: torch.Tensor, *, train: b
     Returns:
         The chain; its stages share the model's submodules, parameters and buffers.
     """
-    if not isinstance(example_input, torch.Tensor):
-        raise ModelError(f"example_input must be a tensor, got {type(example_input).__name__}")
+    from remat.client.graph.model_call import ModelCall
+
+    if isinstance(example_input, ModelCall):
+        call: ModelCall | None = example_input
+        single = example_input.single_tensor
+    elif isinstance(example_input, torch.Tensor):
+        call, single = None, example_input
+    else:
+        raise ModelError(f"example_input must be a tensor or a ModelCall, got {type(example_input).__name__}")
     run_error = None
     try:
-        gm = graph if graph is not None else trace_model(model, train=train)
+        gm = graph if graph is not None else trace_model(model, train=train, call=call)
         return _build_from_fx(model, gm, example_input, train, facts)
     except ModelError as exc:
         fx_reason = str(exc)
     except Exception as exc:  # noqa: BLE001 - a traced graph that cannot run is as unusable as no graph
         run_error = one_line(exc)
         fx_reason = f"the traced graph does not run: {run_error}"
+    if single is None:
+        raise ModelError(f"cannot cut {type(model).__name__} into stages: {fx_reason}") from None
     try:
-        return _build_from_children(model, example_input, train)
+        return _build_from_children(model, single, train)
     except ModelError as exc:
         if run_error is not None and run_error in str(exc):  # the model itself refuses this input
-            raise ModelError(f"{type(model).__name__} does not run on input {list(example_input.shape)}: "
+            raise ModelError(f"{type(model).__name__} does not run on input {list(single.shape)}: "
                              f"{run_error}") from None
         raise ModelError(
             f"cannot cut {type(model).__name__} into stages: {fx_reason}; "

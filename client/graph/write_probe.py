@@ -276,9 +276,11 @@ def preserved_state(model: nn.Module, *, devices: Sequence[torch.device] = ()) -
 
 
 @contextlib.contextmanager
-def untouched(model: nn.Module, example: torch.Tensor) -> Iterator[None]:
-    """Run a probe that leaves no trace: no grad, RNG forked, every buffer slot restored."""
-    with preserved_state(model, devices=[example.device]), torch.no_grad():
+def untouched(model: nn.Module, where: torch.Tensor | torch.device) -> Iterator[None]:
+    """Run a probe that leaves no trace: no grad, RNG forked (the CPU's and ``where``'s device's), every buffer
+    slot restored."""
+    device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
+    with preserved_state(model, devices=[device]), torch.no_grad():
         yield
 
 

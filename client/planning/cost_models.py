@@ -38,7 +38,7 @@ def classic_peak(trace: Trace, checkpoints: Sequence[int]) -> int:
     bounds = _bounds(trace, checkpoints)
     kept = sum(d[c - 1] for c in bounds[1:-1])
     interior = max(prefix[b - 1] - prefix[a] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-    return kept + max(interior, 0)
+    return trace.side_bytes + kept + max(interior, 0)
 
 
 class PytorchTables:
@@ -82,6 +82,9 @@ class PytorchTables:
       checkpointed stage (its saved tensors are dropped, the cache still holds the copy) and, in the last
       segment, the copies no stage saves. Without autocast they reduce to the stage's forward peak plus
       what is provably alive, and never exceed the recompute candidates of a checkpointed segment.
+    - ``trace.side_bytes`` — side values (masks, an encoder's output read by every decoder block) are alive
+      from their making to the end of backward whatever the plan keeps: every candidate above includes them
+      once (docs/cost-model.md, "Side values").
     """
 
     __slots__ = ("n", "d", "U", "back", "back_ck", "rec", "rec_first", "rec_last", "rec_last_first", "delta",
@@ -116,6 +119,7 @@ class PytorchTables:
         self.fwd_last_first = [0] * (n + 1)
         self.fwd_mid = [0] * (n + 1)
         self.fwd_tail = [0] * (n + 1)
+        side = trace.side_bytes  # alive throughout, whatever the plan: in every candidate (NOTE above)
         for s in range(1, n + 1):
             st = stages[s - 1]
             own = st.saved_bytes + (st.output_bytes if st.saves_output else 0)
@@ -126,21 +130,21 @@ class PytorchTables:
                 bwd = max(st.backward_peak_bytes, own + st.output_bytes)
             else:
                 bwd = own + st.output_bytes + st.param_grad_bytes
-            self.back[s] = U[s - 1] + bwd + grad_suffix[s]
+            self.back[s] = side + U[s - 1] + bwd + grad_suffix[s]
             # Recomputed stages drop their saved tensors earlier in backward: B° when profiled.
             rb = st.recomputed_backward_peak_bytes
-            self.back_ck[s] = U[s - 1] + (max(rb, own + st.output_bytes) if rb else bwd) + grad_suffix[s]
-            self.rec_first[s] = U[s - 1] + fwd
+            self.back_ck[s] = side + U[s - 1] + (max(rb, own + st.output_bytes) if rb else bwd) + grad_suffix[s]
+            self.rec_first[s] = side + U[s - 1] + fwd
             self.rec[s] = self.rec_first[s] + unsaved_input
-            self.rec_last_first[s] = U[s - 1] + fwd_last
+            self.rec_last_first[s] = side + U[s - 1] + fwd_last
             self.rec_last[s] = self.rec_last_first[s] + unsaved_input
             self.delta[s] = st.output_bytes + grad_suffix[s]
             # A checkpointed stage's first forward keeps none of its saved tensors: F° when profiled.
             fwd_dropped = max(st.forward_peak_dropped_bytes, st.output_bytes) if st.forward_peak_dropped_bytes else fwd
-            self.fwd_first[s] = cast[s - 1] + fwd_dropped
-            self.fwd_mid[s] = cast[s - 1] + d[s - 1] + fwd_dropped
-            self.fwd_last_first[s] = cast[s - 1] + fwd
-            self.fwd_tail[s] = U[s - 1] + cast_unsaved[s - 1] + unsaved_input + fwd
+            self.fwd_first[s] = side + cast[s - 1] + fwd_dropped
+            self.fwd_mid[s] = side + cast[s - 1] + d[s - 1] + fwd_dropped
+            self.fwd_last_first[s] = side + cast[s - 1] + fwd
+            self.fwd_tail[s] = side + U[s - 1] + cast_unsaved[s - 1] + unsaved_input + fwd
         for a in range(1, n):
             self.drop_input[a] = 0 if stages[a].saves_input else d[a]
         self.frameless_end = list(range(n + 1))

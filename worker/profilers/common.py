@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
@@ -49,7 +50,7 @@ from remat.client.graph.write_probe import preserved_state
 from remat.client.precision import autocast_context, autocast_dtype, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
 from remat.worker.memory_meter import storage_key
-from remat.worker.model_output import output_tensors, seeded_sum
+from remat.worker.model_output import output_tensors, seeded_sum, training_outputs
 from remat.worker.model_output import requires_grad as any_requires_grad
 
 __all__ = ["Backend", "StageChainLike", "build_chain", "preserved_state", "profile_chain"]
@@ -251,6 +252,8 @@ class _ChainRecord:
     """Per stage 1..n: how many tensors autograd saved, parameters and buffers included."""
     casts: list[dict[int, int]]
     """Per stage 1..n: autocast's parameter copies made in it, storage key -> booked bytes."""
+    side_bytes: int = 0
+    """Bytes of the side values, each storage once (NOTE [side values] in stage_graph.py)."""
 
     def cast_bytes(self, i: int) -> tuple[int, int]:
         """(W_i, the part of it that no stage saves) for stage i."""
@@ -309,6 +312,8 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
     outputs = [x0.detach()]
     requires_grad = [x0.requires_grad]
     keys = [x0_key]
+    side_names = set(getattr(chain, "side_values", ()))
+    side: dict[int, int] = {}
     # One autocast region over the whole pass, as over a real step's forward: its cast cache is shared.
     recorder = _CastRecorder(excluded, backend, current, casts) if autocast else contextlib.nullcontext()
     with (meter, torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
@@ -316,7 +321,9 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
         x = x0
         for i in range(1, n + 1):
             current[0] = i
-            x = chain.stage(i)(x)
+            x = stage_callable(chain, i)(x)
+            if side_names:
+                _note_side_values(chain, side_names, side, excluded, saved, backend)
             if i == n:  # the model's output: a tensor, or a main output with auxiliary ones (GoogLeNet)
                 out = output_tensors(x, where=f"the last stage ({chain.names[i - 1]})")
                 outputs.append(x.detach() if isinstance(x, torch.Tensor) else tuple(t.detach() for t in out))
@@ -332,7 +339,60 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             requires_grad.append(x.requires_grad)
             keys.append(storage_key(x))
         del x  # frees the autograd graph of the whole pass
-    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts)
+    _detach_side_values(chain, side_names)
+    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, sum(side.values()))
+
+
+def stage_callable(chain: StageChainLike, i: int) -> Callable[[Any], Any]:
+    """Stage ``i`` as profiled: the last stage's output folded into the model's (an exported model's flat
+    leaves become its ``ModelOutput``) and reduced to what the loss is made of (its own loss, when it
+    computes one: remat.worker.model_output)."""
+    stage = chain.stage(i)
+    if i < chain.num_stages:
+        return stage
+    fold = getattr(chain, "fold_output", None)
+
+    def last(x: Any) -> Any:
+        y = stage(x)
+        return training_outputs(fold(y) if fold is not None else y)
+
+    return last
+
+
+def _note_side_values(chain: StageChainLike, names: set[str], side: dict[int, int], excluded: set[int],
+                      saved: list[dict[int, int]], backend: Backend) -> None:
+    """Book the side values made so far once (NOTE [side values] in stage_graph.py): their storages leave every
+    stage's saved set and join ``side`` (storage key -> bytes)."""
+    env = getattr(chain, "_probe_env", {})
+    for name in names & env.keys():
+        for t in pytree.tree_leaves(env[name]):
+            key = storage_key(t) if isinstance(t, torch.Tensor) else None
+            if key is None or key in side:
+                continue
+            side[key] = backend.storage_bytes(t)
+            excluded.add(key)
+            for stage_saved in saved:
+                stage_saved.pop(key, None)
+
+
+def _detach_side_values(chain: StageChainLike, names: set[str]) -> None:
+    """After the chained pass, the side values the isolated passes read are leaves of their own (requiring grad
+    as in the pass): a stage's backward then ends at them instead of running into earlier stages' graphs."""
+    env = getattr(chain, "_probe_env", None)
+    if not env:
+        return
+    for name in names & env.keys():
+        env[name] = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad and t.is_floating_point()), env[name])
+
+
+def _clear_side_grads(chain: StageChainLike) -> None:
+    """Drop the gradients an isolated backward left on side values, so the next pass allocates its own."""
+    env = getattr(chain, "_probe_env", {})
+    for name in getattr(chain, "side_values", ()):
+        for t in pytree.tree_leaves(env.get(name)):
+            if isinstance(t, torch.Tensor):
+                t.grad = None
 
 
 class _GradientSink(torch.autograd.Function):
@@ -544,6 +604,35 @@ def _time_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor
     return min(fwd), (min(bwd) if bwd else 0.0)
 
 
+def _shared_parameter_grads(chain: StageChainLike, n: int, backend: Backend) -> list[int]:
+    """G_i under ``grads="kept"``: the bytes of the parameters stage i shares with an earlier stage (tied
+    weights: a language model's embedding and output head).
+
+    NOTE [ tied weights under kept gradients ] A parameter used by two stages gets two gradient contributions.
+    The autograd engine sums them in the input buffer of the parameter's ``AccumulateGrad`` node, which runs
+    only when both have arrived: the later stage's contribution (its backward runs first) is a buffer of the
+    parameter's size alive until the earlier stage's backward, then added into ``.grad`` in place. Measured on a
+    GPT-2 with tied embeddings: plans under-predicted by the head's weight until it was booked here; it is
+    then alive in every earlier stage's backward, as a gradient born in stage i is under ``grads="none"``.
+    """
+    out = [0] * (n + 1)
+    params_of = getattr(chain, "stage_parameters", None)
+    if params_of is None:
+        return out
+    users: dict[int, list[int]] = {}
+    size: dict[int, int] = {}
+    for i in range(1, n + 1):
+        for p in params_of(i):
+            key = storage_key(p)
+            if key is not None and p.requires_grad:
+                users.setdefault(key, []).append(i)
+                size[key] = backend.storage_bytes(p)
+    for key, stages in users.items():
+        if len(set(stages)) > 1:
+            out[max(stages)] += size[key]
+    return out
+
+
 def _warm_up(chain: StageChainLike, model: nn.Module, x0: torch.Tensor, backend: Backend, amp: AmpContext) -> None:
     """One full training step before anything is metered, so that what libraries allocate once and keep
     (cuBLAS workspaces of the forward and of the autograd device thread, cuDNN handles) exists before the
@@ -551,7 +640,11 @@ def _warm_up(chain: StageChainLike, model: nn.Module, x0: torch.Tensor, backend:
     first stage to use such a library books the library's memory in its own peaks."""
     with torch.enable_grad():
         with amp():
-            loss = sum(t.float().sum() for t in output_tensors(chain.run(x0)))
+            out = chain.run(x0, extra=getattr(chain, "_extra_inputs", None) or None)
+            fold = getattr(chain, "fold_output", None)
+            out = training_outputs(fold(out) if fold is not None else out)
+            loss = sum(t.float().sum() for t in output_tensors(out))
+            del out
         if loss.requires_grad:
             loss.backward()
     del loss
@@ -606,8 +699,10 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
     n = chain.num_stages
     if n < 1:
         raise ValueError("remat profiler: the stage chain has no stages")
-    x0 = example_input.to(backend.device)
-    precision = normalize_precision(precision) if precision is not None else precision_of_call(model, x0)
+    call = example_input.to(backend.device)
+    precision = normalize_precision(precision) if precision is not None else precision_of_call(model, call)
+    # A call of several inputs: stage 1 receives its main tensor, every stage may read the others by name.
+    x0 = chain.bind_inputs(call) if not isinstance(call, torch.Tensor) else call
 
     def amp() -> contextlib.AbstractContextManager[Any]:
         return autocast_context(precision, backend.device.type)
@@ -625,15 +720,17 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         measures: list[_StageMeasure] = [_StageMeasure() for _ in range(n)]
         grad_strides: tuple[int, ...] | None = None  # of x_i's gradient in a real step; the loss's is dense
         for i in range(n, 0, -1):  # last to first: NOTE [ output gradient layout ]
-            stage = chain.stage(i)
+            stage = stage_callable(chain, i)
             x_in = rec.outputs[i - 1].detach().requires_grad_(rec.requires_grad[i - 1])
             ones = _gradient_seed(rec.outputs[i], grad_strides)
             layouts: list[tuple[int, ...]] = []
             m = _isolated_pass(stage, x_in, ones, model, backend, grads, layouts, amp)
+            _clear_side_grads(chain)
             grad_strides = layouts[0] if layouts else None
             if timing_repeats > 0:
                 m.forward_ms, m.backward_ms = _time_pass(stage, x_in, ones, model, backend, grads, timing_repeats,
                                                          amp)
+                _clear_side_grads(chain)
             measures[i - 1] = m
             del x_in, ones
         # G_i: in backward order, a parameter's gradient is born in the last stage that uses it.
@@ -644,6 +741,8 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
                 born = measures[i - 1].grads_born or {}
                 param_grad[i] = sum(b for k, b in born.items() if k not in seen)
                 seen |= born.keys()
+        else:
+            param_grad = _shared_parameter_grads(chain, n, backend)
         stages = []
         for i in range(1, n + 1):
             in_key, out_key = rec.output_keys[i - 1], rec.output_keys[i]
@@ -677,4 +776,9 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
                **_metadata(model, x0, backend, precision=precision, grads=grads, train=train, model_name=model_name,
                            model_hash=model_hash or getattr(chain, "architecture_hash", None)),
                "input_bytes": backend.storage_bytes(x0), "stages": stages}
+        signature = getattr(call, "signature", "")
+        if signature:
+            obj["inputs"] = signature
+        if rec.side_bytes:
+            obj["side_bytes"] = rec.side_bytes
     return parse_trace(obj)
