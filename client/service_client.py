@@ -68,9 +68,10 @@ def key_query(key: Any, *, algorithm: str = "linear", budget: int | None = None)
     """The path and query parameters of ``GET /v1/plans/{model_hash}`` for ``key``.
 
     Args:
-        key: a mapping with ``model_hash`` and ``input_shape`` (missing ``dtype``, ``device``, ``mode`` and
-            ``grads`` take ``PlanKey``'s defaults; a missing ``torch_version`` asks for the newest plan of any
-            torch), or an object with ``to_dict()`` returning one.
+        key: a mapping with ``model_hash`` and ``input_shape`` (missing ``inputs``, ``dtype``, ``device``,
+            ``mode`` and ``grads`` take ``PlanKey``'s defaults; a missing ``torch_version`` asks for the newest
+            plan of any torch), or an object with ``to_dict()`` returning one. The values are sent as text in
+            the query (httpx percent-encodes them: a call signature's ``;``, ``+`` or ``&`` arrive as written).
         algorithm: planner name.
         budget: memory budget in bytes; None asks for the minimum-peak plan.
 
@@ -184,13 +185,22 @@ class PlanServiceClient:
             ``Plan.to_dict()``'s form and ``measurements`` are newest first.
 
         Raises:
-            ServiceError: the service is unreachable, refused the request or answered an error.
+            ServiceError: the service is unreachable, refused the request or answered an error, or answered
+                a key's call signature (``inputs``) with the plan of another (a service that predates them).
         """
         path, params = key_query(key, algorithm=algorithm, budget=budget)
         response = self._send("GET", path, params=params)
         if response.status_code == 404 and self._is_remat_404(response):
             return None
-        return self._checked(response)
+        record = self._checked(response)
+        served = record.get("key")
+        if params["inputs"] and isinstance(served, Mapping) and served.get("inputs", "") != params["inputs"]:
+            # A service older than the key's inputs field ignores the query parameter and answers the plan
+            # of the single-tensor call of that shape, which would be applied to a different graph.
+            raise ServiceError(f"remat service {self.base_url}{path}: answered with the plan of another call "
+                               f"signature (inputs {str(served.get('inputs', ''))[:60]!r}); a service that does "
+                               "not key plans on a call's inputs cannot serve models called with several inputs")
+        return record
 
     def get_budget_plan(self, key: Any, budget_bytes: int) -> dict[str, Any] | None:
         """The service's frontier plan for a budget (the fastest whose predicted peak fits), or None when it

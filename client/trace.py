@@ -46,6 +46,7 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "model": str,
     "model_hash": str,
     "input_shape": list,
+    "inputs": str,
     "dtype": str,
     "device": str,
     "device_name": str,

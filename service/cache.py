@@ -13,6 +13,7 @@ key), so a bounded window is preferred to versioned keys that would need a Redis
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -29,9 +30,19 @@ from remat.service.config import ServiceSettings
 
 log = logging.getLogger(__name__)
 
-KEY_VERSION = "3"
+KEY_VERSION = "4"
 """Bumped when the cached JSON or the names change, so that a rolling upgrade never serves the old shape
-(3: names list the key's fields in ``PlanKey`` order, the shape as a list)."""
+(3: names list the key's fields in ``PlanKey`` order, the shape as a list; 4: the key has ``inputs``, and a
+text field longer than :data:`NAME_TEXT_CHARS` is named by its digest)."""
+NAME_TEXT_CHARS = 64
+"""Longest text field a name holds as is; a longer one (a call's signature: up to 2000 characters) appears as
+``sha256:<hex>``, 71 characters, which no text kept as is can equal: names stay short and unambiguous."""
+
+
+def _name_part(value: object) -> object:
+    if isinstance(value, str) and len(value) > NAME_TEXT_CHARS:
+        return "sha256:" + hashlib.sha256(value.encode("utf-8")).hexdigest()
+    return value
 
 
 class PlanCache:
@@ -56,9 +67,9 @@ class PlanCache:
         return self._client is not None
 
     def key_name(self, key: PlanKey, algorithm: str, budget_bytes: int | None) -> str:
-        """The Redis key of one plan read: every field of the plan key (``PlanKey.to_dict()``, in field order),
-        then the algorithm and the budget (0: none)."""
-        parts = [*key.to_dict().values(), algorithm, budget_bytes or 0]
+        """The Redis key of one plan read: every field of the plan key (``PlanKey.to_dict()``, in field order;
+        a text longer than ``NAME_TEXT_CHARS`` by its digest), then the algorithm and the budget (0: none)."""
+        parts = [*map(_name_part, key.to_dict().values()), algorithm, budget_bytes or 0]
         return self.prefix + json.dumps(parts, separators=(",", ":"))
 
     def delete_plans(self, key: PlanKey, algorithms_budgets: Iterable[tuple[str, int | None]]) -> None:

@@ -22,6 +22,7 @@ from remat.client.plan_key import (
     KEY_FIELDS,
     MAX_DIM,
     MAX_DIMS,
+    MAX_INPUTS_CHARS,
     MAX_NUMEL,
     MODEL_HASH_PATTERN,
     UNKNOWN,
@@ -31,11 +32,11 @@ from remat.client.precision import SPELLINGS
 from remat.client.trace import GRAD_CONVENTIONS, MODES, OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, Trace
 from remat.service.errors import TraceRejectedError
 
-__all__ = ["ALGORITHM_PATTERN", "DEVICE_PATTERN", "DTYPE_PATTERN", "KEY_BOUNDS", "MAX_DIM", "MAX_DIMS",
-           "MAX_FIELD_BYTES", "MAX_FIELD_MS", "MAX_NUMEL", "METADATA_MAX_CHARS", "MODEL_HASH_PATTERN",
-           "PLAN_KEY_DEFAULT", "PRECISION_PATTERN", "QUEUE_PATTERN", "REQUIRED", "TORCH_VERSION_PATTERN", "Dim",
-           "GradsName", "KeyBounds", "ModeName", "ModelHash", "api_default", "check_algorithm", "check_budget",
-           "check_storable", "find_bad_text", "trace_key"]
+__all__ = ["ALGORITHM_PATTERN", "DEVICE_PATTERN", "DTYPE_PATTERN", "INPUTS_PATTERN", "KEY_BOUNDS", "MAX_DIM",
+           "MAX_DIMS", "MAX_FIELD_BYTES", "MAX_FIELD_MS", "MAX_INPUTS_CHARS", "MAX_NUMEL", "METADATA_MAX_CHARS",
+           "MODEL_HASH_PATTERN", "PLAN_KEY_DEFAULT", "PRECISION_PATTERN", "QUEUE_PATTERN", "REQUIRED",
+           "TORCH_VERSION_PATTERN", "CallInputs", "Dim", "GradsName", "KeyBounds", "ModeName", "ModelHash",
+           "api_default", "check_algorithm", "check_budget", "check_storable", "find_bad_text", "trace_key"]
 
 MAX_FIELD_BYTES = 2**40
 """Largest byte count a trace field may hold (1 TiB): sums over 10^6 stages still fit in 64 bits."""
@@ -50,12 +51,15 @@ DTYPE_PATTERN = _alternatives((*SPELLINGS, UNKNOWN))
 """Exactly the precision spellings ``PlanKey`` accepts, and ``unknown``."""
 TORCH_VERSION_PATTERN = r"[0-9]{1,4}\.[0-9]{1,4}([.+][A-Za-z0-9.+]{0,40})?"
 ALGORITHM_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
+INPUTS_PATTERN = r"[ -~]*"
+"""A call signature's characters: printable ASCII (``remat.client.plan_key.normalize_inputs``)."""
 METADATA_MAX_CHARS = {"model": 200, "device_name": 200, "torch_version": 64}
 """Lengths of the columns these trace metadata strings are stored in."""
 _ALGORITHM_RE = re.compile(ALGORITHM_PATTERN)
 
 ModelHash = Annotated[str, StringConstraints(pattern=f"^{MODEL_HASH_PATTERN}$")]
 Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+CallInputs = Annotated[str, StringConstraints(max_length=MAX_INPUTS_CHARS, pattern=f"^{INPUTS_PATTERN}$")]
 ModeName = Literal[MODES]  # type: ignore[valid-type]  # the trace format's tuple is the one list
 GradsName = Literal[GRAD_CONVENTIONS]  # type: ignore[valid-type]
 REQUIRED: Any = ...
@@ -90,6 +94,11 @@ KEY_BOUNDS: dict[str, KeyBounds] = {
         query=Annotated[str, StringConstraints(pattern=r"^([0-9]{1,10}(,[0-9]{1,10}){0,7})?$")],
         description=f"Full input shape, batch included, comma-separated (each dimension 1..{MAX_DIM}).",
         example="32,3,224,224"),
+    "inputs": KeyBounds(
+        CallInputs,
+        description="The training call's signature: each input's name, dtype and shape, and its constants; empty "
+                    "for a single-tensor call.",
+        example="input_ids: int64[2, 256]; attention_mask: int64[2, 256]; use_cache=False"),
     # A lookup names its precision and device: a plan for one says nothing about another.
     "dtype": KeyBounds(Annotated[str, StringConstraints(pattern=f"^{DTYPE_PATTERN}$")], default=REQUIRED,
                        example="float32"),

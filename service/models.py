@@ -5,10 +5,11 @@ their per-stage rows in ``trace_stages``, ``plans`` (one per plan key), ``measur
 plan) and ``jobs`` (profiling requests). The schema itself is created by the Alembic migrations in
 ``migrations/``; these classes must match them (tests/service/test_migrations.py checks that they do).
 
-NOTE [plan key]: a plan is stored once per (architecture, input shape, dtype, mode, gradient convention,
-device class, algorithm, budget): the plan key (client/plan_key.py). "No budget" (minimise the peak) is stored as
-``budget_bytes = 0`` rather than NULL, because a unique constraint treats NULLs as distinct (SQLite, and
-PostgreSQL by default) and would let two "no budget" rows coexist. No plan fits in 0 bytes, so 0 is free.
+NOTE [plan key]: a plan is stored once per (architecture, input shape, call inputs, dtype, mode, gradient
+convention, device class, torch version, algorithm, budget): the plan key (client/plan_key.py). "No budget"
+(minimise the peak) is stored as ``budget_bytes = 0`` rather than NULL, because a unique constraint treats
+NULLs as distinct (SQLite, and PostgreSQL by default) and would let two "no budget" rows coexist. No plan
+fits in 0 bytes, so 0 is free.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 from remat.client.job_state import ACTIVE_JOB_STATES
+from remat.client.plan_key import MAX_INPUTS_CHARS
 
 NO_BUDGET = 0
 """``plans.budget_bytes`` of a plan computed without a budget; see NOTE [plan key]."""
@@ -94,7 +96,8 @@ class TraceRow(Base):
 
     __tablename__ = "traces"
     __table_args__ = (
-        Index("ix_traces_signature", "architecture_id", "input_shape", "dtype", "mode", "grads", "device_class"),
+        Index("ix_traces_signature", "architecture_id", "input_shape", "inputs", "dtype", "mode", "grads",
+              "device_class"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -102,6 +105,8 @@ class TraceRow(Base):
     content_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     input_shape: Mapped[str] = mapped_column(String(200))
     """Full input shape, batch included, as comma-separated ints (``32,3,224,224``)."""
+    inputs: Mapped[str] = mapped_column(String(MAX_INPUTS_CHARS), default="", server_default="")
+    """The training call's signature (``PlanKey.inputs``); empty for a call of one positional tensor."""
     dtype: Mapped[str] = mapped_column(String(32))
     mode: Mapped[str] = mapped_column(String(8))
     grads: Mapped[str] = mapped_column(String(8))
@@ -156,7 +161,7 @@ class PlanRow(Base):
 
     __tablename__ = "plans"
     __table_args__ = (
-        UniqueConstraint("architecture_id", "input_shape", "dtype", "mode", "grads", "device_class",
+        UniqueConstraint("architecture_id", "input_shape", "inputs", "dtype", "mode", "grads", "device_class",
                          "torch_version", "algorithm", "budget_bytes", name="uq_plans_key"),
     )
 
@@ -164,6 +169,8 @@ class PlanRow(Base):
     architecture_id: Mapped[int] = mapped_column(ForeignKey("architectures.id", ondelete="CASCADE"))
     trace_id: Mapped[int] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"), index=True)
     input_shape: Mapped[str] = mapped_column(String(200))
+    inputs: Mapped[str] = mapped_column(String(MAX_INPUTS_CHARS), default="", server_default="")
+    """The training call's signature (``PlanKey.inputs``); empty for a call of one positional tensor."""
     dtype: Mapped[str] = mapped_column(String(32))
     mode: Mapped[str] = mapped_column(String(8))
     grads: Mapped[str] = mapped_column(String(8))

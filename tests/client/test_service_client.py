@@ -34,6 +34,8 @@ from tests.utils.live_service import live_service
 BATCH, SAMPLE = 2, (3, 32, 32)
 SHAPE = (BATCH, *SAMPLE)
 SMALL = ["resnet18", "--batch-size", str(BATCH), "--input-shape", ",".join(map(str, SAMPLE))]
+ODD_SIGNATURE = 'input_ids: int64[2, 8]; mask: bool[2, 8]; scale=0.5; tag="a+b&c=d#e%f/g?h\\"'
+"""A call signature with every character a query could misread."""
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +195,48 @@ def test_a_lookup_sends_every_key_field_and_a_short_mapping_means_the_key_defaul
     assert {name: params[name] for name in KEY_FIELDS if name not in ("model_hash", "input_shape")} == \
         {name: str(value) for name, value in key.to_dict().items() if name not in ("model_hash", "input_shape")}
     assert key_query(key) == (path, params)
+    _, with_inputs = key_query({"model_hash": "abc", "input_shape": [2, 3], "inputs": ODD_SIGNATURE})
+    assert with_inputs == {**params, "inputs": ODD_SIGNATURE}
+
+
+def test_a_call_signature_travels_whole_and_picks_its_own_plan(server: str) -> None:
+    """A key's inputs go into the query percent-encoded (';', '+', '&', '#', '%', quotes and spaces included):
+    the service reads them as written and answers the plan of that call, not the single-tensor one."""
+    stages = [{"name": f"s{i}", "output_bytes": 1000 * i, "saved_bytes": 100 * i} for i in range(1, 5)]
+    base = {"format": "remat-trace/1", "input_bytes": 64, "model_hash": "sig-arch", "input_shape": [2, 8],
+            "dtype": "float32", "device": "cpu", "torch_version": "2.5"}
+    with PlanServiceClient(server, token=TOKEN) as client:
+        one = client.upload_trace({**base, "stages": stages})
+        several = client.upload_trace({**base, "inputs": ODD_SIGNATURE,
+                                       "stages": [{**s, "saved_bytes": 7 * s["saved_bytes"]} for s in stages]})
+        assert several["key"]["inputs"] == ODD_SIGNATURE
+        key = PlanKey.from_dict(several["key"])
+        record = client.get_plan(key)
+        assert record is not None and record["key"] == several["key"]
+        assert record["trace"]["trace_id"] == several["trace_id"]
+        by_mapping = client.get_plan({**several["key"], "torch_version": None})
+        assert by_mapping is not None and by_mapping["trace"]["trace_id"] == several["trace_id"]
+        plain = client.get_plan({**one["key"]})
+        assert plain is not None and plain["key"]["inputs"] == "" and plain["trace"]["trace_id"] == one["trace_id"]
+        assert client.get_plan({**several["key"], "inputs": ODD_SIGNATURE[:-1]}) is None
+
+
+def test_a_service_that_ignores_the_call_signature_is_not_taken_at_its_word() -> None:
+    """A service older than the inputs field answers every call with the single-tensor plan of its shape."""
+    served_key = {"model_hash": "abc", "input_shape": [2, 8], "dtype": "float32", "mode": "train",
+                  "grads": "none", "device": "cpu", "torch_version": "2.5"}  # no inputs: an older service
+    seen: list[httpx.URL] = []
+
+    def old_service(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url)
+        return httpx.Response(200, json={"key": served_key, "plan": {"algorithm": "linear"}})
+
+    with PlanServiceClient("http://plans.test", transport=httpx.MockTransport(old_service)) as client:
+        assert client.get_plan({"model_hash": "abc", "input_shape": [2, 8]})["key"] == served_key
+        with pytest.raises(ServiceError, match="another call signature"):
+            client.get_plan({"model_hash": "abc", "input_shape": [2, 8], "inputs": ODD_SIGNATURE})
+    assert seen[0].params["inputs"] == "" and seen[1].params["inputs"] == ODD_SIGNATURE
+    assert "#" not in str(seen[1]) and "&c=" not in str(seen[1])  # nothing of the signature escapes its value
 
 
 def test_the_client_module_imports_no_heavy_packages() -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
 import redis
 
-from remat.client.plan_key import PlanKey
-from remat.service.cache import PlanCache
+from remat.client.plan_key import MAX_INPUTS_CHARS, PlanKey
+from remat.service.cache import NAME_TEXT_CHARS, PlanCache
 from remat.service.config import ServiceSettings
 from tests.service.factories import REDIS_URL, closed_port_url
 
@@ -44,8 +45,9 @@ def test_key_names_separate_every_component() -> None:
              cache.key_name(PlanKey(**{**KEY.to_dict(), "mode": "eval"}), "linear", None),
              cache.key_name(PlanKey(**{**KEY.to_dict(), "grads": "kept"}), "linear", None),
              cache.key_name(PlanKey(**{**KEY.to_dict(), "input_shape": [8, 3, 32]}), "linear", None),
-             cache.key_name(PlanKey(**{**KEY.to_dict(), "torch_version": "unknown"}), "linear", None)}
-    assert len(names) == 7
+             cache.key_name(PlanKey(**{**KEY.to_dict(), "torch_version": "unknown"}), "linear", None),
+             cache.key_name(PlanKey(**{**KEY.to_dict(), "inputs": "x: float32[8, 3, 32, 32]"}), "linear", None)}
+    assert len(names) == 8
     assert cache.key_name(KEY, "linear", None) == cache.key_name(KEY, "linear", 0)
 
 
@@ -54,6 +56,26 @@ def test_key_names_follow_every_field_of_the_plan_key() -> None:
     cache = _cache(None)
     parts = json.loads(cache.key_name(KEY, "linear", 1024).removeprefix(cache.prefix))
     assert parts == [*KEY.to_dict().values(), "linear", 1024]
+
+
+def test_a_long_call_signature_is_named_by_its_digest_and_names_stay_distinct() -> None:
+    """A call's signature (up to 2000 characters of ``;``, ``:``, ``[``, ``,``, quotes, backslashes…) is one
+    JSON string in the name, or its digest when long: never able to pass for another field or another key."""
+    cache = _cache(None)
+    long_inputs = "; ".join(f"input_{i}: int64[2, 256]" for i in range(60))
+    assert len(long_inputs) > NAME_TEXT_CHARS
+    variants = [long_inputs, long_inputs + " ", long_inputs[:-1],
+                "a: int64[2]; b=\"x\",\"float32\"", "a: int64[2]; b=\\", "a: int64[2]",
+                "sha256:" + hashlib.sha256(long_inputs.encode()).hexdigest()[:NAME_TEXT_CHARS - 7], ""]
+    names = {cache.key_name(PlanKey(**{**KEY.to_dict(), "inputs": v}), "linear", None) for v in variants}
+    assert len(names) == len(variants)
+    name = cache.key_name(PlanKey(**{**KEY.to_dict(), "inputs": "x" * MAX_INPUTS_CHARS}), "linear", None)
+    assert len(name) < 400
+    parts = json.loads(name.removeprefix(cache.prefix))
+    assert parts[2] == "sha256:" + hashlib.sha256(b"x" * MAX_INPUTS_CHARS).hexdigest()
+    short = "input_ids: int64[2, 256]; use_cache=False"
+    assert json.loads(cache.key_name(PlanKey(**{**KEY.to_dict(), "inputs": short}), "linear", None)
+                      .removeprefix(cache.prefix))[2] == short  # a short signature stays readable
 
 
 def test_redis_down_is_a_miss_and_is_not_retried_per_request() -> None:

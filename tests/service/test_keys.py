@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from remat.client.plan_key import PlanKey, parse_input_shape
+from remat.client.errors import TraceFormatError
+from remat.client.plan_key import MAX_INPUTS_CHARS, PlanKey, parse_input_shape
 from remat.service.errors import InvalidKeyError, TraceRejectedError
 from remat.service.keys import trace_key
 from tests.service.factories import make_trace
@@ -51,6 +52,22 @@ def test_from_trace_defaults_and_errors() -> None:
         trace_key(make_trace(dtype=""))
 
 
+SIGNATURE = "input_ids: int64[2, 256]; attention_mask: int64[2, 256]; labels: int64[2, 256]; use_cache=False"
+
+
+def test_from_trace_reads_the_call_signature_and_absent_is_one_tensor() -> None:
+    assert PlanKey.from_trace(make_trace()).inputs == ""
+    assert PlanKey.from_trace(make_trace(inputs=None)).inputs == ""
+    key = PlanKey.from_trace(make_trace(inputs=SIGNATURE))
+    assert key.inputs == SIGNATURE
+    assert key != PlanKey.from_trace(make_trace())
+    assert PlanKey.from_dict(key.to_dict()) == key
+    with pytest.raises(TraceRejectedError, match="^inputs: "):
+        trace_key(make_trace(inputs="x: int64[2]\n"))
+    with pytest.raises(TraceFormatError, match="^inputs: must be of type str"):
+        make_trace(inputs=["x"])
+
+
 # --- the API's key fields are PlanKey's ---------------------------------------------------------------------
 
 def test_every_key_field_has_api_bounds_and_the_schemas_list_them_in_order() -> None:
@@ -81,3 +98,21 @@ def test_a_key_body_round_trips_through_the_one_plan_key() -> None:
     assert body.to_key() == PlanKey(model_hash="h", input_shape=(8, 3), dtype="float32", device="cuda",
                                     torch_version="unknown")
     assert PlanKeyIn.model_validate(body.to_key().to_dict()).to_key() == body.to_key()
+
+
+def test_a_key_body_bounds_the_call_signature_as_the_plan_key_does() -> None:
+    from pydantic import ValidationError
+
+    from remat.service.schemas import TRACE_SCHEMA, PlanKeyIn
+
+    base = {"model_hash": "h", "input_shape": [2, 256], "dtype": "float32", "device": "cpu"}
+    assert PlanKeyIn(**base).to_key().inputs == ""  # PlanKey's own default: a single-tensor call
+    assert PlanKeyIn(**base, inputs=SIGNATURE).to_key().inputs == SIGNATURE
+    assert PlanKeyIn(**base, inputs="x" * MAX_INPUTS_CHARS).to_key().inputs == "x" * MAX_INPUTS_CHARS
+    for bad in ("x" * (MAX_INPUTS_CHARS + 1), "a: int64[2]\n", "a\tb", "\u00e9", "a\x00"):
+        with pytest.raises(ValidationError, match="inputs"):
+            PlanKeyIn(**base, inputs=bad)
+        with pytest.raises(InvalidKeyError, match="^inputs: "):
+            PlanKey(**base, inputs=bad)
+    schema = TRACE_SCHEMA["properties"]["inputs"]["anyOf"][0]
+    assert (schema["type"], schema["maxLength"]) == ("string", MAX_INPUTS_CHARS)

@@ -184,6 +184,68 @@ def test_0003_keeps_plans_and_measurements_down_and_up(fresh_url: str) -> None:
         db.dispose()
 
 
+def test_0006_keys_plans_on_the_call_inputs_down_and_up(fresh_url: str) -> None:
+    """0006 adds the call's signature to the plan key: a downgrade drops what the older schema cannot tell
+    from a single-tensor call (plans, their measurements, traces and stages of several-input calls) and keeps
+    the rest; an upgrade keys a trace that recorded its signature before (and its plans) on that signature."""
+    from sqlalchemy import text
+
+    from remat.client.measurement import Measurement
+    from remat.client.plan_key import PlanKey
+    from remat.service import repository
+    from tests.service.factories import fixed_plans, make_trace
+
+    signature = "input_ids: int64[8, 3]; attention_mask: int64[8, 3]; use_cache=False"
+    one_tensor = make_trace()
+    several = make_trace(inputs=signature, scale=2)
+    measured = {"linear": Measurement(measured_peak_bytes=4000, baseline_measured_peak_bytes=9000)}
+    db = Database(fresh_url)
+    try:
+        migrate.upgrade(db)
+        with db.write_session() as session:
+            kept = repository.store_profile(session=session, trace=one_tensor, plans=fixed_plans(one_tensor),
+                                            measurements=measured)
+            gone = repository.store_profile(session=session, trace=several, plans=fixed_plans(several),
+                                            measurements=measured)
+        assert (kept.key.inputs, gone.key.inputs) == ("", signature)
+        migrate.downgrade(db, "0005")
+        assert "inputs" not in {c["name"] for c in inspect(db.engine).get_columns("plans")}
+        with db.engine.connect() as conn:
+            assert conn.execute(text("SELECT id FROM traces")).scalars().all() == [kept.trace_id]
+            assert conn.execute(text("SELECT DISTINCT trace_id FROM trace_stages")).scalars().all() == [
+                kept.trace_id]
+            assert conn.execute(text("SELECT DISTINCT trace_id FROM plans")).scalars().all() == [kept.trace_id]
+            assert conn.execute(text("SELECT COUNT(*) FROM measurements")).scalar_one() == 1
+        migrate.upgrade(db)
+        with db.read_session() as session:
+            record = repository.get_plan(session=session, key=kept.key, algorithm="linear")
+            assert repository.get_plan(session=session, key=gone.key, algorithm="linear") is None
+        assert record is not None and record.key == kept.key
+        assert [m.measured_peak_bytes for m in record.measurements] == [4000]
+
+        # A trace that recorded its signature while the service did not key on it (stored as ""): the upgrade
+        # keys it, and the plans computed from it, on the recorded signature.
+        recorded = make_trace(inputs=signature, input_shape=(16, 3))
+        with db.write_session() as session:
+            early = repository.store_profile(session=session, trace=recorded, plans=fixed_plans(recorded),
+                                             measurements={})
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE plans SET inputs = ''"))
+            conn.execute(text("UPDATE traces SET inputs = ''"))
+        migrate.downgrade(db, "0005")
+        with db.engine.connect() as conn:
+            assert conn.execute(text("SELECT COUNT(*) FROM plans")).scalar_one() == 4  # nothing keyed on inputs
+        migrate.upgrade(db)
+        with db.read_session() as session:
+            early_record = repository.get_plan(session=session, key=early.key, algorithm="linear")
+            one_record = repository.get_plan(session=session, key=kept.key, algorithm="linear")
+        assert early_record is not None and early_record.trace.trace_id == early.trace_id
+        assert early_record.key == PlanKey.from_trace(recorded) and early.key.inputs == signature
+        assert one_record is not None and one_record.trace.trace_id == kept.trace_id
+    finally:
+        db.dispose()
+
+
 def test_measurement_columns_are_the_measurement_records_fields() -> None:
     """One definition of a measurement: the table stores exactly remat.client.measurement's stored fields."""
     from remat.client.measurement import STORED_FIELDS
@@ -200,7 +262,7 @@ def test_api_key_and_measurement_schemas_derive_from_the_records() -> None:
     from remat.service.schemas import MeasurementCreate, MeasurementOut, PlanKeyIn, PlanKeyOut
 
     assert set(PlanKeyIn.model_fields) == set(PlanKeyOut.model_fields) == set(KEY_FIELDS)
-    key_columns = {"input_shape", "dtype", "mode", "grads", "device_class", "torch_version"}
+    key_columns = {"input_shape", "inputs", "dtype", "mode", "grads", "device_class", "torch_version"}
     assert key_columns <= {c.name for c in PlanRow.__table__.columns}  # + model_hash via the architecture
     assert set(MeasurementOut.model_fields) == set(Measurement().to_dict())
     assert set(MeasurementCreate.model_fields) == {"key", "algorithm", "budget_bytes", *STORED_FIELDS}

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import random
+import string
+from dataclasses import replace
+
 import pytest
 from sqlalchemy import func, select
 
-from remat.client.plan_key import PlanKey
+from remat.client.plan_key import MAX_INPUTS_CHARS, PlanKey
 from remat.client.trace import parse_trace
 from remat.service import repository
 from remat.service.db import Database
@@ -76,8 +80,12 @@ def test_budget_none_and_budgets_are_distinct_keys(db: Database) -> None:
     assert bounded is not None and bounded.plan.budget_bytes == 123456
 
 
+SIGNATURE = "input_ids: int64[8, 3]; attention_mask: int64[8, 3]; labels: int64[8, 3]; use_cache=False"
+
+
 @pytest.mark.parametrize("field, value", [("mode", "eval"), ("grads", "kept"), ("device", "cuda"),
-                                          ("dtype", "bfloat16"), ("input_shape", (16, 3, 32, 32))])
+                                          ("dtype", "bfloat16"), ("input_shape", (16, 3, 32, 32)),
+                                          ("inputs", SIGNATURE)])
 def test_every_key_component_separates_plans(db: Database, field: str, value: object) -> None:
     _store(db)
     other = {"mode": "train", "grads": "none", **trace_dict(), field: list(value) if field == "input_shape" else value}
@@ -85,6 +93,37 @@ def test_every_key_component_separates_plans(db: Database, field: str, value: ob
     assert _count(db, PlanRow) == 4
     with db.read_session() as session:
         assert len(repository.find_plans(session=session, key=KEY)) == 2
+
+
+def test_a_key_differing_only_in_its_call_inputs_is_another_plan(db: Database) -> None:
+    """The same model and input shape called with one tensor, with a signature, and with the longest signature
+    a key holds (noise, so that PostgreSQL cannot compress it under the unique index's row limit): three plans,
+    each found by its own key, measured and replaced on its own."""
+    longest = "".join(random.Random(0).choice(string.printable[:-5]) for _ in range(MAX_INPUTS_CHARS))
+    _store(db)
+    several = _store(db, make_trace(inputs=SIGNATURE, scale=2), fixed_plans(make_trace(), checkpoints=(3,)))
+    widest = _store(db, make_trace(inputs=longest, scale=3), fixed_plans(make_trace(), checkpoints=(4,)))
+    assert (several.key, widest.key) == (replace(KEY, inputs=SIGNATURE), replace(KEY, inputs=longest))
+    assert _count(db, PlanRow) == 6
+    with db.write_session() as session:
+        repository.store_measurement(session=session, key=several.key, algorithm="linear",
+                                     measurement=Measurement(measured_peak_bytes=777))
+    with db.read_session() as session:
+        found = {key.inputs: repository.get_plan(session=session, key=key, algorithm="linear")
+                 for key in (KEY, several.key, widest.key)}
+        assert repository.get_plan(session=session, key=replace(KEY, inputs="input_ids: int64[8, 3]"),
+                                   algorithm="linear") is None
+        assert [r.key for r in repository.find_plans(session=session, key=several.key)] == [several.key] * 2
+    assert {inputs: (r.plan.checkpoints, r.key.inputs) for inputs, r in found.items() if r is not None} == {
+        "": ((2,), ""), SIGNATURE: ((3,), SIGNATURE), longest: ((4,), longest)}
+    assert [m.measured_peak_bytes for m in found[SIGNATURE].measurements] == [777]
+    assert found[""].measurements == () and found[longest].measurements == ()
+    newer = make_trace(inputs=SIGNATURE, scale=5)
+    _store(db, newer, fixed_plans(newer, checkpoints=(5,)))  # a new profile of that call replaces only its plans
+    assert _count(db, PlanRow) == 6
+    with db.read_session() as session:
+        assert repository.get_plan(session=session, key=several.key, algorithm="linear").plan.checkpoints == (5,)
+        assert repository.get_plan(session=session, key=KEY, algorithm="linear").plan.checkpoints == (2,)
 
 
 def test_lookup_normalises_dtype_and_device(db: Database) -> None:

@@ -71,6 +71,47 @@ def test_malformed_queries_are_422_naming_the_field(client: TestClient, path: st
     assert response.json()["detail"].startswith(detail)
 
 
+SIGNATURE = "input_ids: int64[8, 3]; attention_mask: int64[8, 3]; labels: int64[8, 3]; use_cache=False"
+
+
+def test_the_call_signature_is_part_of_the_key_read_from_the_query(client: TestClient) -> None:
+    """A model called with several inputs and with one tensor of the same shape has a plan for each; the
+    signature, with its ``;``, ``:``, ``[``, ``,`` and spaces, arrives whole however the query is encoded."""
+    one = client.post("/v1/traces", json=trace_dict(), headers=AUTH).json()
+    several = client.post("/v1/traces", json=trace_dict(inputs=SIGNATURE, scale=2), headers=AUTH).json()
+    assert (one["key"]["inputs"], several["key"]["inputs"]) == ("", SIGNATURE)
+    plain = client.get("/v1/plans/arch-1", params=QUERY)
+    assert plain.status_code == 200 and plain.json()["key"]["inputs"] == ""
+    assert plain.json()["trace"]["trace_id"] == one["trace_id"]
+    assert client.get("/v1/plans/arch-1", params={**QUERY, "inputs": ""}).json() == plain.json()
+    encoded = client.get("/v1/plans/arch-1", params={**QUERY, "inputs": SIGNATURE})
+    assert encoded.status_code == 200, encoded.text
+    assert encoded.json()["key"]["inputs"] == SIGNATURE and encoded.json()["trace"]["trace_id"] == several["trace_id"]
+    # As a hand-written URL: ';' and ':' unescaped, spaces as %20 in one place and '+' in another.
+    raw = ("/v1/plans/arch-1?input_shape=8,3,32,32&dtype=float32&device=cpu&inputs="
+           + SIGNATURE.replace(" ", "%20", 3).replace(" ", "+").replace("[", "%5B").replace("]", "%5D"))
+    assert client.get(raw).json() == encoded.json()
+    for path in ("/v1/plans/arch-1/frontier", "/v1/plans/arch-1/timeline"):
+        assert client.get(path, params={**QUERY, "inputs": "x: int64[8, 3]"}).status_code == 404
+    missing = client.get("/v1/plans/arch-1", params={**QUERY, "inputs": "input_ids: int64[8, 3]"})
+    assert missing.status_code == 404
+    assert "inputs input_ids: int64[8, 3], dtype float32" in missing.json()["detail"]
+
+
+@pytest.mark.parametrize("inputs, detail", [
+    ("x: int64[2]\t", "inputs: String should match pattern"),
+    ("x: int64[2]\n", "inputs: String should match pattern"),
+    ("\u00e9: int64[2]", "inputs: String should match pattern"),
+    ("x" * 2001, "inputs: String should have at most 2000 characters"),
+])
+def test_a_malformed_call_signature_is_422_naming_the_field(client: TestClient, inputs: str, detail: str) -> None:
+    response = client.get("/v1/plans/arch-1", params={**QUERY, "inputs": inputs})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith(detail)
+    rejected = client.post("/v1/traces", json=trace_dict(inputs=inputs), headers=AUTH)
+    assert rejected.status_code == 422 and rejected.json()["detail"].startswith("inputs: ")
+
+
 def test_list_plans_pages(client: TestClient) -> None:
     client.post("/v1/traces", json=trace_dict(), headers=AUTH)
     client.post("/v1/traces", json=trace_dict(model_hash="arch-2", model="other"), headers=AUTH)
@@ -114,6 +155,22 @@ def test_cache_miss_then_hit_then_invalidated_by_writes(cached_client: TestClien
     after_profile = client.get("/v1/plans/arch-1", params=QUERY)
     assert after_profile.headers["x-remat-cache"] == "miss"
     assert after_profile.json()["trace"]["trace_id"] != first.json()["trace"]["trace_id"]
+    assert client.get("/v1/plans/arch-1", params=QUERY).headers["x-remat-cache"] == "hit"
+
+
+def test_a_call_signature_has_its_own_cache_entry(cached_client: TestClient) -> None:
+    client = cached_client
+    client.post("/v1/traces", json=trace_dict(), headers=AUTH)
+    client.post("/v1/traces", json=trace_dict(inputs=SIGNATURE, scale=2), headers=AUTH)
+    several = {**QUERY, "inputs": SIGNATURE}
+    assert client.get("/v1/plans/arch-1", params=QUERY).headers["x-remat-cache"] == "miss"
+    first = client.get("/v1/plans/arch-1", params=several)
+    assert first.headers["x-remat-cache"] == "miss" and first.json()["key"]["inputs"] == SIGNATURE
+    second = client.get("/v1/plans/arch-1", params=several)
+    assert second.headers["x-remat-cache"] == "hit" and second.json() == first.json()
+    assert client.get("/v1/plans/arch-1", params=QUERY).json()["key"]["inputs"] == ""
+    client.post("/v1/traces", json=trace_dict(inputs=SIGNATURE, scale=7), headers=AUTH)  # re-profile of that call
+    assert client.get("/v1/plans/arch-1", params=several).headers["x-remat-cache"] == "miss"
     assert client.get("/v1/plans/arch-1", params=QUERY).headers["x-remat-cache"] == "hit"
 
 

@@ -16,7 +16,7 @@ def test_store_and_plan_with_every_algorithm(client: TestClient) -> None:
     assert response.status_code == 201
     body = response.json()
     assert body["created"] is True
-    assert body["key"] == {"model_hash": "arch-1", "input_shape": [8, 3, 32, 32], "dtype": "float32",
+    assert body["key"] == {"model_hash": "arch-1", "input_shape": [8, 3, 32, 32], "inputs": "", "dtype": "float32",
                            "device": "cpu", "mode": "train", "grads": "none", "torch_version": TORCH}
     assert [p["algorithm"] for p in body["plans"]] == list(PLANNERS)
     again = client.post("/v1/traces", json=trace_dict(), headers=AUTH)
