@@ -54,7 +54,6 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "grads": str,
     "mode": str,
     "batch_size": int,
-    "inputs": str,
     "side_bytes": int,
 }
 GRAD_CONVENTIONS = ("none", "kept")
