@@ -340,7 +340,7 @@ def _build_from_fx(
     for st, name in zip(stages, _unique([st.name for st in stages]), strict=True):
         st.name = name
 
-    return StageChain(
+    chain = StageChain(
         model=model,
         source="fx",
         graph_module=gm,
@@ -361,6 +361,13 @@ def _build_from_fx(
         pytree_specs=gm.meta.get("remat_pytree"),
         _extra_inputs=extra_inputs,
     )
+    if probed and train and gm.meta.get("remat_tracer") == "export":
+        from remat.client.graph.fidelity import check_export_fidelity
+        from remat.client.graph.model_call import ModelCall
+
+        call = example if isinstance(example, ModelCall) else ModelCall(args=(example,), kwargs={})
+        check_export_fidelity(model, chain, call, train=train)
+    return chain
 
 
 # ----------------------------------------------------------------------------------------------------------

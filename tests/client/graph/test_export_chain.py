@@ -1,0 +1,101 @@
+"""Chains of models called with several inputs (Hugging Face transformers), cut from their exported graphs.
+
+The oracle is the eager model: one training step of the chain, with no, every and some boundaries
+checkpointed, must give a loss and every parameter gradient ``torch.equal`` to the model's own step from the
+same RNG state (dropout on: RNG replay is under test too).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from remat.client.errors import ModelError, PlanError
+from remat.client.graph.model_call import ModelCall, synthetic_call
+from remat.client.graph.stage_graph import build_stage_chain
+from tests.utils.tiny_transformers import batch, same_step, step, tiny
+
+ARCHITECTURES = ["gpt2", "llama", "bert", "t5"]
+
+
+def _chain_step(model: nn.Module, chain: Any, call: ModelCall, checkpoints: tuple[int, ...]) -> Any:
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(3)
+    loss = chain.run_call(call, checkpoints).loss
+    loss.backward()
+    return loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_chain_of_a_transformer_trains_like_the_model(arch: str) -> None:
+    model = tiny(arch)
+    kwargs = batch()
+    call = ModelCall.bind(model, (), kwargs)
+    chain = build_stage_chain(model, call)
+    assert chain.graph_module.meta["remat_tracer"] == "export"
+    # Cut between and inside the two blocks (and the encoder's and decoder's of T5), not only around them.
+    assert chain.num_stages >= 8, chain.names
+    # The attention mask every block reads is a side value handed to each stage, not a boundary.
+    assert chain.side_values and not set(chain.side_values) & set(chain.boundaries)
+    reference = step(model, kwargs)
+    n = chain.num_stages
+    for checkpoints in [(), tuple(range(1, n)), tuple(range(2, n, 3))]:
+        assert same_step(reference, _chain_step(model, chain, call, checkpoints)), (arch, checkpoints)
+    assert type(chain.run_call(call, ())).__name__ == type(model(**kwargs)).__name__  # the ModelOutput comes back
+
+
+def test_mixture_of_experts_is_refused_with_the_reason() -> None:
+    model = tiny("mixtral")
+    call = ModelCall.bind(model, (), batch())
+    with pytest.raises(ModelError, match=r"MixtralForCausalLM routes tokens by their values \(aten.topk"):
+        build_stage_chain(model, call)
+
+
+class _Branchy(nn.Module):
+    """Control flow on a tensor's values: no graph holds both branches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return self.a(x) * scale
+        return self.b(x) * scale
+
+
+def test_data_dependent_control_flow_is_refused_naming_the_tracer() -> None:
+    model = _Branchy()
+    call = ModelCall.bind(model, (torch.randn(4, 8), torch.ones(4, 1)), {})
+    with pytest.raises(ModelError, match="torch.export cannot trace _Branchy"):
+        build_stage_chain(model, call)
+
+
+def test_a_call_has_one_spelling() -> None:
+    model = tiny("gpt2")
+    kwargs = batch(mask=False)
+    keyword = ModelCall.bind(model, (), kwargs)
+    positional = ModelCall.bind(model, (kwargs["input_ids"],), {"labels": kwargs["labels"]})
+    assert keyword.signature == positional.signature
+    assert keyword.signature == "input_ids: int64[2, 32]; labels: int64[2, 32]"
+    flagged = ModelCall.bind(model, (), {**kwargs, "use_cache": False, "token_type_ids": None})
+    assert "use_cache=False" in flagged.signature and "token_type_ids=None" in flagged.signature
+    assert keyword.describe_difference(flagged) == "token_type_ids: absent vs None; use_cache: absent vs False"
+    assert synthetic_call(flagged.signature, model, "cpu").signature == flagged.signature
+    one = ModelCall.bind(model, (kwargs["input_ids"],), {})
+    assert one.signature == "" and one.single_tensor is kwargs["input_ids"]
+
+
+def test_inputs_that_cannot_be_traced_are_named() -> None:
+    model = tiny("gpt2")
+    with pytest.raises(PlanError, match=r"input labels: a set cannot be traced"):
+        ModelCall.bind(model, (), {"input_ids": torch.zeros(2, 4, dtype=torch.long), "labels": {1, 2}})
+    with pytest.raises(PlanError, match="do not fit _Branchy.forward"):
+        ModelCall.bind(_Branchy(), (torch.zeros(2, 8),), {"tokens": torch.zeros(2)})
+    with pytest.raises(PlanError, match="passes no tensor"):
+        ModelCall.bind(model, (), {"use_cache": False})

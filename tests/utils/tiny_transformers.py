@@ -1,0 +1,88 @@
+"""Tiny Hugging Face models built from configurations (random weights, nothing downloaded), for tests of
+calls with several inputs. Dropout stays at each architecture's default (GPT-2, BERT, T5: 0.1), and Llama's
+attention dropout is turned on, so that every bit-equality test also tests RNG replay."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 512
+BATCH, SEQ = 2, 32
+
+
+def _quiet() -> None:
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", module="transformers")
+
+
+def tiny(arch: str, *, layers: int = 2) -> nn.Module:
+    """A two-block model of ``arch`` in train mode: gpt2, llama, bert (masked LM), t5, mixtral."""
+    _quiet()
+    torch.manual_seed(0)
+    auto = transformers.AutoModelForCausalLM
+    if arch == "gpt2":
+        cfg = transformers.AutoConfig.for_model("gpt2", n_layer=layers, n_embd=64, n_head=4, vocab_size=VOCAB,
+                                                n_positions=128, use_cache=False)
+    elif arch == "llama":
+        cfg = transformers.AutoConfig.for_model("llama", num_hidden_layers=layers, hidden_size=64,
+                                                intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                                vocab_size=VOCAB, attention_dropout=0.1, use_cache=False)
+    elif arch == "bert":
+        cfg = transformers.AutoConfig.for_model("bert", num_hidden_layers=layers, hidden_size=64,
+                                                intermediate_size=128, num_attention_heads=4, vocab_size=VOCAB)
+        auto = transformers.AutoModelForMaskedLM
+    elif arch == "t5":
+        cfg = transformers.AutoConfig.for_model("t5", num_layers=layers, num_decoder_layers=layers, d_model=64,
+                                                d_ff=128, num_heads=4, d_kv=16, vocab_size=VOCAB,
+                                                decoder_start_token_id=0, use_cache=False)
+        auto = transformers.AutoModelForSeq2SeqLM
+    elif arch == "mixtral":
+        cfg = transformers.AutoConfig.for_model("mixtral", num_hidden_layers=layers, hidden_size=64,
+                                                intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                                vocab_size=VOCAB, num_local_experts=4, num_experts_per_tok=2,
+                                                use_cache=False)
+    else:
+        raise ValueError(arch)
+    model = auto.from_config(cfg)
+    model.train()
+    return model
+
+
+def batch(*, seed: int = 0, seq: int = SEQ, mask: bool = True) -> dict[str, Any]:
+    """One training call's keyword inputs: token ids, an attention mask (one padded position), labels."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (BATCH, seq), generator=gen)
+    out: dict[str, Any] = {"input_ids": ids, "labels": ids.clone()}
+    if mask:
+        attention = torch.ones_like(ids)
+        attention[0, -1] = 0
+        out["attention_mask"] = attention
+    return out
+
+
+Step = tuple[torch.Tensor, list[torch.Tensor | None]]
+
+
+def step(model: nn.Module, kwargs: dict[str, Any], *, seed: int = 3) -> Step:
+    """One training step from a fixed RNG state: the loss and every parameter gradient."""
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    loss = model(**kwargs).loss
+    loss.backward()
+    return loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+def same_step(a: Step, b: Step) -> bool:
+    """Loss and every gradient ``torch.equal``."""
+    if not torch.equal(a[0], b[0]) or len(a[1]) != len(b[1]):
+        return False
+    return all((x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+               for x, y in zip(a[1], b[1], strict=True))
