@@ -55,6 +55,8 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "mode": str,
     "batch_size": int,
     "side_bytes": int,
+    "side_unsaved_bytes": int,
+    "side_by_stage": list,
 }
 GRAD_CONVENTIONS = ("none", "kept")
 MODES = ("train", "eval")
@@ -190,6 +192,21 @@ class Trace:
         stage reads besides the boundary (attention masks, an encoder's output), alive to the end of
         backward whatever is checkpointed; a constant of every plan (docs/cost-model.md, "Side values")."""
         return int(self.metadata.get("side_bytes") or 0)
+
+    @property
+    def side_by_stage(self) -> tuple[int, ...]:
+        """Bytes of the side values each stage makes (metadata ``side_by_stage``); a trace that gives only
+        ``side_bytes`` has them made by the first stage."""
+        given = self.metadata.get("side_by_stage")
+        if given is not None:
+            return tuple(int(b) for b in given)
+        return (self.side_bytes, *([0] * (self.num_stages - 1)))
+
+    @property
+    def side_unsaved_bytes(self) -> int:
+        """The part of :attr:`side_bytes` no stage saves for backward (metadata ``side_unsaved_bytes``): gone
+        once the forward returns, unless a checkpointed segment holds it as an input for its recompute."""
+        return int(self.metadata.get("side_unsaved_bytes") or 0)
 
     @property
     def has_times(self) -> bool:
@@ -348,8 +365,18 @@ def parse_trace(obj: Any) -> Trace:
             raise TraceFormatError(f"{key}: must be of type {getattr(expected, '__name__', expected)}, "
                                    f"got {value!r}")
         metadata[key] = value
-    if metadata.get("side_bytes") is not None:
-        _nonneg_int(metadata, "side_bytes", "", required=True)
+    for name in ("side_bytes", "side_unsaved_bytes"):
+        if metadata.get(name) is not None:
+            _nonneg_int(metadata, name, "", required=True)
+    if int(metadata.get("side_unsaved_bytes") or 0) > int(metadata.get("side_bytes") or 0):
+        raise TraceFormatError("side_unsaved_bytes: must not exceed side_bytes")
+    by_stage = metadata.get("side_by_stage")
+    if by_stage is not None:
+        if len(by_stage) != len(stages) or any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= 2**50
+                                               for b in by_stage):
+            raise TraceFormatError(f"side_by_stage: must be {len(stages)} non-negative integers, one per stage")
+        if sum(by_stage) != int(metadata.get("side_bytes") or 0):
+            raise TraceFormatError("side_by_stage: must add up to side_bytes")
     if metadata.get("grads") not in (None, *GRAD_CONVENTIONS):
         raise TraceFormatError(f"grads: must be one of {', '.join(GRAD_CONVENTIONS)}, got {metadata['grads']!r}")
     if metadata.get("mode") not in (None, *MODES):

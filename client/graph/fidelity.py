@@ -68,6 +68,16 @@ def routing_ops(graph: torch.fx.Graph) -> list[str]:
     return found
 
 
+def _all_ones_inputs(call: Any) -> list[str]:
+    """Names of the call's integer or boolean tensor inputs whose every element is one (masks without padding)."""
+    out = []
+    for name, value in call.kwargs.items():
+        if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.numel() and bool(
+                (value == 1).all()):
+            out.append(name)
+    return out
+
+
 def check_export_fidelity(model: nn.Module, chain: Any, call: Any, *, train: bool = True) -> None:
     """Raise ``ModelError`` when the chain (cut from an exported graph) does not train like the model.
 
@@ -89,8 +99,14 @@ def check_export_fidelity(model: nn.Module, chain: Any, call: Any, *, train: boo
             lambda: type(model).forward(model, *call.args, **call.kwargs), params, seed=0)
         chain_loss, chain_grads = _step(lambda: chain.run_call(call, ()), params, seed=0)
     exact = call.device.type == "cpu"  # elsewhere two eager steps may differ in their last bits (atomics)
-    reason = ("its forward takes another path when exported (data-dependent control flow, such as "
-              "mixture-of-experts routing), so a plan would train another program")
+    reason = ("its forward takes another path when exported (data-dependent control flow), so a plan would "
+              "train another program")
+    ones = _all_ones_inputs(call)
+    if ones:
+        # transformers skips an attention mask without padding in its eager forward (SDPA's is_causal path),
+        # never in an exported graph, which must hold for every batch.
+        reason += (f"; input {ones[0]} is all ones: the model's own forward skips such a mask, its exported graph "
+                   f"cannot; pass {ones[0]}=None when no position is padded")
     if eager_loss is None or chain_loss is None:
         return
     scale = max((float(g.abs().max()) for g in eager_grads if g is not None and g.numel()), default=0.0)

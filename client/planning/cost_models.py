@@ -82,9 +82,12 @@ class PytorchTables:
       checkpointed stage (its saved tensors are dropped, the cache still holds the copy) and, in the last
       segment, the copies no stage saves. Without autocast they reduce to the stage's forward peak plus
       what is provably alive, and never exceed the recompute candidates of a checkpointed segment.
-    - ``trace.side_bytes`` — side values (masks, an encoder's output read by every decoder block) are alive
-      from their making to the end of backward whatever the plan keeps: every candidate above includes them
-      once (docs/cost-model.md, "Side values").
+    - side values (``trace.side_by_stage``: masks, position biases, an encoder's output read by every decoder
+      block) are alive from the stage that makes them to the end of backward, held by the stages that save
+      them or by the checkpointed segments that take them as an input, and gone before: every candidate of
+      stage s includes, once, those made before s (its own are in its measured peaks). Those no stage saves
+      (``trace.side_unsaved_bytes``) are gone in the backward of the plan without checkpoints:
+      ``drop_input[0]`` (docs/cost-model.md, "Side values").
     """
 
     __slots__ = ("n", "d", "U", "back", "back_ck", "rec", "rec_first", "rec_last", "rec_last_first", "delta",
@@ -119,9 +122,11 @@ class PytorchTables:
         self.fwd_last_first = [0] * (n + 1)
         self.fwd_mid = [0] * (n + 1)
         self.fwd_tail = [0] * (n + 1)
-        side = trace.side_bytes  # alive throughout, whatever the plan: in every candidate (NOTE above)
+        # side_before[s]: side values made before stage s, alive in its every candidate (NOTE above).
+        side_before = list(accumulate(trace.side_by_stage, initial=0))
         for s in range(1, n + 1):
             st = stages[s - 1]
+            side = side_before[s - 1]
             own = st.saved_bytes + (st.output_bytes if st.saves_output else 0)
             unsaved_input = d[s - 1] if not sigma[s - 1] else 0
             fwd = max(st.forward_peak_bytes, own + (0 if st.saves_output else st.output_bytes))
@@ -147,6 +152,11 @@ class PytorchTables:
             self.fwd_tail[s] = side + U[s - 1] + cast_unsaved[s - 1] + unsaved_input + fwd
         for a in range(1, n):
             self.drop_input[a] = 0 if stages[a].saves_input else d[a]
+        # Without any checkpointed segment (the plan that keeps everything, the only last segment starting at 0)
+        # nothing holds the side values no stage saves once the forward returns: out of its backward candidates,
+        # kept in its forward ones (the forward tail adds cast_saved[a] back after subtracting drop_input[a]).
+        self.drop_input[0] = trace.side_unsaved_bytes
+        self.cast_saved[0] += trace.side_unsaved_bytes
         self.frameless_end = list(range(n + 1))
         for a in range(n - 1, -1, -1):
             if stages[a].saves_nothing:

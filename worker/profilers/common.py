@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -252,8 +253,12 @@ class _ChainRecord:
     """Per stage 1..n: how many tensors autograd saved, parameters and buffers included."""
     casts: list[dict[int, int]]
     """Per stage 1..n: autocast's parameter copies made in it, storage key -> booked bytes."""
-    side_bytes: int = 0
-    """Bytes of the side values, each storage once (NOTE [side values] in stage_graph.py)."""
+    side_by_stage: list[int] = dataclasses.field(default_factory=list)
+    """Per stage 1..n: bytes of the side values it makes, each storage once (NOTE [side values] in
+    stage_graph.py)."""
+    side_unsaved_bytes: int = 0
+    """The part of ``side_bytes`` no stage saves for backward: alive in backward only while a checkpointed
+    segment holds it as an input."""
 
     def cast_bytes(self, i: int) -> tuple[int, int]:
         """(W_i, the part of it that no stage saves) for stage i."""
@@ -302,6 +307,8 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
     def pack(t: torch.Tensor) -> torch.Tensor:
         packed[current[0]] += 1
         key = storage_key(t)
+        if key in side:
+            side_saved.add(key)  # type: ignore[arg-type]
         if key is not None and key not in excluded and (key == x0_key or backend.born_in_pass(meter, t)):
             saved[current[0]][key] = backend.storage_bytes(t)
         # Detached: the pass never runs backward, and a saved *output* returned as itself would hold its own
@@ -314,6 +321,8 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
     keys = [x0_key]
     side_names = set(getattr(chain, "side_values", ()))
     side: dict[int, int] = {}
+    side_saved: set[int] = set()
+    side_by_stage = [0] * (n + 1)
     # One autocast region over the whole pass, as over a real step's forward: its cast cache is shared.
     recorder = _CastRecorder(excluded, backend, current, casts) if autocast else contextlib.nullcontext()
     with (meter, torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
@@ -323,7 +332,9 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             current[0] = i
             x = stage_callable(chain, i)(x)
             if side_names:
-                _note_side_values(chain, side_names, side, excluded, saved, backend)
+                before = sum(side.values())
+                side_saved |= _note_side_values(chain, side_names, side, excluded, saved, backend)
+                side_by_stage[i] = sum(side.values()) - before
             if i == n:  # the model's output: a tensor, or a main output with auxiliary ones (GoogLeNet)
                 out = output_tensors(x, where=f"the last stage ({chain.names[i - 1]})")
                 outputs.append(x.detach() if isinstance(x, torch.Tensor) else tuple(t.detach() for t in out))
@@ -340,7 +351,8 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             keys.append(storage_key(x))
         del x  # frees the autograd graph of the whole pass
     _detach_side_values(chain, side_names)
-    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, sum(side.values()))
+    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, side_by_stage[1:],
+                        sum(b for k, b in side.items() if k not in side_saved))
 
 
 def stage_callable(chain: StageChainLike, i: int) -> Callable[[Any], Any]:
@@ -360,9 +372,10 @@ def stage_callable(chain: StageChainLike, i: int) -> Callable[[Any], Any]:
 
 
 def _note_side_values(chain: StageChainLike, names: set[str], side: dict[int, int], excluded: set[int],
-                      saved: list[dict[int, int]], backend: Backend) -> None:
+                      saved: list[dict[int, int]], backend: Backend) -> set[int]:
     """Book the side values made so far once (NOTE [side values] in stage_graph.py): their storages leave every
-    stage's saved set and join ``side`` (storage key -> bytes)."""
+    stage's saved set and join ``side`` (storage key -> bytes). Returns the keys of those a stage had saved."""
+    was_saved: set[int] = set()
     env = getattr(chain, "_probe_env", {})
     for name in names & env.keys():
         for t in pytree.tree_leaves(env[name]):
@@ -372,7 +385,9 @@ def _note_side_values(chain: StageChainLike, names: set[str], side: dict[int, in
             side[key] = backend.storage_bytes(t)
             excluded.add(key)
             for stage_saved in saved:
-                stage_saved.pop(key, None)
+                if stage_saved.pop(key, None) is not None:
+                    was_saved.add(key)
+    return was_saved
 
 
 def _detach_side_values(chain: StageChainLike, names: set[str]) -> None:
@@ -779,6 +794,8 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         signature = getattr(call, "signature", "")
         if signature:
             obj["inputs"] = signature
-        if rec.side_bytes:
-            obj["side_bytes"] = rec.side_bytes
+        if any(rec.side_by_stage):
+            obj["side_bytes"] = sum(rec.side_by_stage)
+            obj["side_by_stage"] = rec.side_by_stage
+            obj["side_unsaved_bytes"] = rec.side_unsaved_bytes
     return parse_trace(obj)
