@@ -17,6 +17,7 @@ import click
 
 from remat.client.devices import DEVICES
 from remat.client.errors import RematError
+from remat.client.hf_models import DEFAULT_CPU_SEQ_LEN, DEFAULT_CUDA_SEQ_LEN, MAX_SEQ_LEN
 from remat.client.precision import PRECISIONS
 from remat.client.request import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
 
@@ -65,6 +66,9 @@ def model_options(fn: Any) -> Any:
                      help=f"Batch size (default {DEFAULT_CPU_BATCH} on cpu, {DEFAULT_CUDA_BATCH} on cuda)."),
         click.option("--input-shape", default=None, metavar="C,H,W",
                      help=f"One sample's shape (default: the model's, at {DEFAULT_CPU_RESOLUTION} px on cpu)."),
+        click.option("--seq-len", type=click.IntRange(min=1, max=MAX_SEQ_LEN), default=None, metavar="N",
+                     help=f"Tokens per sample of an hf: token model (default {DEFAULT_CPU_SEQ_LEN} on cpu, "
+                          f"{DEFAULT_CUDA_SEQ_LEN} on cuda); instead of --input-shape."),
         click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True),
         click.option("--grads", type=click.Choice(["none", "kept"]), default="none", show_default=True,
                      help="Gradients set to None between steps (zero_grad's default) or kept allocated."),
@@ -79,7 +83,8 @@ def model_options(fn: Any) -> Any:
 def model_kwargs_option(fn: Any) -> Any:
     """``--model-kwargs JSON`` for the commands that build one MODEL."""
     return click.option("--model-kwargs", "model_kwargs", default=None, metavar="JSON",
-                        help="Keyword arguments for MODEL's builder, a JSON object: '{\"num_classes\": 10}'.")(fn)
+                        help="Keyword arguments for MODEL's builder, a JSON object: '{\"num_classes\": 10}'; for "
+                             "an hf: model, fields of its configuration: '{\"n_layer\": 6}'.")(fn)
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -95,7 +100,7 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
 
 
 def model_request(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
-                  dtype: str = "float32", model_kwargs: str | None = None) -> Any:
+                  dtype: str = "float32", model_kwargs: str | None = None, seq_len: int | None = None) -> Any:
     """The ``ModelRequest`` of a command's MODEL and options; a bad one exits 2 with one line."""
     from remat.client.model_spec import parse_model_kwargs
     from remat.client.request import default_request
@@ -103,7 +108,7 @@ def model_request(model: str, batch_size: int | None, input_shape: str | None, d
     sample_shape = parse_shape(input_shape)
     try:
         return default_request(model, batch_size=batch_size, sample_shape=sample_shape, device=device, grads=grads,
-                               dtype=dtype, model_kwargs=parse_model_kwargs(model_kwargs))
+                               dtype=dtype, model_kwargs=parse_model_kwargs(model_kwargs), seq_len=seq_len)
     except RematError as exc:
         fail_input(str(exc))
 

@@ -39,9 +39,9 @@ SUBMIT_TIMEOUT_S = 60.0
               help="The remat service (env REMAT_SERVER). The write token comes from REMAT_API_TOKEN.")
 @click.option("--wait", is_flag=True, help="Wait for the job and show its plans (as `status --wait`).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: the job.")
-def submit_command(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str, dtype: str,
-                   model_kwargs: str | None, queue: str | None, server: str | None, wait: bool,
-                   as_json: bool) -> None:
+def submit_command(model: str, batch_size: int | None, input_shape: str | None, seq_len: int | None, device: str,
+                   grads: str, dtype: str, model_kwargs: str | None, queue: str | None, server: str | None,
+                   wait: bool, as_json: bool) -> None:
     """Have the service's workers profile MODEL, plan it with every algorithm and validate each plan.
 
     Prints the job id; follow it with `remat-client status JOB`. The plans land in the service's plan
@@ -54,8 +54,14 @@ def submit_command(model: str, batch_size: int | None, input_shape: str | None, 
     from remat.client.errors import ServiceError
     from remat.client.service_client import PlanServiceClient
 
-    request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
-    if request.source != "torchvision" or request.model_kwargs:
+    request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs, seq_len)
+    if request.source == "hf":
+        from remat.client.hf_models import is_hf_path
+
+        if is_hf_path(request.name.removeprefix("hf:")):
+            fail_input(f"{request.name}: a service's workers never read a file of yours; submit hf:NAME with "
+                       f"--model-kwargs, or plan this one here (`remat-client plan {model}`)")
+    elif request.source != "torchvision" or request.model_kwargs:
         # A worker that imported and called what a request names would run code chosen by whoever submits.
         fail_input(f"{request.name}: a service's workers build torchvision models with their default arguments "
                    f"only; plan this one here (`remat-client plan {model}`), or upload its trace with "

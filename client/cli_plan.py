@@ -88,10 +88,10 @@ def _algorithms(name: str) -> list[str]:
               help="Fetch MODEL's plans from this remat service (env REMAT_SERVER) instead of the local store.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost_model: str | None,
-                 batch_size: int | None, input_shape: str | None, device: str, grads: str, dtype: str,
-                 model_kwargs: str | None, budget_text: str | None, refresh: bool, server: str | None,
+                 batch_size: int | None, input_shape: str | None, seq_len: int | None, device: str, grads: str,
+                 dtype: str, model_kwargs: str | None, budget_text: str | None, refresh: bool, server: str | None,
                  as_json: bool) -> None:
-    """Plan checkpoints for MODEL (a zoo name such as resnet152) or for a trace file.
+    """Plan checkpoints for MODEL (a zoo name such as resnet152, or hf:gpt2) or for a trace file.
 
     For MODEL: profile on this machine, plan with every algorithm, measure each plan with a real training
     step and keep the answer in the local plan store; the same request later answers from the store.
@@ -103,6 +103,7 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
       remat-client plan resnet152
       remat-client plan resnet152 --budget 70%
       remat-client plan mypkg.nets:build_unet --input-shape 3,256,256 --model-kwargs '{"depth": 5}'
+      remat-client plan hf:gpt2 --seq-len 256 --model-kwargs '{"n_layer": 6}'
       remat-client plan resnet50 --server http://plans:8000 --json
       remat-client plan --trace examples/toy-trace.json
     """
@@ -117,7 +118,7 @@ def plan_command(model: str | None, trace_path: str | None, algorithm: str, cost
         if algorithm != "all" or cost_model is not None:
             fail_input("--algorithm and --cost-model apply to --trace; MODEL is planned with every algorithm "
                        "under the pytorch model")
-        request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
+        request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs, seq_len)
         if budget is not None:
             _plan_model_for_budget(request, budget, refresh=refresh, as_json=as_json, server=server)
         elif server:
@@ -260,8 +261,8 @@ def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json
               help="Where to write the remat-trace/1 JSON ('-' for stdout).")
 @click.option("--json", "as_json", is_flag=True,
               help="With --out FILE: print {out, model, num_stages, model_hash} instead of a line on stderr.")
-def trace_command(model: str, batch_size: int | None, input_shape: str | None, device: str, grads: str,
-                  dtype: str, model_kwargs: str | None, out: str, as_json: bool) -> None:
+def trace_command(model: str, batch_size: int | None, input_shape: str | None, seq_len: int | None, device: str,
+                  grads: str, dtype: str, model_kwargs: str | None, out: str, as_json: bool) -> None:
     """Profile MODEL on this machine and write its layer memory trace.
 
     \b
@@ -270,7 +271,7 @@ def trace_command(model: str, batch_size: int | None, input_shape: str | None, d
     """
     from remat.client.local_planner import local_planner
 
-    request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
+    request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs, seq_len)
     trace = run_with_progress(lambda progress: local_planner().profile_trace(request, progress), out == "-" or as_json)
     text = json.dumps(trace.to_dict(), indent=1)
     if out == "-":
@@ -290,8 +291,9 @@ def trace_command(model: str, batch_size: int | None, input_shape: str | None, d
 @model_options
 @model_kwargs_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def measure_command(model: str, algorithm: str, batch_size: int | None, input_shape: str | None, device: str,
-                    grads: str, dtype: str, model_kwargs: str | None, as_json: bool) -> None:
+def measure_command(model: str, algorithm: str, batch_size: int | None, input_shape: str | None,
+                    seq_len: int | None, device: str, grads: str, dtype: str, model_kwargs: str | None,
+                    as_json: bool) -> None:
     """Measure one algorithm's plan for MODEL with a real training step, beside no checkpointing.
 
     \b
@@ -303,7 +305,7 @@ def measure_command(model: str, algorithm: str, batch_size: int | None, input_sh
     names = _algorithms(algorithm)
     if len(names) != 1:
         fail_input("--algorithm: measure takes one planner name, not all")
-    request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs)
+    request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs, seq_len)
     result = run_with_progress(lambda progress: local_planner().measure_algorithm(request, names[0], progress),
                                as_json).to_dict()
     if as_json:

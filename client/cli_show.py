@@ -33,8 +33,8 @@ MIN_HASH_PREFIX = 8
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               metavar="FILE.png", help="Also draw memory over one step (none and linear) and overhead vs peak.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: a list of reports.")
-def show_command(target: str, batch_size: int | None, input_shape: str | None, device: str, grads: str, dtype: str,
-                 model_kwargs: str | None, plot_path: str | None, as_json: bool) -> None:
+def show_command(target: str, batch_size: int | None, input_shape: str | None, seq_len: int | None, device: str,
+                 grads: str, dtype: str, model_kwargs: str | None, plot_path: str | None, as_json: bool) -> None:
     """Show what the local plan store holds for MODEL (at the given options) or for an architecture HASH.
 
     MODEL as for `plan`; HASH is a model_hash or a prefix of at least 8 hex digits (every input and
@@ -50,12 +50,12 @@ def show_command(target: str, batch_size: int | None, input_shape: str | None, d
     from remat.client.local_planner import local_planner
 
     if re.fullmatch(r"[0-9a-f]+", target) and len(target) >= MIN_HASH_PREFIX:
-        if any(v is not None for v in (batch_size, input_shape, model_kwargs)):
-            fail_input("a HASH names every stored input of an architecture: --batch-size, --input-shape and "
-                       "--model-kwargs apply to MODEL")
+        if any(v is not None for v in (batch_size, input_shape, seq_len, model_kwargs)):
+            fail_input("a HASH names every stored input of an architecture: --batch-size, --input-shape, "
+                       "--seq-len and --model-kwargs apply to MODEL")
         reports, what = local_planner().stored_reports(model_hash=target), f"model_hash {target}…"
     else:
-        request = model_request(target, batch_size, input_shape, device, grads, dtype, model_kwargs)
+        request = model_request(target, batch_size, input_shape, device, grads, dtype, model_kwargs, seq_len)
         reports = local_planner().stored_reports(request=request)
         what = f"{request.name} at input {list(request.input_shape)} {request.dtype}, {request.device}, " \
                f"grads={request.grads}"

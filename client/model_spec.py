@@ -1,17 +1,21 @@
 """What a MODEL argument may name, and how it becomes an ``nn.Module``.
 
-Four sources, one spelling each (``canonical_spec``):
+Five sources, one spelling each (``canonical_spec``):
 
 - ``resnet152`` or ``torchvision:resnet152``: a torchvision model, random weights (remat.client.zoo);
 - ``timm:convnext_tiny``: a timm model when timm is installed, never with pretrained weights;
+- ``hf:gpt2`` or ``hf:path/to/config.json``: a Hugging Face transformers architecture of remat's allow-list,
+  built from its configuration (``--model-kwargs`` overrides its fields), never downloaded
+  (remat.client.hf_models); a path is canonical as its absolute path;
 - ``package.module:callable`` (``mymodels.nets:build_unet``): any importable callable that returns an
   ``nn.Module``, called with ``--model-kwargs`` (a JSON object). The current directory is importable, as
   for ``python -m``;
 - ``custom:ClassName``: a model that lives only in a training script's memory (``remat.client.checkpoint``);
   it names stored results and cannot be rebuilt from the name.
 
-Only torchvision names run on a service's workers (``zoo_only``): a callable spec would run code named by
-whoever submits a job. Plans never depend on weights, so nothing here downloads any.
+A service takes torchvision names and ``hf:NAME`` only: a callable spec would run code named by
+whoever submits a job, and a path names a file of the client's. Plans never depend on weights, so nothing here
+downloads any.
 
 Importing this module loads no torch.
 """
@@ -34,12 +38,13 @@ if TYPE_CHECKING:
 __all__ = ["MAX_SPEC_LENGTH", "SOURCES", "build_model", "canonical_spec", "default_sample_shape",
            "parse_model_kwargs", "source_of"]
 
-SOURCES = ("torchvision", "timm", "python", "custom")
+SOURCES = ("torchvision", "timm", "hf", "python", "custom")
 MAX_SPEC_LENGTH = 200
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ZOO_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _CALLABLE_RE = re.compile(rf"{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*")
-_FORMS = "a torchvision name (resnet152), torchvision:NAME, timm:NAME or package.module:callable"
+_FORMS = ("a torchvision name (resnet152), torchvision:NAME, timm:NAME, hf:NAME, hf:CONFIG.json or "
+          "package.module:callable")
 
 
 def _malformed(spec: object) -> ModelError:
@@ -47,10 +52,12 @@ def _malformed(spec: object) -> ModelError:
 
 
 def canonical_spec(spec: object) -> str:
-    """The one spelling of a model spec: ``resnet152`` → ``torchvision:resnet152``; others as written.
+    """The one spelling of a model spec: ``resnet152`` → ``torchvision:resnet152``, ``hf:GPT2`` → ``hf:gpt2``,
+    ``hf:cfg/config.json`` → ``hf:`` and its absolute path; others as written.
 
     Raises:
-        ModelError: not one of the four forms (the message lists them).
+        ModelError: not one of the five forms (the message lists them), or an ``hf:`` name that is not on the
+            allow-list (the message gives close matches).
     """
     if not isinstance(spec, str) or not spec.strip() or len(spec.strip()) > MAX_SPEC_LENGTH:
         raise _malformed(spec)
@@ -64,15 +71,23 @@ def canonical_spec(spec: object) -> str:
         return f"torchvision:{name.lower()}"
     if source in ("timm", "custom") and _ZOO_NAME_RE.fullmatch(name):
         return f"{source}:{name}"
+    if source == "hf" and name.strip() and name.isprintable():
+        from remat.client.hf_models import canonical_hf_name
+
+        canonical = f"hf:{canonical_hf_name(name)}"
+        if len(canonical) > MAX_SPEC_LENGTH:
+            raise ModelError(f"model: {canonical[:60]}…: longer than {MAX_SPEC_LENGTH} characters (move the "
+                             f"config.json to a shorter path)")
+        return canonical
     if _CALLABLE_RE.fullmatch(text) and source not in SOURCES:
         return text
     raise _malformed(spec)
 
 
 def source_of(spec: str) -> str:
-    """``torchvision``, ``timm``, ``python`` or ``custom``."""
+    """``torchvision``, ``timm``, ``hf``, ``python`` or ``custom``."""
     source = canonical_spec(spec).partition(":")[0]
-    return source if source in ("torchvision", "timm", "custom") else "python"
+    return source if source in ("torchvision", "timm", "hf", "custom") else "python"
 
 
 def parse_model_kwargs(text: str | None) -> dict[str, Any]:
@@ -118,7 +133,8 @@ def _import_callable(spec: str) -> Any:
 
 
 def build_model(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn.Module:
-    """The model a spec names, built with ``kwargs``, random weights.
+    """The model a spec names, built with ``kwargs``, random weights (for ``hf:`` specs ``kwargs`` override
+    configuration fields; the model is in train mode with ``use_cache=False``).
 
     Raises:
         ModelError: unknown name, timm missing, an import or call that fails, or a result that is no module
@@ -134,6 +150,10 @@ def build_model(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn.Module
     name = canonical.partition(":")[2]
     if source == "torchvision":
         return resolve_model(canonical, **kwargs)
+    if source == "hf":
+        from remat.client.hf_models import build_hf_model
+
+        return build_hf_model(canonical, kwargs)
     if source == "custom":
         raise ModelError(f"model {canonical}: a model in a training script's memory cannot be rebuilt from its "
                          f"name; remat.client.checkpoint(model, example_input) plans it there")
@@ -160,9 +180,14 @@ def build_model(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn.Module
 
 
 def default_sample_shape(spec: str) -> tuple[int, ...] | None:
-    """One sample's input shape when the source knows it (torchvision; timm's pretrained config), else None."""
+    """One sample's input shape when the source knows it (torchvision; timm's pretrained config; an hf vision
+    model's configuration), else None: an hf token model has a sequence length instead (``--seq-len``)."""
     canonical = canonical_spec(spec)
     source = source_of(canonical)
+    if source == "hf":
+        from remat.client.hf_models import hf_image_shape, is_token_model
+
+        return None if is_token_model(canonical) else hf_image_shape(canonical)
     if source == "torchvision":
         from remat.client.zoo import default_input_shape
 

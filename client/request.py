@@ -15,6 +15,7 @@ from typing import Any
 
 from remat.client.devices import DEVICES
 from remat.client.errors import ModelError, PlanError
+from remat.client.hf_models import MAX_SEQ_LEN
 from remat.client.model_spec import canonical_spec, default_sample_shape, source_of
 from remat.client.plan_key import MAX_DIM, MAX_DIMS, MAX_NUMEL
 from remat.client.precision import normalize_precision
@@ -35,17 +36,21 @@ class ModelRequest:
     """What a user asked for: a model and the input signature and conventions to plan for."""
 
     spec: str
-    """A model spec (remat.client.model_spec): ``resnet152``, ``timm:NAME``, ``package.module:callable``."""
+    """A model spec (remat.client.model_spec): ``resnet152``, ``timm:NAME``, ``hf:gpt2``, ``pkg.module:callable``."""
     batch_size: int
     sample_shape: tuple[int, ...]
-    """Input shape of one sample (C, H, W for images)."""
+    """Input shape of one sample (C, H, W for images; ``(seq_len,)`` for a token model's ``input_ids``)."""
     device: str = "cpu"
     grads: str = "none"
     dtype: str = "float32"
     """The step's precision (``remat.client.precision``)."""
     mode: str = "train"
     model_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
-    """Keyword arguments of the model's builder (``--model-kwargs``): they change the architecture."""
+    """Keyword arguments of the model's builder (``--model-kwargs``; an ``hf:`` model's configuration fields):
+    they change the architecture."""
+    seq_len: int | None = None
+    """Tokens per sample of an ``hf:`` token model (``--seq-len``); then ``sample_shape`` is ``(seq_len,)``. None
+    for every other model (and absent from ``to_dict``, so that their fingerprints stay)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", canonical_spec(self.spec))
@@ -64,6 +69,15 @@ class ModelRequest:
             raise PlanError(f"input_shape: batch {self.batch_size} x {list(shape)} is {numel} elements, more "
                             f"than the {MAX_NUMEL} allowed")
         object.__setattr__(self, "sample_shape", shape)
+        if self.seq_len is not None:
+            if (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int)
+                    or not 1 <= self.seq_len <= MAX_SEQ_LEN):
+                raise PlanError(f"seq_len: must be an integer in 1..{MAX_SEQ_LEN}, got {self.seq_len!r}")
+            if source_of(self.spec) != "hf":
+                raise ModelError(f"seq_len: {self.spec} takes no token sequence (only hf: token models do)")
+            if shape != (self.seq_len,):
+                raise PlanError(f"seq_len: {self.seq_len} but input_shape is {list(shape)}; a token model's "
+                                f"input_shape is [seq_len]")
         for name, choices in (("device", DEVICES), ("grads", GRAD_CONVENTIONS), ("mode", MODES)):
             if getattr(self, name) not in choices:
                 raise PlanError(f"{name}: must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -76,7 +90,7 @@ class ModelRequest:
 
     @property
     def source(self) -> str:
-        """``torchvision``, ``timm``, ``python`` or ``custom`` (remat.client.model_spec)."""
+        """``torchvision``, ``timm``, ``hf``, ``python`` or ``custom`` (remat.client.model_spec)."""
         return source_of(self.spec)
 
     @property
@@ -84,13 +98,15 @@ class ModelRequest:
         return (self.batch_size, *self.sample_shape)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form a job stores (the API's ``JobCreate`` fields); ``model_kwargs`` only when given, so
-        that requests without them keep their fingerprint."""
+        """The JSON form a job stores (the API's ``JobCreate`` fields); ``model_kwargs`` and ``seq_len`` only when
+        given, so that requests without them keep their fingerprint."""
         out: dict[str, Any] = {"model": self.name, "batch_size": self.batch_size,
                                "input_shape": list(self.sample_shape), "dtype": self.dtype, "device": self.device,
                                "mode": self.mode, "grads": self.grads}
         if self.model_kwargs:
             out["model_kwargs"] = dict(self.model_kwargs)
+        if self.seq_len is not None:
+            out["seq_len"] = self.seq_len
         return out
 
     @classmethod
@@ -100,7 +116,7 @@ class ModelRequest:
             return cls(spec=obj["model"], batch_size=obj["batch_size"], sample_shape=tuple(obj["input_shape"]),
                        device=obj.get("device", "cpu"), grads=obj.get("grads", "none"),
                        dtype=obj.get("dtype", "float32"), mode=obj.get("mode", "train"),
-                       model_kwargs=dict(obj.get("model_kwargs") or {}))
+                       model_kwargs=dict(obj.get("model_kwargs") or {}), seq_len=obj.get("seq_len"))
         except KeyError as exc:
             raise PlanError(f"request: field {exc.args[0]!r} is missing") from None
         except TypeError as exc:
@@ -114,20 +130,34 @@ class ModelRequest:
 
 
 def default_request(spec: str, *, batch_size: int | None, sample_shape: Sequence[int] | None, device: str,
-                    grads: str, dtype: str = "float32", model_kwargs: dict[str, Any] | None = None) -> ModelRequest:
+                    grads: str, dtype: str = "float32", model_kwargs: dict[str, Any] | None = None,
+                    seq_len: int | None = None) -> ModelRequest:
     """Fill in defaults that keep a CPU run to a couple of minutes and a GPU run realistic.
 
     On CPU the images are 128 px (a 3-channel model's default resolution is scaled down, unless the model
     only runs at its own, like ViT) and the batch is 4; on CUDA the zoo's own input shape and a batch of 32.
-    A model from a callable has no known input: ``sample_shape`` is then required.
+    A model from a callable has no known input: ``sample_shape`` is then required. An ``hf:`` token model
+    takes ``seq_len`` instead (default 128 tokens on CPU, 512 on CUDA; ``sample_shape`` becomes
+    ``(seq_len,)``); an ``hf:`` vision model trains at its configuration's image size. ``hf:`` overrides
+    are checked against the configuration's fields here (which imports transformers when there are any).
+
+    Raises:
+        ModelError: ``--seq-len`` for a model that takes no tokens, ``--input-shape`` for a token model, an
+            unknown ``hf:`` name or configuration field; PlanError: a malformed size.
     """
+    if source_of(spec) == "hf":
+        sample_shape, seq_len, model_kwargs = _hf_input(spec, sample_shape, seq_len, device, model_kwargs)
+    elif seq_len is not None:
+        kind = "images" if source_of(spec) in ("torchvision", "timm") else "the input --input-shape gives"
+        raise ModelError(f"--seq-len: {canonical_spec(spec)} takes {kind}, not token sequences; --seq-len applies "
+                         f"to hf: token models")
     if sample_shape is None:
         from remat.client.zoo import fixed_resolution
 
         shape = default_sample_shape(spec)
         if shape is None:
             raise ModelError(f"--input-shape is needed for {canonical_spec(spec)}: remat knows the input shape "
-                             f"of torchvision and timm models only")
+                             f"of torchvision, timm and hf: models only")
         scalable = source_of(spec) != "torchvision" or not fixed_resolution(spec)
         if device == "cpu" and len(shape) == 3 and scalable:
             shape = (shape[0], DEFAULT_CPU_RESOLUTION, DEFAULT_CPU_RESOLUTION)
@@ -135,4 +165,28 @@ def default_request(spec: str, *, batch_size: int | None, sample_shape: Sequence
     if batch_size is None:
         batch_size = DEFAULT_CPU_BATCH if device == "cpu" else DEFAULT_CUDA_BATCH
     return ModelRequest(spec=spec, batch_size=batch_size, sample_shape=tuple(sample_shape), device=device,
-                        grads=grads, dtype=dtype, model_kwargs=dict(model_kwargs or {}))
+                        grads=grads, dtype=dtype, model_kwargs=dict(model_kwargs or {}), seq_len=seq_len)
+
+
+def _hf_input(spec: str, sample_shape: Sequence[int] | None, seq_len: int | None, device: str,
+              model_kwargs: dict[str, Any] | None) -> tuple[tuple[int, ...], int | None, dict[str, Any]]:
+    """An hf: request's sample shape, sequence length and checked configuration overrides."""
+    from remat.client.hf_models import check_overrides, default_seq_len, hf_image_shape, is_token_model
+
+    canonical = canonical_spec(spec)
+    model_kwargs = check_overrides(canonical, model_kwargs)
+    if is_token_model(canonical):
+        if sample_shape is not None:
+            raise ModelError(f"--input-shape: {canonical} takes token ids, not a sample shape; give --seq-len N "
+                             f"(tokens per sample)")
+        if seq_len is None:
+            seq_len = default_seq_len(device)
+        return (seq_len,), seq_len, model_kwargs
+    if seq_len is not None:
+        raise ModelError(f"--seq-len: {canonical} takes images, not token sequences")
+    shape = hf_image_shape(canonical, model_kwargs)
+    if sample_shape is not None and tuple(sample_shape) != shape:
+        raise ModelError(f"--input-shape: {canonical} trains at its configuration's image size "
+                         f"{','.join(map(str, shape))}; set image_size (and num_channels) in --model-kwargs to "
+                         f"change it")
+    return shape, None, model_kwargs

@@ -1,17 +1,20 @@
 """A zoo run: which models a filter selects, and one summary row per model, however it was produced.
 
-``remat-client zoo torchvision --filter 'resnet*'`` plans a whole model zoo — in this process one model after
-another (the local planner's ``plan_zoo``, remat.client.local_planner), or as one batch of service jobs
+``remat-client zoo torchvision --filter 'resnet*'`` (or ``zoo hf``) plans a whole model zoo — in this process one
+model after another (the local planner's ``plan_zoo``, remat.client.local_planner), or as one batch of service jobs
 (``POST /v1/zoo``). Both end in the same table, and the service's ``GET /v1/zoo/{id}`` reports the same rows:
 ``ZooRow`` is the one definition of a zoo result, built from a ``ModelReport`` (the plans of one model with
 their measurements) or from a failure's reason.
 
-Selecting models needs torchvision's registry; summarising needs no torch.
+Selecting torchvision models needs torchvision's registry; the hf zoo (``remat.client.hf_models.hf_zoo``) is a
+fixed list; summarising needs no torch.
 
 Public API::
 
-    ZOOS                                                  # ("torchvision",)
-    select_models(zoo, pattern=None) -> list[str]         # classification models matching a glob, registry order
+    ZOOS                                                  # ("torchvision", "hf")
+    select_models(zoo, pattern=None) -> list[str]         # the models' specs matching a glob, registry order
+    select_zoo_models(zoo, pattern=None) -> list[ZooModel]  # the same with each model's builder kwargs
+    zoo_requests(models, *, batch_size, sample_shape, seq_len, device, grads, dtype) -> list[ModelRequest]
     ZooRow.from_report(report) / ZooRow.failed(model, reason) / ZooRow.from_job(model, job)
 """
 
@@ -20,41 +23,100 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
-from remat.client.errors import UnknownModelError
+from remat.client.errors import ModelError, PlanError, UnknownModelError
 from remat.client.job_state import JobState
 from remat.client.report import ModelReport
-from remat.client.request import ModelRequest
+from remat.client.request import ModelRequest, default_request
 
-__all__ = ["ROW_STATUSES", "ZOOS", "ZooRow", "select_models"]
+__all__ = ["ROW_STATUSES", "ZOOS", "ZooModel", "ZooRow", "select_models", "select_zoo_models", "zoo_requests"]
 
-ZOOS = ("torchvision",)
+ZOOS = ("torchvision", "hf")
 ROW_STATUSES = ("planned", "stored", "failed")
 """``planned``: profiled, planned and measured now; ``stored``: answered from stored plans; ``failed``."""
 REFERENCE_ALGORITHM = "linear"
 """The plan a zoo row reports beside no checkpointing: the minimum-peak plan of the PyTorch-faithful model."""
 
 
-def select_models(zoo: str, pattern: str | None = None) -> list[str]:
-    """The zoo's classification models whose name matches the glob ``pattern`` (all when None).
+class ZooModel(NamedTuple):
+    """One model of a zoo: its spec and its builder's keyword arguments (an hf model's configuration fields)."""
+
+    spec: str
+    """``resnet50`` (a torchvision name) or ``hf:gpt2``."""
+    model_kwargs: dict[str, Any]
+
+
+def select_zoo_models(zoo: str, pattern: str | None = None) -> list[ZooModel]:
+    """The zoo's models whose name (without ``hf:``) matches the glob ``pattern`` (all when None): torchvision's
+    classification models in registry order, or the hf zoo's (``remat.client.hf_models.hf_zoo``).
 
     Raises:
         UnknownModelError: an unknown zoo, or a pattern that matches no model (the message says so).
     """
     if zoo not in ZOOS:
         raise UnknownModelError(f"zoo: unknown zoo {zoo!r}; known: {', '.join(ZOOS)}")
-    import torchvision
+    if zoo == "hf":
+        from remat.client.hf_models import hf_zoo
 
-    names = list(torchvision.models.list_models(module=torchvision.models))
+        entries = [(m.name, ZooModel(m.spec, dict(m.model_kwargs))) for m in hf_zoo()]
+        what = "hf"
+    else:
+        import torchvision
+
+        entries = [(n, ZooModel(n, {})) for n in torchvision.models.list_models(module=torchvision.models)]
+        what = f"{zoo} classification"
     if pattern is None:
-        return names
+        return [model for _, model in entries]
     patterns = [p.strip() for p in pattern.split(",") if p.strip()]
-    chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    chosen = [model for name, model in entries if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
     if not chosen:
-        raise UnknownModelError(f"filter: {pattern!r} matches none of the {len(names)} {zoo} classification "
-                                f"models (a glob such as 'resnet*'; several separated by commas)")
+        example = "gpt2,l*" if zoo == "hf" else "resnet*"
+        raise UnknownModelError(f"filter: {pattern!r} matches none of the {len(entries)} {what} models (a glob "
+                                f"such as {example!r}; several separated by commas)")
     return chosen
+
+
+def select_models(zoo: str, pattern: str | None = None) -> list[str]:
+    """The specs of :func:`select_zoo_models` (torchvision names as the registry spells them, ``hf:gpt2``)."""
+    return [model.spec for model in select_zoo_models(zoo, pattern)]
+
+
+def _takes_tokens(spec: str) -> bool:
+    from remat.client.model_spec import source_of
+
+    if source_of(spec) != "hf":
+        return False
+    from remat.client.hf_models import is_token_model
+
+    return is_token_model(spec)
+
+
+def zoo_requests(models: Sequence[ZooModel], *, batch_size: int | None, sample_shape: Sequence[int] | None,
+                 seq_len: int | None, device: str, grads: str, dtype: str) -> list[ModelRequest]:
+    """One request per model, sharing everything else: ``seq_len`` applies to the token models and
+    ``sample_shape`` to the others (an hf zoo holds both kinds); each model's default where not given.
+
+    Raises:
+        ModelError: ``seq_len`` (or ``input_shape``) given while no selected model takes it; a request error
+            (``PlanError`` or ``ModelError``) with the model it is about.
+    """
+    tokens = [_takes_tokens(model.spec) for model in models]
+    if seq_len is not None and not any(tokens):
+        raise ModelError("seq_len: none of the selected models takes token sequences (it applies to hf: token "
+                         "models)")
+    if sample_shape is not None and tokens and all(tokens):
+        raise ModelError("input_shape: every selected model takes token ids; give seq_len (--seq-len) instead")
+    out = []
+    for model, token in zip(models, tokens, strict=True):
+        try:
+            out.append(default_request(model.spec, batch_size=batch_size,
+                                       sample_shape=None if token else sample_shape,
+                                       seq_len=seq_len if token else None, device=device, grads=grads, dtype=dtype,
+                                       model_kwargs=dict(model.model_kwargs)))
+        except (ModelError, PlanError) as exc:
+            raise type(exc)(f"{exc} (model {model.spec})") from None
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""``remat-client zoo torchvision [--filter GLOB]``: plan a whole model zoo, here or on the service's workers.
+"""``remat-client zoo torchvision|hf [--filter GLOB]``: plan a whole model zoo, here or on the service's workers.
 
 Without a server the models run in this process one after another, each stored in the local plan store as it
 finishes (the embedded default); with ``--server`` (or ``REMAT_SERVER``) one ``POST /v1/zoo`` makes a job per
@@ -24,10 +24,10 @@ from remat.client.cli_common import (
     fail_input,
     format_bytes,
     model_options,
-    model_request,
     parse_shape,
     server_or_fail,
 )
+from remat.client.errors import RematError
 from remat.client.job_state import JobState
 from remat.client.zoo_batch import ZOOS, ZooRow
 
@@ -220,27 +220,37 @@ def _run_on_server(body: dict[str, Any], server: str, *, as_json: bool, csv_path
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: every model's row.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the rows to this CSV file.")
-def zoo_command(zoo: str, pattern: str | None, batch_size: int | None, input_shape: str | None, device: str,
-                grads: str, dtype: str, refresh: bool, server: str | None, queue: str | None, as_json: bool,
-                csv_path: str | None) -> None:
+def zoo_command(zoo: str, pattern: str | None, batch_size: int | None, input_shape: str | None,
+                seq_len: int | None, device: str, grads: str, dtype: str, refresh: bool, server: str | None,
+                queue: str | None, as_json: bool, csv_path: str | None) -> None:
     """Plan every classification model of ZOO (or those --filter selects) and tabulate what checkpointing saves.
+
+    ZOO is torchvision (its classification models) or hf (small Hugging Face architectures: GPT-2, a Llama-style
+    decoder, Mixtral, BERT, T5, ViT); there --seq-len applies to the token models, --input-shape to the others.
 
     \b
     Examples:
       remat-client zoo torchvision --filter 'resnet*' --batch-size 2
+      remat-client zoo hf --filter 'gpt2,llama' --seq-len 64
       remat-client zoo torchvision --device cuda --batch-size 32 --server http://plans:8000 --csv zoo.csv
     """
-    from remat.client.zoo_batch import select_models
+    from remat.client.zoo_batch import select_zoo_models, zoo_requests
 
-    models = select_models(zoo, pattern)
+    models = select_zoo_models(zoo, pattern)
     shape = parse_shape(input_shape)
     title = (f"{zoo}{f' {pattern}' if pattern else ''}: {len(models)} models, {device}, grads={grads}, {dtype}"
-             f"{f', batch {batch_size}' if batch_size else ''}")
-    if server is not None or queue is not None:
+             f"{f', batch {batch_size}' if batch_size else ''}{f', {seq_len} tokens' if seq_len else ''}")
+    if server is not None or queue is not None:  # the service builds and checks the requests
         server = server_or_fail(server)
         body = {"zoo": zoo, "filter": pattern, "batch_size": batch_size, "input_shape": list(shape) if shape else None,
                 "device": device, "grads": grads, "dtype": dtype, "queue": queue, "refresh": refresh}
+        if seq_len is not None:
+            body["seq_len"] = seq_len  # only when given: a service without hf models knows no such field
         _run_on_server(body, server, as_json=as_json, csv_path=csv_path, title=title)
         return
-    requests = [model_request(m, batch_size, input_shape, device, grads, dtype) for m in models]
+    try:
+        requests = zoo_requests(models, batch_size=batch_size, sample_shape=shape, seq_len=seq_len, device=device,
+                                grads=grads, dtype=dtype)
+    except RematError as exc:
+        fail_input(str(exc))
     _run_embedded(requests, refresh=refresh, as_json=as_json, csv_path=csv_path, title=title)

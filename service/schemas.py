@@ -29,11 +29,12 @@ from pydantic import (
 )
 
 from remat.client.devices import DEVICES
+from remat.client.hf_models import MAX_SEQ_LEN
 from remat.client.job_state import JobState
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan_key import PlanKey
 from remat.client.trace import OPTIONAL_STAGE_BOOLS, OPTIONAL_STAGE_BYTES, OPTIONAL_STAGE_MS, TRACE_FORMAT
-from remat.client.zoo_batch import ZooRow
+from remat.client.zoo_batch import ZOOS, ZooRow
 from remat.service.keys import (
     ALGORITHM_PATTERN,
     KEY_BOUNDS,
@@ -278,10 +279,16 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,199}$")]
-    """Zoo name, e.g. ``torchvision:resnet152`` or ``resnet152``."""
+    """Zoo name, e.g. ``torchvision:resnet152`` or ``resnet152``, or a Hugging Face architecture of remat's
+    allow-list, ``hf:gpt2`` (never a path to a config.json: workers do not read files a request names)."""
     batch_size: Annotated[int, Field(ge=1, le=65536)]
     input_shape: Annotated[list[Dim], Field(min_length=1, max_length=MAX_DIMS - 1)]
-    """Per-sample input shape, batch excluded, e.g. ``[3, 224, 224]``."""
+    """Per-sample input shape, batch excluded, e.g. ``[3, 224, 224]``; ``[seq_len]`` for an hf: token model."""
+    model_kwargs: Annotated[dict[str, Any] | None, Field(max_length=64)] = None
+    """Fields of an ``hf:`` model's configuration, e.g. ``{"n_layer": 6}``: each one the configuration has,
+    each value a JSON scalar or a list of them. Other models are built with their default arguments."""
+    seq_len: Annotated[int | None, Field(ge=1, le=MAX_SEQ_LEN)] = None
+    """Tokens per sample of an ``hf:`` token model (its ``input_shape`` is ``[seq_len]``; default: that)."""
     dtype: Annotated[str, StringConstraints(pattern=f"^{PRECISION_PATTERN}$")] = "float32"
     """The step's precision: ``float32``, ``bfloat16``, ``autocast_bfloat16``... (any spelling ``remat-client
     plan --dtype`` accepts; stored in its canonical form)."""
@@ -415,13 +422,16 @@ class ZooCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    zoo: Literal["torchvision"] = "torchvision"
+    zoo: Literal[ZOOS] = "torchvision"  # type: ignore[valid-type]  # remat.client.zoo_batch's zoos
     filter: Annotated[str | None, StringConstraints(pattern=r"^[A-Za-z0-9_*?\[\]!,.-]{1,200}$")] = None
     """Glob over the zoo's model names, e.g. ``resnet*``; several separated by commas. Default: every model."""
     batch_size: Annotated[int | None, Field(ge=1, le=65536)] = None
     """Default: 4 on cpu, 32 on cuda."""
     input_shape: Annotated[list[Dim] | None, Field(min_length=1, max_length=MAX_DIMS - 1)] = None
-    """Per-sample shape for every model; default: each model's own (scaled to 128 px on cpu where it can be)."""
+    """Per-sample shape for every model that takes images; default: each model's own (scaled to 128 px on cpu
+    where it can be)."""
+    seq_len: Annotated[int | None, Field(ge=1, le=MAX_SEQ_LEN)] = None
+    """Tokens per sample for every hf: token model; default: 128 on cpu, 512 on cuda."""
     dtype: Annotated[str, StringConstraints(pattern=f"^{PRECISION_PATTERN}$")] = "float32"
     device: Device = "cuda"
     grads: GradsName = "none"

@@ -138,7 +138,7 @@ def test_zoo_cli_failures_exit_1_and_ctrl_c_says_how_to_resume(capsys, store_url
 
 
 @pytest.mark.parametrize("args, message", [
-    (["zoo", "timm"], "Invalid value for '{torchvision}'"),
+    (["zoo", "timm"], "Invalid value for '{torchvision|hf}'"),
     (["zoo", "torchvision", "--filter", "nothing*"], "filter: 'nothing*' matches none"),
     (["zoo", "torchvision", "--filter", "resnet18", "--input-shape", "3,x"], "--input-shape: '3,x' is not"),
     (["zoo", "torchvision", "--filter", "resnet18", "--server", "http://127.0.0.1:9"], "set REMAT_API_TOKEN"),

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import JSONResponse
 
 from remat.client.devices import queue_device
-from remat.client.errors import UnknownModelError
+from remat.client.errors import ModelError, UnknownModelError
 from remat.client.request import ModelRequest
 from remat.service import jobs
 from remat.service.api.deps import (
@@ -32,6 +32,13 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 
 def _model_request(body: JobCreate) -> ModelRequest:
     """The request in its canonical form; an unknown model name is refused here, not by a worker later."""
+    if body.model.startswith("hf:"):
+        return _hf_request(body)
+    if body.model_kwargs:
+        raise HTTPException(422, detail="model_kwargs: a service's workers build torchvision models with their "
+                                        "default arguments; only hf: models take model_kwargs (configuration fields)")
+    if body.seq_len is not None:
+        raise HTTPException(422, detail=f"seq_len: {body.model} takes images; seq_len applies to hf: token models")
     from remat.client.zoo import canonical_name  # imports torchvision, once per process
 
     try:
@@ -39,6 +46,37 @@ def _model_request(body: JobCreate) -> ModelRequest:
     except UnknownModelError as exc:
         raise HTTPException(422, detail=f"model: {exc}") from None
     return ModelRequest.from_dict(body.model_dump(exclude={"queue"}))  # PlanError (422) names the field
+
+
+def _hf_request(body: JobCreate) -> ModelRequest:
+    """An ``hf:NAME`` request: an allow-list name (never a path), configuration fields it has, and the input
+    its kind takes (``[seq_len]`` for token models, the configuration's image size for vision models). Checking
+    the fields imports transformers (and so torch), once per process, when there are any."""
+    from remat.client.hf_models import check_override_values, check_service_spec, hf_image_shape, is_token_model
+    from remat.client.model_spec import canonical_spec
+
+    try:
+        check_service_spec(body.model, body.model_kwargs)
+        spec = canonical_spec(body.model)
+        kwargs = check_override_values(body.model_kwargs)
+        seq_len = body.seq_len
+        if is_token_model(spec):
+            if len(body.input_shape) != 1:
+                raise HTTPException(422, detail=f"input_shape: {spec} takes token ids: input_shape is [seq_len], "
+                                                f"got {body.input_shape}")
+            seq_len = body.input_shape[0] if seq_len is None else seq_len
+        else:
+            if seq_len is not None:
+                raise HTTPException(422, detail=f"seq_len: {spec} takes images, not token sequences")
+            shape = list(hf_image_shape(spec, kwargs))
+            if body.input_shape != shape:
+                raise HTTPException(422, detail=f"input_shape: {spec} trains at its configuration's image size "
+                                                f"{shape}; set image_size in model_kwargs, got {body.input_shape}")
+    except ModelError as exc:
+        raise HTTPException(422, detail=str(exc)) from None
+    # PlanError (422) names the field: a seq_len that is not the input_shape's.
+    return ModelRequest.from_dict({**body.model_dump(exclude={"queue"}), "model": spec, "model_kwargs": kwargs,
+                                   "seq_len": seq_len})
 
 
 def _submit(body: JobCreate, state: ServiceState) -> JobRecord:

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, HTTPException, Path, status
 from fastapi.responses import JSONResponse
 
 from remat.client.devices import queue_device
-from remat.client.errors import PlanError, UnknownModelError
-from remat.client.request import ModelRequest, default_request
+from remat.client.errors import ModelError, PlanError, UnknownModelError
+from remat.client.request import ModelRequest
 from remat.service import zoo
 from remat.service.api.deps import (
     OPTIONAL_AUTH,
@@ -34,24 +34,21 @@ BatchId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 
 def _requests(body: ZooCreate) -> list[ModelRequest]:
     """One request per selected model; a filter matching nothing, or a size some model cannot take, is 422."""
-    from remat.client.zoo_batch import select_models  # imports torchvision, preloaded at startup
+    from remat.client.zoo_batch import select_zoo_models, zoo_requests  # torchvision: preloaded at startup
 
     try:
-        models = select_models(body.zoo, body.filter)
+        models = select_zoo_models(body.zoo, body.filter)
     except UnknownModelError as exc:
         raise HTTPException(422, detail=str(exc)) from None
     if len(models) > MAX_ZOO_MODELS:
         raise HTTPException(422, detail=f"filter: selects {len(models)} models, more than the {MAX_ZOO_MODELS} "
                                         f"one batch may run")
-    out = []
-    for name in models:
-        try:
-            out.append(default_request(name, batch_size=body.batch_size,
-                                       sample_shape=tuple(body.input_shape) if body.input_shape else None,
-                                       device=body.device, grads=body.grads, dtype=body.dtype))
-        except PlanError as exc:
-            raise HTTPException(422, detail=f"{exc} (model {name})") from None
-    return out
+    try:  # an hf zoo model's configuration fields are checked against transformers' configuration
+        return zoo_requests(models, batch_size=body.batch_size,
+                            sample_shape=tuple(body.input_shape) if body.input_shape else None,
+                            seq_len=body.seq_len, device=body.device, grads=body.grads, dtype=body.dtype)
+    except (PlanError, ModelError) as exc:
+        raise HTTPException(422, detail=str(exc)) from None
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=ZooOut, responses=WRITE_RESPONSES,

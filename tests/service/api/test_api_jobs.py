@@ -72,7 +72,10 @@ def test_job_is_enqueued_by_name_with_its_id_only(make_client: Callable[..., Tes
     ({"model": "rm -rf /; resnet"}, "model: String should match pattern"),
     ({"model": "os:system"}, "model: unknown model source 'os'"),  # workers never import what a request names
     ({"model": "timm:resnet18"}, "model: unknown model source 'timm'"),
-    ({"model_kwargs": {"num_classes": 3}}, "model_kwargs: Extra inputs are not permitted"),
+    ({"model_kwargs": {"num_classes": 3}}, "model_kwargs: a service's workers build torchvision models with their "
+                                           "default arguments"),
+    ({"seq_len": 64}, "seq_len: torchvision:resnet152 takes images"),
+    ({"seq_len": 0}, "seq_len: Input should be greater than or equal to 1"),
     ({"priority": 1}, "priority: Extra inputs are not permitted"),
 ])
 def test_bad_job_requests_are_422_naming_the_field(client: TestClient, change: dict, detail: str) -> None:
@@ -87,3 +90,51 @@ def test_unknown_and_malformed_job_ids(client: TestClient) -> None:
     assert client.get("/v1/jobs/not-a-uuid").status_code == 422
     malformed = client.post("/v1/jobs", content=b'{"model": ', headers={**AUTH, "Content-Type": "application/json"})
     assert malformed.status_code == 422 and malformed.json()["detail"].startswith("body: malformed JSON")
+
+
+HF_JOB = {"model": "hf:gpt2", "batch_size": 2, "input_shape": [64], "device": "cpu",
+          "model_kwargs": {"n_layer": 2, "n_embd": 64, "n_head": 2}}
+
+
+def test_an_hf_job_is_recorded_with_its_sequence_length_and_configuration(client: TestClient) -> None:
+    pytest.importorskip("transformers")
+    response = client.post("/v1/jobs", json={**HF_JOB, "model": "hf:GPT2"}, headers=AUTH)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["request"] == {"model": "hf:gpt2", "batch_size": 2, "input_shape": [64], "seq_len": 64,
+                              "dtype": "float32", "device": "cpu", "mode": "train", "grads": "none",
+                              "model_kwargs": {"n_layer": 2, "n_embd": 64, "n_head": 2}}
+    same = client.post("/v1/jobs", json={**HF_JOB, "seq_len": 64}, headers=AUTH).json()
+    assert same["leader_id"] == job["id"]  # [64] alone and with seq_len 64 are one request
+    vit = client.post("/v1/jobs", json={"model": "hf:vit", "batch_size": 2, "input_shape": [3, 32, 32],
+                                        "device": "cpu", "model_kwargs": {"image_size": 32, "num_labels": 3}},
+                      headers=AUTH)
+    assert vit.status_code == 202, vit.text
+    assert "seq_len" not in vit.json()["request"]
+
+
+@pytest.mark.parametrize("change, detail", [
+    ({"model": "hf:gtp2"}, "model: unknown hf: architecture 'gtp2'; did you mean gpt2? (known: gpt2, llama"),
+    ({"model": "hf:some/config.json"}, "model: 'hf:some/config.json' names a file; a service's workers build "
+                                       "hf:NAME models only"),
+    ({"model": "hf:/etc/config.json"}, "model: 'hf:/etc/config.json' names a file"),
+    ({"model": "hf:config.json"}, "model: 'hf:config.json' names a file"),
+    ({"model_kwargs": {"n_layers": 2}}, "model_kwargs: hf:gpt2's configuration has no field 'n_layers' (did you "
+                                        "mean n_layer"),
+    ({"model_kwargs": {"n_layer": {"a": 1}}}, "model_kwargs: n_layer: must be a JSON scalar or a list of them"),
+    ({"model_kwargs": {"auto_map": "x.y"}}, "model_kwargs: auto_map cannot be set"),
+    ({"model": "hf:llama", "model_kwargs": {"hidden_size": 65, "num_attention_heads": 4}},
+     "model_kwargs: model hf:llama: the configuration is refused: StrictDataclassClassValidationError"),
+    ({"input_shape": [3, 64]}, "input_shape: hf:gpt2 takes token ids: input_shape is [seq_len]"),
+    ({"seq_len": 32}, "seq_len: 32 but input_shape is [64]"),
+    ({"model": "hf:vit", "model_kwargs": None, "input_shape": [3, 64, 64]},
+     "input_shape: hf:vit trains at its configuration's image size [3, 224, 224]"),
+    ({"model": "hf:vit", "model_kwargs": None, "input_shape": [3, 224, 224], "seq_len": 8},
+     "seq_len: hf:vit takes images"),
+])
+def test_bad_hf_jobs_are_422_naming_the_field(client: TestClient, change: dict, detail: str) -> None:
+    pytest.importorskip("transformers")
+    response = client.post("/v1/jobs", json={**HF_JOB, **change}, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith(detail), response.json()
+    assert client.get("/v1/jobs").json()["count"] == 0

@@ -101,3 +101,29 @@ def test_unknown_and_malformed_batch_ids(client: TestClient) -> None:
     missing = client.get("/v1/zoo/00000000-0000-4000-8000-000000000000")
     assert missing.status_code == 404 and missing.json()["detail"].startswith("batch_id: no zoo batch")
     assert client.get("/v1/zoo/not-a-uuid").status_code == 422
+
+
+def test_an_hf_zoo_batch_gives_each_model_its_configuration_and_the_token_models_the_sequence_length(
+        client: TestClient) -> None:
+    pytest.importorskip("transformers")
+    response = client.post("/v1/zoo", json={**ZOO, "zoo": "hf", "filter": "gpt2,vit", "seq_len": 32}, headers=AUTH)
+    assert response.status_code == 202, response.text
+    batch = response.json()
+    assert [m["model"] for m in batch["models"]] == ["hf:gpt2", "hf:vit"]
+    requests = [client.get(f"/v1/jobs/{m['job_id']}").json()["request"] for m in batch["models"]]
+    assert requests[0]["input_shape"] == [32] and requests[0]["seq_len"] == 32
+    assert requests[0]["model_kwargs"]["n_layer"] == 6
+    assert requests[1]["input_shape"] == [3, 64, 64] and "seq_len" not in requests[1]
+
+
+@pytest.mark.parametrize("change, detail", [
+    ({"zoo": "hf", "filter": "gpt3"}, "filter: 'gpt3' matches none of the 6 hf models"),
+    ({"zoo": "hf", "filter": "vit", "seq_len": 32}, "seq_len: none of the selected models takes token sequences"),
+    ({"filter": "resnet18", "seq_len": 32}, "seq_len: none of the selected models takes token sequences"),
+    ({"zoo": "hf", "filter": "gpt2", "input_shape": [3, 32, 32]}, "input_shape: every selected model takes token"),
+])
+def test_bad_hf_zoo_requests_are_422_and_record_nothing(client: TestClient, change: dict, detail: str) -> None:
+    response = client.post("/v1/zoo", json={**ZOO, **change}, headers=AUTH)
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(detail), response.json()
+    assert client.get("/v1/jobs").json()["count"] == 0
