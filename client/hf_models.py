@@ -280,11 +280,15 @@ def _config_fields(config: Any) -> set[str]:
 
 
 def _transformers() -> Any:
+    """transformers, its log quiet below errors: this module runs in remat's own processes (the CLI, workers,
+    the service), where a shrunken vocabulary below the default special token ids or an unset loss type would
+    print warnings about a configuration the user asked for on purpose."""
     try:
         import transformers
     except ImportError:
         raise ModelError("hf: models need transformers: `uv sync --extra hf` (or `pip install "
                          "'transformers>=5'`)") from None
+    transformers.logging.set_verbosity_error()
     return transformers
 
 
@@ -408,9 +412,11 @@ def hf_example_call(model: nn.Module, spec: str, *, batch_size: int, seq_len: in
     """The arguments of one training call of ``model`` (built from ``spec``): keyword inputs only, seeded
     random values from a generator of their own (the global RNG is not touched), on ``device``.
 
-    Token models: ``input_ids`` ``(batch_size, seq_len)`` below the vocabulary size, ``attention_mask`` (ones,
-    int64) and ``labels`` (so the model returns its own loss: the ids again for a causal LM, as a tensor of
-    their own; other token ids for masked and seq2seq LMs). ``seq_len`` None: :func:`default_seq_len`, at
+    Token models: ``input_ids`` ``(batch_size, seq_len)`` below the vocabulary size and ``labels`` (so the
+    model returns its own loss: the ids again for a causal LM, as a tensor of their own; other token ids for
+    masked and seq2seq LMs). No attention mask: the batch has no padding, and transformers' own forward skips
+    an all-ones mask (SDPA's causal path) where an exported graph cannot, so a mask would make the plan's
+    program differ from the model's (remat.client.graph.fidelity). ``seq_len`` None: :func:`default_seq_len`, at
     most the model's position limit. Vision models: ``pixel_values`` ``(batch_size, C, H, W)`` at the
     configuration's image size in the model's floating dtype, and ``labels`` below ``num_labels``.
 
@@ -447,9 +453,18 @@ def hf_example_call(model: nn.Module, spec: str, *, batch_size: int, seq_len: in
         labels = input_ids.clone()  # a tensor of its own: torch.export merges inputs that alias
     else:
         labels = torch.randint(0, vocab, shape, generator=generator)
-    kwargs = {"input_ids": input_ids.to(device), "attention_mask": torch.ones(shape, dtype=torch.int64).to(device),
-              "labels": labels.to(device)}
-    return (), kwargs
+    return (), {"input_ids": input_ids.to(device), "labels": labels.to(device)}
+
+
+def hf_call_signature(spec: str, *, batch_size: int, sample_shape: tuple[int, ...], dtype: str) -> str:
+    """The plan key's ``inputs`` for the call :func:`hf_example_call` makes, without building anything: what a
+    lookup by name in the store compares (every allow-listed forward takes its main input before ``labels``;
+    a test holds this equal to ``ModelCall.bind(...).signature``)."""
+    dims = ", ".join(str(d) for d in (batch_size, *sample_shape))
+    if is_token_model(spec):
+        return f"input_ids: int64[{dims}]; labels: int64[{batch_size}, {sample_shape[0]}]"
+    floating = "float32" if dtype.startswith("autocast_") else dtype
+    return f"pixel_values: {floating}[{dims}]; labels: int64[{batch_size}]"
 
 
 # --- the hf zoo -------------------------------------------------------------------------------------------

@@ -94,6 +94,17 @@ class ModelRequest:
         return source_of(self.spec)
 
     @property
+    def call_signature(self) -> str:
+        """The plan key's ``inputs`` for the call this request trains with: "" for one tensor (zoo models), the
+        keyword call of an ``hf:`` model (remat.client.hf_models.hf_call_signature)."""
+        if self.source != "hf":
+            return ""
+        from remat.client.hf_models import hf_call_signature
+
+        return hf_call_signature(self.spec, batch_size=self.batch_size, sample_shape=self.sample_shape,
+                                 dtype=self.dtype)
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
         return (self.batch_size, *self.sample_shape)
 

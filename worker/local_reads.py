@@ -52,14 +52,15 @@ def existing_store() -> PlanStore | None:
 def by_name(request: ModelRequest) -> bool:
     """Only a zoo name without builder arguments stands for one architecture: anything else is found by the
     key of the built model."""
-    return request.source in ("torchvision", "timm") and not request.model_kwargs
+    return request.source in ("torchvision", "timm", "hf") and not request.model_kwargs
 
 
 def key_like(request: ModelRequest, *, torch_version: str = UNKNOWN) -> PlanKey:
     """A key with ``request``'s input, precision, device, gradients and mode; its hash is a placeholder (the
     lookups by name or hash prefix do not read it)."""
-    return PlanKey(model_hash=UNKNOWN, input_shape=request.input_shape, dtype=request.dtype, mode=request.mode,
-                   grads=request.grads, device=request.device, torch_version=torch_version)
+    return PlanKey(model_hash=UNKNOWN, input_shape=request.input_shape, inputs=request.call_signature,
+                   dtype=request.dtype, mode=request.mode, grads=request.grads, device=request.device,
+                   torch_version=torch_version)
 
 
 def report_from_records(request: ModelRequest, records: Sequence[PlanRecord]) -> ModelReport:

@@ -193,11 +193,17 @@ def profile_model(task: Task, job_id: str) -> str:
         refresh = bool(claim.job.request.get("refresh"))  # a zoo run's --refresh: profile even if stored
         try:
             request = ModelRequest.from_dict(claim.job.request)
-            if request.source != "torchvision" or request.model_kwargs:
+            if request.source == "hf":
+                # The API refuses the rest; a row written some other way must not make a worker read a path,
+                # build a name off the allow-list or take unknown configuration fields.
+                from remat.client.hf_models import check_service_spec
+
+                check_service_spec(request.spec, request.model_kwargs)
+            elif request.source != "torchvision" or request.model_kwargs:
                 # The API refuses these; a row written some other way must not make a worker import and
                 # call what it names.
                 raise ModelError(f"{request.name}: workers build torchvision models with their default "
-                                 f"arguments only")
+                                 f"arguments, and hf: models of the allow-list, only")
             beat.progress(f"building {request.name}", 0.0)
             built = build(request)
             beat.plan_key(built.key)  # recorded on the job at once: seconds in, before minutes of profiling

@@ -109,12 +109,25 @@ def build(request: ModelRequest) -> BuiltModel:
     dtype = getattr(torch, "float32" if autocast_dtype(request.dtype) else request.dtype)
     try:
         model = build_model(request.spec, request.model_kwargs).to(device=request.device, dtype=dtype)
-        x = torch.randn(request.input_shape, device=request.device, dtype=dtype)
+        if request.source == "hf":
+            example: Any = _hf_call(request, model)
+        else:
+            example = torch.randn(request.input_shape, device=request.device, dtype=dtype)
     except RuntimeError as exc:
         guard_memory(request, exc)
         raise ModelError(f"{request.name} cannot be built on {request.device}: "
                          f"{(str(exc).splitlines() or [''])[0]}") from None
-    return build_from_model(request, model, x)
+    return build_from_model(request, model, example)
+
+
+def _hf_call(request: ModelRequest, model: Any) -> Any:
+    """The training call of an ``hf:`` model: keyword inputs (remat.client.hf_models.hf_example_call)."""
+    from remat.client.graph.model_call import ModelCall
+    from remat.client.hf_models import hf_example_call
+
+    args, kwargs = hf_example_call(model, request.spec, batch_size=request.batch_size, seq_len=request.seq_len,
+                                   device=request.device)
+    return ModelCall.bind(model, args, kwargs)
 
 
 def key_for_model(model: nn.Module, input_shape: Sequence[int], *, dtype: torch.dtype | str = "float32",

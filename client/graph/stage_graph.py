@@ -514,8 +514,9 @@ def build_stage_chain(model: nn.Module, example_input: torch.Tensor | ModelCall,
     except Exception as exc:  # noqa: BLE001 - a traced graph that cannot run is as unusable as no graph
         run_error = one_line(exc)
         fx_reason = f"the traced graph does not run: {run_error}"
-    if single is None:
-        raise ModelError(f"cannot cut {type(model).__name__} into stages: {fx_reason}") from None
+    if single is None:  # no fallback for a call of several inputs: the reason is the export's or the model's
+        name = type(model).__name__
+        raise ModelError(fx_reason if name in fx_reason else f"cannot cut {name} into stages: {fx_reason}") from None
     try:
         return _build_from_children(model, single, train)
     except ModelError as exc:

@@ -22,6 +22,7 @@ from remat.client.hf_models import (
     check_override_values,
     check_service_spec,
     hf_architecture,
+    hf_call_signature,
     hf_image_shape,
     hf_zoo,
     input_kind,
@@ -284,16 +285,22 @@ def test_every_architecture_builds_from_its_configuration_and_trains(transformer
         assert kwargs["pixel_values"].shape == (2, 3, 32, 32) and kwargs["pixel_values"].dtype == torch.float32
         assert int(kwargs["labels"].max()) < 5
     else:
-        assert set(kwargs) == {"input_ids", "attention_mask", "labels"}
+        assert set(kwargs) == {"input_ids", "labels"}  # no padding, no mask (hf_example_call says why)
         ids, labels = kwargs["input_ids"], kwargs["labels"]
-        assert ids.shape == labels.shape == kwargs["attention_mask"].shape == (2, 16)
-        assert ids.dtype == kwargs["attention_mask"].dtype == torch.int64 and int(ids.max()) < 100
+        assert ids.shape == labels.shape == (2, 16)
+        assert ids.dtype == torch.int64 and int(ids.max()) < 100
         assert ids.untyped_storage().data_ptr() != labels.untyped_storage().data_ptr()
         if task == "causal-lm":
             assert torch.equal(ids, labels)
     loss = model(*args, **kwargs).loss
     loss.backward()
     assert torch.isfinite(loss)
+    # What a lookup by name compares without building: the signature of the call made here.
+    from remat.client.graph.model_call import ModelCall
+
+    sample = (16,) if arch != "vit" else tuple(kwargs["pixel_values"].shape[1:])
+    assert hf_call_signature(f"hf:{arch}", batch_size=2, sample_shape=sample, dtype="float32") == \
+        ModelCall.bind(model, args, kwargs).signature
 
 
 def test_t5_gets_a_decoder_start_token_and_a_config_json_never_sets_the_precision(transformers: Any,
