@@ -636,13 +636,15 @@ def _shared_users(chain: StageChainLike, n: int, backend: Backend) -> dict[int, 
 
 
 def _floor_shared_sums(chain: StageChainLike, n: int, backend: Backend, measures: list[_StageMeasure]) -> None:
-    """B_s under ``grads="none"`` of every stage but the last one using a tied weight: at least twice its bytes.
+    """B_s of every stage but the last one using a tied weight: at least twice the weight's bytes.
 
-    NOTE [ tied weights under none ] The later user's gradient waits in the engine's input buffer (booked as
-    G of that stage); when an earlier user's own contribution arrives, the two are summed out of place, so the
-    stage's contribution and the sum are alive at once beside the waiting buffer. The isolated pass, which
-    sees one contribution, cannot show it. Measured on a GPT-2 with tied embeddings: -10.6% on a plan whose
-    peak is the embedding's backward, exact with this floor.
+    NOTE [ summing a tied weight's gradients ] The later user's gradient waits in the engine's input buffer
+    (booked as G of that stage, under either convention); when an earlier user's own contribution arrives,
+    the two are summed out of place, so the stage's contribution and the sum are alive at once beside the
+    waiting buffer (then the sum becomes ``.grad``, or is added into it in place under ``grads="kept"``). The
+    isolated pass, which sees one contribution, cannot show it. Measured on GPT-2s with tied embeddings:
+    -10.6% (none) and -33% (kept, vocabulary 8,000 by 384) on plans whose peak is the embedding's backward,
+    exact with this floor.
     """
     for stages, size in _shared_users(chain, n, backend).values():
         for s in sorted(stages)[:-1]:
@@ -777,9 +779,9 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
                 born = measures[i - 1].grads_born or {}
                 param_grad[i] = sum(b for k, b in born.items() if k not in seen)
                 seen |= born.keys()
-            _floor_shared_sums(chain, n, backend, measures)
         else:
             param_grad = _shared_parameter_grads(chain, n, backend)
+        _floor_shared_sums(chain, n, backend, measures)
         stages = []
         for i in range(1, n + 1):
             in_key, out_key = rec.output_keys[i - 1], rec.output_keys[i]

@@ -1,0 +1,127 @@
+"""remat against Hugging Face's own gradient checkpointing: one meter, one run, interleaved timings.
+
+For each model of ``remat-client zoo hf`` (its configuration sizes; the vocabulary is 8,000) this builds the
+model from its configuration (random weights), profiles it once and measures, with the worker's measured
+step (the CPU live-storage meter, gradients kept, float32), four ways to train the same batch:
+
+- ``none``: the model's own forward, nothing checkpointed;
+- ``hf``: ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})``,
+  every block checkpointed (the model's own forward, with transformers' checkpointing);
+- ``remat linear``: remat's least-peak plan;
+- ``remat budget``: the fastest plan of remat's frontier whose predicted peak fits under ``hf``'s measured one.
+
+Step times come from interleaved rounds (every mode once per round, the fastest of ``--rounds`` kept), so a
+busy moment of the machine lands on every mode alike. Gradients are compared with the unmodified step
+(``torch.equal`` on CPU: the largest difference is printed, 0 means bit-equal). Prints one markdown table;
+docs/benchmarks.md ("remat against Hugging Face's gradient checkpointing") holds the figures.
+
+    uv run python benchmarks/hf_peer.py --models gpt2,llama,bert --batch-size 2 --seq-len 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
+from remat.client.graph.built_model import build
+from remat.client.hf_models import hf_zoo
+from remat.client.planning.plans import frontier_plans, make_plan
+from remat.client.request import ModelRequest
+from remat.worker import pipeline
+from remat.worker.measure import gradient_check, measure_step, time_plans
+
+MIB = 2**20
+
+
+class HfForward:
+    """The model's own forward, with transformers' gradient checkpointing on or off: a runner for the
+    measured step (``run_call``), like remat's stage chain."""
+
+    def __init__(self, model: nn.Module, checkpointing: bool) -> None:
+        self.model = model
+        self.checkpointing = checkpointing
+
+    def run_call(self, call: Any, checkpoints: Any = ()) -> Any:
+        # transformers 5 renamed gradient_checkpointing_enable (deprecated) to activation_checkpointing_enable.
+        if hasattr(self.model, "activation_checkpointing_enable"):
+            enable = lambda: self.model.activation_checkpointing_enable(  # noqa: E731
+                activation_checkpointing_kwargs={"use_reentrant": False})
+            disable = self.model.activation_checkpointing_disable
+        else:
+            enable = lambda: self.model.gradient_checkpointing_enable(  # noqa: E731
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+            disable = self.model.gradient_checkpointing_disable
+        if self.checkpointing:
+            enable()
+        try:
+            return self.model(*call.args, **call.kwargs)
+        finally:
+            disable()
+
+
+def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    [entry] = [m for m in hf_zoo() if m.name == name]
+    request = ModelRequest(spec=entry.spec, batch_size=args.batch_size, sample_shape=(args.seq_len,),
+                           seq_len=args.seq_len, grads="kept", model_kwargs=entry.model_kwargs)
+    built = build(request)
+    model, call, chain = built.model, built.example, built.chain
+    trace = pipeline.profile(built, timing_repeats=1)
+    common = {"grads": "kept", "precision": "float32"}
+    hf = HfForward(model, checkpointing=True)
+    hf_peak = measure_step(model, call, (), chain=hf, baseline=False, **common).measured_peak_bytes
+    linear = make_plan(trace, "linear", cost_model="pytorch")
+    try:
+        budget = pick_for_budget(frontier_plans(trace), hf_peak, peak=lambda p: p.predicted_peak_bytes)
+    except BudgetInfeasibleError:
+        budget = None
+    modes: list[tuple[str, Any, tuple[int, ...], int | None]] = [
+        ("none", HfForward(model, checkpointing=False), (), None),
+        ("hf gradient_checkpointing_enable", hf, (), None),
+        ("remat linear", chain, linear.checkpoints, linear.predicted_peak_bytes),
+    ]
+    if budget is not None:
+        modes.append((f"remat budget ≤ hf peak ({len(budget.checkpoints)} kept)", chain, budget.checkpoints,
+                      budget.predicted_peak_bytes))
+    rows = []
+    for label, runner, checkpoints, predicted in modes:
+        measured = measure_step(model, call, checkpoints, chain=runner, baseline=False, **common)
+        rows.append({"model": name, "mode": label, "peak": measured.measured_peak_bytes, "predicted": predicted,
+                     "stages": chain.num_stages})
+    times = time_plans(model, call, [m[2] for m in modes], runners=[m[1] for m in modes], rounds=args.rounds,
+                       **common)
+    checks = gradient_check(model, call, [m[2] for m in modes], runners=[m[1] for m in modes], chain=chain,
+                            **common)
+    for row, ms, (_, diff) in zip(rows, times, checks, strict=True):
+        row["step_ms"], row["grad_diff"] = ms, diff
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gpt2,llama,bert", help="hf zoo names, comma-separated")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    print(f"CPU, float32, gradients kept, batch {args.batch_size}, sequence {args.seq_len}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}", file=sys.stderr)
+    print("| model | mode | activation peak | predicted | step | vs none | largest gradient difference |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name in args.models.split(","):
+        rows = run(name.strip(), args)
+        base = rows[0]["step_ms"]
+        for r in rows:
+            predicted = f"{r['predicted'] / MIB:.1f} MiB" if r["predicted"] is not None else "-"
+            print(f"| {r['model']} ({r['stages']} stages) | {r['mode']} | {r['peak'] / MIB:.1f} MiB | {predicted} | "
+                  f"{r['step_ms']:.0f} ms | {100 * (r['step_ms'] / base - 1):+.0f}% | {r['grad_diff']:.1e} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
