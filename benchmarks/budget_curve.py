@@ -10,9 +10,8 @@ the pipeline's own ``validate``. Prints one markdown table; docs/benchmarks.md (
 12 heads, vocabulary 50,257, tied embeddings; its context is the benchmark's sequence length, where GPT-2's is
 1,024), written here with torch only; it is trained on random tokens
 with cross-entropy over every position (its logits are returned as (batch, vocabulary, sequence)). Its
-embeddings are untied: with GPT-2's tied input and output embedding (``--tied``) the shared weight's two
-gradient contributions are summed in buffers no single stage's profile sees, and the measured peak runs
-about two embedding-weight sizes above the prediction (a known gap of the chain model).
+embeddings are untied unless ``--tied`` (GPT-2's tied input and output embedding, whose two gradient
+contributions the profiler books since: docs/cost-model.md, "Tied weights").
 """
 
 from __future__ import annotations
