@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # One image for every remat process of docker-compose.yml: `remat-service migrate`, the API
 # (`remat-service`), the workers (`remat-worker --queues ...`) and Flower (`celery ... flower`).
-# Built from uv.lock: the exact locked versions, without the dev group, with the `cluster` extra (Flower).
+# Built from uv.lock: the exact locked versions, without the dev group, with the `cluster` extra (Flower)
+# and the `hf` extra (transformers: workers build allow-listed hf: models from their configurations).
 #
 #   docker build -t remat:latest .        # or: docker compose build
 #
@@ -26,11 +27,11 @@ WORKDIR /src
 # Dependencies first (their own layer, rebuilt only when the lock changes), then the project itself.
 COPY pyproject.toml uv.lock ./
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --locked --no-dev --extra cluster --no-install-project
+    uv sync --locked --no-dev --extra cluster --extra hf --no-install-project
 COPY . .
 # --no-editable: the project is installed into /opt/venv, so the runtime stage needs no source tree.
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --locked --no-dev --extra cluster --no-editable
+    uv sync --locked --no-dev --extra cluster --extra hf --no-editable
 
 FROM python:${PYTHON_VERSION}-slim
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin remat

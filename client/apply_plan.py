@@ -157,33 +157,37 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not self.training or not torch.is_grad_enabled():
         return original(self, *args, **kwargs)
     try:
-        call = ModelCall.bind(self, args, kwargs)
+        call: ModelCall | None = ModelCall.bind(self, args, kwargs)
     except PlanError:
         call = None
-    chain = state.chain
-    several = isinstance(chain, StageChain) and chain.pytree_specs is not None
-    usable = call is not None and (several or call.single_tensor is not None) and (
-        chain is not None or call.single_tensor is not None or (state.key is not None and state.key.inputs))
-    if not usable:
-        if not state.warned:
-            # Not silent: the user believes the plan is saving memory, and on this call it is not.
-            warnings.warn("remat: the applied plan was made for another kind of call (one tensor, or the inputs "
-                          "the plan names); this training call ran without checkpointing", RuntimeWarning,
-                          stacklevel=2)
-            state.warned = True
-        return original(self, *args, **kwargs)
-    assert call is not None
+    # A plan is for one kind of call (one tensor, or the inputs its key names); without a key, the first call's.
+    several = bool(state.key.inputs) if state.key is not None else None
+    if call is None or (several is not None and several != (call.single_tensor is None)):
+        return _unplanned(state, self, args, kwargs)
+    example = call.single_tensor if call.single_tensor is not None else call
     if state.chain is None:
-        _build(state, self, call.single_tensor if call.single_tensor is not None else call)
+        _build(state, self, example)
     if not state.checked:
         _check_call(state, self, call)
         state.checked = True
-    assert state.chain is not None
-    if isinstance(state.chain, StageChain) and state.chain.pytree_specs is not None:
-        return state.chain.run_call(call, _cut_points(state.plan))
-    if call.single_tensor is None:
-        raise _mismatch(state.plan, "the plan was made for a call of one tensor")
-    return state.chain.run(call.single_tensor, _cut_points(state.plan))
+    chain = state.chain
+    assert chain is not None
+    if isinstance(chain, StageChain) and chain.pytree_specs is not None:
+        return chain.run_call(example, _cut_points(state.plan))
+    if call.single_tensor is None:  # a chain cut for one tensor (no key), called with several inputs
+        return _unplanned(state, self, args, kwargs)
+    return chain.run(call.single_tensor, _cut_points(state.plan))
+
+
+def _unplanned(state: _Applied, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The class's forward for a training call the plan was not made for, with a warning the first time: the
+    user believes the plan is saving memory, and on this call it is not."""
+    if not state.warned:
+        warnings.warn("remat: the applied plan was made for another kind of call (one tensor, or the inputs "
+                      "the plan names); this training call ran without checkpointing", RuntimeWarning,
+                      stacklevel=3)
+        state.warned = True
+    return type(model).forward(model, *args, **kwargs)
 
 
 def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: bool = True) -> nn.Module:

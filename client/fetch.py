@@ -5,6 +5,7 @@ the service for the stored plan and gets a :class:`~remat.client.plan.Plan` whos
 it was made for, so that ``apply`` refuses it for another architecture, input or torch version::
 
     model = fetch_and_apply(model, (32, 3, 224, 224), server="http://plans:8000", grads="none")
+    model = fetch_and_apply(llm, batch, server="http://plans:8000")   # one call's inputs: a dict (keywords)
 
 The key sent is the client's own (``remat.client.graph.built_model.key_for_model``); the torch version in the
 returned plan's key is the one of the trace the service planned from, because the service keys plans without
@@ -12,7 +13,7 @@ it and records it as provenance (docs/service.md): ``apply`` then compares it wi
 
 Public API::
 
-    fetch_plan(model, input_shape, *, server, algorithm="linear", dtype="float32", grads="none",
+    fetch_plan(model, input_shape | inputs, *, server, algorithm="linear", dtype="float32", grads="none",
                mode="train", device=None, token=None) -> Plan
     fetch_and_apply(model, input_shape, *, server, **kw) -> nn.Module
     report_from_service(request, client, *, upload=False, refresh=False, progress=None) -> ModelReport
@@ -57,14 +58,29 @@ def _service(server: str | PlanServiceClient, token: str | None) -> Iterator[Pla
         yield client
 
 
-def fetch_plan(model: nn.Module, input_shape: Sequence[int], *, server: str | PlanServiceClient,
+def _call_of(model: nn.Module, inputs: Any) -> Any:
+    """A ``ModelCall`` when ``inputs`` are one training call's inputs (a mapping: keywords; a tuple or list of
+    tensors: positional arguments), None when they are a shape (integers)."""
+    from remat.client.graph.model_call import ModelCall
+
+    if isinstance(inputs, Mapping):
+        return ModelCall.bind(model, (), inputs)
+    if isinstance(inputs, (tuple, list)) and inputs and any(isinstance(v, torch.Tensor) for v in inputs):
+        return ModelCall.bind(model, tuple(inputs), {})
+    return None
+
+
+def fetch_plan(model: nn.Module, input_shape: Sequence[int] | Mapping[str, Any], *, server: str | PlanServiceClient,
                algorithm: str = "linear", dtype: torch.dtype | str = "float32", grads: str = "none",
                mode: str = "train", device: torch.device | str | None = None, token: str | None = None) -> Plan:
     """The service's plan for ``model`` on inputs of ``input_shape``.
 
     Args:
         model: the model to be trained (its architecture is hashed; weights are never read or sent).
-        input_shape: the full input shape, batch dimension included: plans are made for one batch size.
+        input_shape: the full input shape, batch dimension included: plans are made for one batch size. For a
+            model called with several inputs, one training call's inputs instead: a dict of keyword inputs
+            (``{"input_ids": ids, "labels": ids}``) or a tuple of positional ones; the key's ``inputs`` is
+            that call's signature (docs/apply.md).
         server: the service URL (``http://plans:8000``) or an open ``PlanServiceClient`` to reuse.
         algorithm: planner whose plan to fetch; ``linear`` is exact for the PyTorch-faithful cost model.
         dtype: input dtype (``torch.bfloat16`` or ``"bfloat16"``).
@@ -84,7 +100,16 @@ def fetch_plan(model: nn.Module, input_shape: Sequence[int], *, server: str | Pl
     """
     from remat.client.graph.built_model import key_for_model
 
-    key = key_for_model(model, input_shape, dtype=dtype, mode=mode, grads=grads, device=device)
+    call = _call_of(model, input_shape)
+    if call is None:
+        key = key_for_model(model, input_shape, dtype=dtype, mode=mode, grads=grads, device=device)
+    else:
+        from remat.client.graph.fx_trace import trace_model
+
+        graph = trace_model(model, train=True, call=call)
+        key = key_for_model(model, tuple(call.main.shape), dtype=dtype, mode=mode, grads=grads,
+                            device=device if device is not None else call.device, graph=graph,
+                            inputs=call.signature)
     return _fetch_for_key(key, server=server, token=token, algorithm=algorithm)
 
 
@@ -103,7 +128,8 @@ def _fetch_for_key(key: PlanKey, *, server: str | PlanServiceClient, token: str 
     return plan_from_record(record, key)
 
 
-def fetch_and_apply(model: nn.Module, input_shape: Sequence[int], *, server: str | PlanServiceClient,
+def fetch_and_apply(model: nn.Module, input_shape: Sequence[int] | Mapping[str, Any], *,
+                    server: str | PlanServiceClient,
                     strict: bool = True, algorithm: str = "linear", dtype: torch.dtype | str = "float32",
                     grads: str = "none", mode: str = "train", device: torch.device | str | None = None,
                     token: str | None = None) -> nn.Module:
@@ -131,9 +157,14 @@ def fetch_and_apply(model: nn.Module, input_shape: Sequence[int], *, server: str
     if not strict or mode != "train":
         return apply(model, fetch_plan(model, input_shape, server=server, algorithm=algorithm, dtype=dtype,
                                        grads=grads, mode=mode, device=device, token=token), strict=strict)
-    wanted = PlanKey(model_hash=UNKNOWN, input_shape=tuple(input_shape), dtype=dtype, mode=mode, grads=grads,
+    call = _call_of(model, input_shape)
+    shape = tuple(call.main.shape) if call is not None else tuple(input_shape)  # type: ignore[arg-type]
+    wanted = PlanKey(model_hash=UNKNOWN, input_shape=shape, dtype=dtype, mode=mode, grads=grads,
                      device=str(device) if device is not None else "cpu")  # normalises and checks the arguments
-    example = example_for(wanted, model) if device is None else example_for(wanted, model).to(device)
+    if call is not None:
+        example: Any = call if device is None else call.to(device)
+    else:
+        example = example_for(wanted, model) if device is None else example_for(wanted, model).to(device)
     built = build_held_model(model, example, grads=wanted.grads, dtype=wanted.dtype, cache=LocalPlanCache())
     plan = _fetch_for_key(built.key, server=server, token=token, algorithm=algorithm)
     return apply_with_chain(model, plan, key=built.key, chain=built.chain)

@@ -319,6 +319,8 @@ def test_flower_is_in_the_image_and_its_options_exist(services: dict[str, Any]) 
     dockerfile = (ROOT / "Dockerfile").read_text()
     syncs = [line for line in dockerfile.splitlines() if "uv sync" in line]
     assert syncs and all("--locked" in s and "--no-dev" in s and "--extra cluster" in s for s in syncs)
+    # Workers build allow-listed hf: models: transformers is in the image.
+    assert all("--extra hf" in s for s in syncs)
     from celery import Celery
 
     from remat.worker.celery_app import app

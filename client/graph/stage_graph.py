@@ -150,13 +150,13 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def module_lists(model: nn.Module) -> set[str]:
-    """Qualified names of the model's ``nn.ModuleList`` containers: where repeated blocks live."""
-    return {name for name, m in model.named_modules() if isinstance(m, nn.ModuleList)}
+def module_lists(model: nn.Module) -> dict[str, int]:
+    """The model's ``nn.ModuleList`` containers, where repeated blocks live: qualified name -> length."""
+    return {name: len(m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList)}
 
 
-def block_of(n: torch.fx.Node, lists: set[str]) -> str | None:
-    """The repeated block (``transformer.h.3``: a child of a ``ModuleList``) whose code produced node ``n``."""
+def block_of(n: torch.fx.Node, lists: dict[str, int]) -> tuple[str, int] | None:
+    """The repeated block whose code produced node ``n``: (its ``ModuleList``, its index there)."""
     stack = n.meta.get("nn_module_stack")
     if not stack:
         return None
@@ -164,12 +164,12 @@ def block_of(n: torch.fx.Node, lists: set[str]) -> str | None:
         path = value[0] if isinstance(value, tuple) else str(value)
         parent, _, index = str(path).rpartition(".")
         if parent in lists and index.isdigit():
-            return str(path)
+            return parent, int(index)
     return None
 
 
-def side_values(nodes: list[torch.fx.Node], lists: set[str], has_tensor: dict[str, bool]) -> set[str]:
-    """Tensors that several repeated blocks read again besides the one they hand each other: attention masks,
+def side_values(nodes: list[torch.fx.Node], lists: dict[str, int], has_tensor: dict[str, bool]) -> set[str]:
+    """Tensors that every repeated block reads again besides the one they hand each other: attention masks,
     position biases, an encoder's output read by every decoder block.
 
     NOTE [side values] A transformer's blocks are called in a loop with keyword arguments computed once
@@ -177,8 +177,10 @@ def side_values(nodes: list[torch.fx.Node], lists: set[str], has_tensor: dict[st
     Their edges jump over every block, so a graph cut would find no boundary between blocks at all. They are
     alive from their making to the end of backward whatever is checkpointed (each block reads them, or keeps
     them saved), so they are handed to every stage that reads them (a checkpointed segment keeps them as an
-    input, not as something it saves) and priced once, as the trace's ``side_bytes`` (docs/cost-model.md).
-    A value is one when its readers lie in two or more blocks of one ``ModuleList`` other than its own.
+    input, not as something it saves) and priced once, as the trace's side values (docs/cost-model.md).
+    A value is one when, in some ``ModuleList``, two or more blocks read it and every block after the one it
+    comes from does (every block, when it comes from outside the list). A cell output that the next two
+    cells read (DARTS-like networks) is not: it is an ordinary activation, freed when they are done.
     """
     if not lists:
         return set()
@@ -187,13 +189,21 @@ def side_values(nodes: list[torch.fx.Node], lists: set[str], has_tensor: dict[st
         if n.op in ("placeholder", "get_attr", "output") or not has_tensor.get(n.name, False):
             continue
         own = block_of(n, lists)
-        readers = {block_of(u, lists) for u in n.users} - {None, own}
-        by_list: dict[str, int] = {}
-        for block in readers:
-            parent = block.rpartition(".")[0]  # type: ignore[union-attr]
-            by_list[parent] = by_list.get(parent, 0) + 1
-        if any(count >= 2 for count in by_list.values()):
-            out.add(n.name)
+        readers: dict[str, set[int]] = {}
+        for u in n.users:
+            block = block_of(u, lists)
+            if block is not None and block != own:
+                readers.setdefault(block[0], set()).add(block[1])
+        for parent, indices in readers.items():
+            if own is not None and own[0] == parent:
+                if own[1] != 0:
+                    continue  # made by a later block: handed on, not read again by all (rule above)
+                expected = set(range(1, lists[parent]))
+            else:
+                expected = set(range(lists[parent]))
+            if len(indices) >= 2 and indices >= expected:
+                out.add(n.name)
+                break
     return out
 
 
@@ -284,11 +294,15 @@ def _build_from_fx(
         if n.op != "get_attr":  # parameters are looked up per stage, never handed between stages
             members[stage_of[n.name] - 1].append(n)
 
-    # The last stage that uses each value computed in an earlier stage (inputs are handed to every stage).
+    # The last stage that uses each value computed in an earlier stage; the main input counts as stage 1's
+    # value (a later `x.shape` reads it from there), the other inputs are handed to every stage that reads them.
+    def handed(u: torch.fx.Node) -> bool:
+        return u.op == "placeholder" and u is not main
+
     last_use: dict[str, int] = {}
     for n in nodes:
         for u in n.all_input_nodes:
-            if u.op not in ("get_attr", "placeholder") and stage_of[u.name] < stage_of[n.name]:
+            if u.op != "get_attr" and not handed(u) and stage_of[u.name] < stage_of[n.name]:
                 last_use[u.name] = max(last_use.get(u.name, 0), stage_of[n.name])
 
     stages: list[ChainStage] = []
@@ -300,7 +314,7 @@ def _build_from_fx(
         # Extra inputs first: placeholders must precede every other node.
         for n in stage_nodes:
             for u in n.all_input_nodes:
-                if u not in env and (u.op in ("get_attr", "placeholder") or stage_of[u.name] < idx):
+                if u not in env and (u.op == "get_attr" or handed(u) or stage_of[u.name] < idx):
                     inputs.append(("attr", str(u.target)) if u.op == "get_attr" else ("value", u.name))
                     env[u] = g.placeholder(f"in_{u.name}")
         boundary = stage_nodes[-1] if idx <= len(bounds) else None
@@ -357,7 +371,7 @@ def _build_from_fx(
         main_input=main.name,
         input_names=tuple(n.name for n in placeholders),
         side_values=tuple(n.name for n in nodes if n.name in last_use and n.name not in bound_set
-                          and has_tensor.get(n.name, False)),
+                          and n.op != "placeholder" and has_tensor.get(n.name, False)),
         pytree_specs=gm.meta.get("remat_pytree"),
         _extra_inputs=extra_inputs,
     )

@@ -24,7 +24,7 @@ from torch import nn
 
 import remat.client
 from remat.client.apply_plan import applied_chain, applied_plan
-from remat.client.errors import PlanError, PlanMismatchError, PlanNotFoundError
+from remat.client.errors import ModelError, PlanError, PlanMismatchError, PlanNotFoundError
 from remat.client.graph import fx_trace, write_probe
 from remat.client.graph.built_model import key_for_model
 from remat.client.local_plans import LocalPlanCache
@@ -267,8 +267,11 @@ def test_a_cached_plan_for_another_key_is_refused_with_what_differs(cache_dir: P
 def test_bad_arguments_are_one_line_errors(cache_dir: Path, kwargs: dict[str, str], message: str) -> None:
     with pytest.raises(PlanError, match=message):
         remat.client.checkpoint(_model(), _batches(1)[0][0], cache_dir=cache_dir, **kwargs)
-    with pytest.raises(PlanError, match="example_input must be one tensor"):
+    # A list is a call of another kind (a pytree of tensors): this model's forward cannot take it, and says so.
+    with pytest.raises(ModelError, match=r"cannot trace UserNet: TypeError: conv2d\(\) received .* got \(list"):
         remat.client.checkpoint(_model(), [_batches(1)[0][0]], cache_dir=cache_dir)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="give the example inputs of one training call of UserNet"):
+        remat.client.checkpoint(_model(), cache_dir=cache_dir)
 
 
 def test_a_cache_hit_loads_no_database_broker_or_web_framework(cache_dir: Path) -> None:

@@ -314,3 +314,30 @@ def test_cli_server_with_a_trace_file_exits_2(capsys, tmp_path: Path) -> None:
                                  "stages": [{"name": "a", "output_bytes": 8, "saved_bytes": 0}]}))
     code, _, err = run_cli(capsys, "plan", "--trace", str(trace), "--server", "http://127.0.0.1:1")
     assert code == 2 and "--server applies to MODEL" in err
+
+
+def test_fetch_and_apply_takes_one_call_of_several_inputs(server: str) -> None:
+    """A transformer's trace made as a worker makes it (an hf: request), fetched for the model a script holds
+    with one training call's keyword inputs, and trained bit-equal to the plain model (dropout on)."""
+    pytest.importorskip("transformers")
+    from remat.client.hf_models import build_hf_model
+    from remat.client.request import ModelRequest
+
+    tiny = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 500}
+    request = ModelRequest(spec="hf:gpt2", batch_size=2, sample_shape=(32,), seq_len=32, model_kwargs=tiny)
+    with PlanServiceClient(server, token=TOKEN) as client:
+        client.upload_trace(local.profile_trace(request))
+    plain = build_hf_model("hf:gpt2", tiny)
+    planned = build_hf_model("hf:gpt2", tiny)
+    planned.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 500, (2, 32))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    assert fetch_and_apply(planned, batch, server=server) is planned
+    from remat.client.apply_plan import applied_plan
+
+    assert applied_plan(planned).extra["key"]["inputs"] == "input_ids: int64[2, 32]; labels: int64[2, 32]"
+    for model in (plain, planned):
+        torch.manual_seed(3)
+        model(**batch).loss.backward()
+    for (name, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name

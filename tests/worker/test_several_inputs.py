@@ -18,8 +18,8 @@ from tests.utils.tiny_transformers import batch, tiny
 
 @pytest.mark.parametrize(("arch", "grads"), [("gpt2", "kept"), ("gpt2", "none"), ("llama", "none"), ("bert", "kept")])
 def test_predicted_peaks_match_measured_ones(arch: str, grads: str) -> None:
-    model = tiny(arch, layers=3)
-    call = ModelCall.bind(model, (), batch(seq=48))
+    model = tiny(arch)
+    call = ModelCall.bind(model, (), batch())
     chain = build_stage_chain(model, call)
     trace = profile(model, call, chain=chain, grads=grads, timing_repeats=0)
     assert trace.metadata["inputs"] == call.signature
