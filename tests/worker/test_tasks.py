@@ -56,7 +56,8 @@ def test_a_job_row_naming_a_callable_is_refused_without_importing_it(settings: S
     monkeypatch.setattr(model_spec, "_import_callable", lambda spec: pytest.fail(f"imported {spec}"))
     job_id = _submit(settings, request_)  # as if written to the database by something other than the API
     assert tasks.profile_model(_task(settings), job_id) == "failed"
-    assert "workers build torchvision models with their default arguments, and hf: models of the allow-list, only" in _job(settings, job_id).error
+    assert ("workers build torchvision models with their default arguments, and hf: models of the allow-list, "
+            "only") in _job(settings, job_id).error
     assert _rows(settings) == (0, 0)
 
 
