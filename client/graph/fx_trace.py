@@ -110,6 +110,13 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True) -> to
     say): such a model cannot be cut, and is refused rather than half-planned."""
     import warnings
 
+    from remat.client.graph import export_cache
+
+    key = export_cache.pre_key(model, call, train=train)
+    if key is not None:
+        cached = export_cache.load_graph(model, key, train=train)
+        if cached is not None:
+            return cached
     with training_mode(model, train), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -130,6 +137,8 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True) -> to
     gm.meta["remat_train"] = train
     gm.meta["remat_tracer"] = "export"
     gm.meta["remat_pytree"] = (info.in_spec, info.out_spec)
+    if key is not None:
+        export_cache.store_graph(model, gm, key)
     return gm
 
 
