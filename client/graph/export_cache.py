@@ -10,10 +10,14 @@ The pre-key (:func:`pre_key`, sha256) covers what the export depends on and can 
 call without running them: the module tree (hashing's module description: names, types, ``extra_repr`` and
 public attributes) and every module's other instance state (configuration objects such as a transformers
 ``config`` described field by field, shared modules, an instance ``forward``); each parameter's and buffer's
-name, shape, dtype, device, ``requires_grad`` and ties; the code of every class in the model (the source of
-its ``forward``, a digest of the file that defines it, its package's version) and the versions of torch and
-Python; the call's signature with every tensor's device; the train flag, the default dtype, grad mode and
-autocast state. A model with hooks, tensor subclasses or code whose source cannot be read is not cached.
+name, shape, dtype, device, ``requires_grad`` and ties; the code of every class in the model and its bases
+(its ``forward`` as it is in memory — bytecode, constants, defaults, closure, every function it wraps — and
+the digests of the files that define them, which cover the forward's source text and its helpers beside it;
+its package's version) and the versions of torch and Python; the call's signature with every tensor's
+device; the train flag, the default dtype, grad mode and autocast state. A model with hooks, tensor subclasses
+or code that is not in a file is not cached. Library code outside the model's classes' files (transformers'
+attention and mask helpers) is covered by the package version only: an editable install edited in place
+keeps its version, so clear ``graphs/`` after editing such a library.
 
 A graph file holds JSON only, never pickle, and loading it executes nothing it names. Node targets are
 resolved to ``torch.ops.<namespace>.<op>.<overload>`` overloads that exist in this process or to functions
@@ -61,7 +65,8 @@ from remat.client.graph.hashing import canon, module_description
 if TYPE_CHECKING:
     from remat.client.graph.model_call import ModelCall
 
-__all__ = ["GRAPH_FORMAT", "graph_cache_dir", "load_graph", "pre_key", "store_graph"]
+__all__ = ["GRAPH_FORMAT", "Uncacheable", "decode_graph", "encode_graph", "graph_cache_dir", "load_graph", "pre_key",
+           "store_graph"]
 
 logger = logging.getLogger("remat")
 
@@ -280,8 +285,10 @@ def _tensor_value(t: torch.Tensor) -> list[Any]:
     nbytes = t.numel() * t.element_size()
     if nbytes > MAX_TENSOR_ATTR_BYTES or type(t) is not torch.Tensor or t.layout != torch.strided:
         raise Uncacheable(f"a {type(t).__name__} attribute of {nbytes} bytes")
-    data = t.detach().to("cpu").contiguous().view(-1).view(torch.uint8) if t.numel() else t.new_empty(0)
-    return [*entry, hashlib.sha256(bytes(data.numpy()) if t.numel() else b"").hexdigest()]
+    if not t.numel():
+        return [*entry, ""]
+    data = t.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+    return [*entry, hashlib.sha256(data.numpy().tobytes()).hexdigest()]
 
 
 def _qualname(obj: Any) -> str:

@@ -195,6 +195,29 @@ def test_a_model_with_hooks_is_exported_every_time(exports: _ExportCounter) -> N
     assert exports.calls == 2 and _graph_files() == []
 
 
+class _WithTable(nn.Module):
+    """A plain tensor attribute read in forward: export lifts it into the graph as a constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.table = torch.arange(4.0)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.a(x) * scale + self.table
+
+
+def test_a_lifted_constant_is_keyed_by_its_values_and_not_stored(exports: _ExportCounter) -> None:
+    model = _WithTable()
+    call = ModelCall.bind(model, (torch.randn(2, 4), torch.ones(2, 1)), {})
+    key = export_cache.pre_key(model, call, train=True)
+    model.table = torch.arange(4.0) * 2
+    assert export_cache.pre_key(model, call, train=True) not in (key, None)
+    trace_model(model, train=True, call=call)
+    trace_model(model, train=True, call=call)
+    assert exports.calls == 2 and _graph_files() == []  # its graph reads a constant the model does not hold
+
+
 def _filled(exports: _ExportCounter) -> tuple[nn.Module, ModelCall, Path, dict[str, Any]]:
     model = tiny("gpt2")
     call = ModelCall.bind(model, (), batch())
