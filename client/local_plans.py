@@ -13,10 +13,13 @@ Public API::
     cache.get_probe_facts(key) -> dict | None    # how the key's model is cut into stages, as plain JSON
     cache.put_probe_facts(key, facts) -> Path
     default_cache_dir() -> Path
+    write_json_atomically(path, body) -> Path  # the one way of writing a cache file
 
 Beside the plans, in ``probe-facts/``, one file per key keeps the probe facts its stage chain was cut from
 (``remat.client.graph.write_probe.ProbeFacts``), so a hit cuts the chain without running the model. They are a
-speed-up only: an unreadable or malformed facts file is ignored (and rewritten by the next probe).
+speed-up only: an unreadable or malformed facts file is ignored (and rewritten by the next probe). In
+``graphs/``, the exported graphs of models called with several inputs (remat.client.graph.export_cache), by a
+digest of the model and call, so a hit does not run ``torch.export`` again; also a speed-up only.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from remat.client.errors import PlanError, PlanMismatchError
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
 
-__all__ = ["CACHE_FORMAT", "CachedPlan", "LocalPlanCache", "default_cache_dir"]
+__all__ = ["CACHE_FORMAT", "CachedPlan", "LocalPlanCache", "default_cache_dir", "write_json_atomically"]
 
 CACHE_FORMAT = "remat-plan-cache/1"
 MAX_FILE_BYTES = 16 * 1024 * 1024  # a plan of the service's largest stage count is far below this
@@ -136,13 +139,19 @@ class LocalPlanCache:
                            {"format": CACHE_FORMAT, "key": key.to_dict(), "probe_facts": facts})
 
     def _write(self, path: Path, body: dict[str, Any]) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(body, f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_json_atomically(path, body)
+
+
+def write_json_atomically(path: Path, body: Any, *, indent: int | None = 1) -> Path:
+    """Write ``body`` as JSON to ``path`` through a temporary file renamed into place: a reader sees the old
+    file or the new one, whole, never a part (the cache's one way of writing, shared by the graph cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(body, f, indent=indent, separators=None if indent is not None else (",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -12,6 +12,10 @@ computes losses and gradients bit-equal to the eager model's, dropout included (
 order: tests/client/graph/test_export_chain.py). Its placeholders are the call's flat pytree leaves (constants
 included) and its output the flat leaves of the model's output; ``meta["remat_pytree"]`` keeps both specs.
 A single-tensor model fx cannot trace is exported too, when the caller gives the call.
+
+Exporting takes seconds (GPT-2: about 1.8 s in a fresh process), so each exported graph is kept on disk beside
+the plan cache and rebuilt from there the next time the same model is traced for the same call
+(``export_cache``: the file is JSON, keyed without tracing; a file that does not rebuild is ignored).
 """
 
 from __future__ import annotations
@@ -107,9 +111,20 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True) -> to
     """``torch.export`` of ``model`` on ``call`` (non-strict), unlifted: parameters and buffers are ``get_attr``
     nodes named by their qualified names in the model, the input guards are dropped (a plan's key checks the
     call's signature instead). Raises ``ModelError`` naming why export failed (data-dependent control flow,
-    say): such a model cannot be cut, and is refused rather than half-planned."""
+    say): such a model cannot be cut, and is refused rather than half-planned.
+
+    The graph comes from the disk cache (``export_cache``) when the model and call have been exported before:
+    same nodes, names, targets, ``nn_module_stack`` and ``meta`` keys, hence the same architecture hash and
+    chain; otherwise it is exported and stored for next time."""
     import warnings
 
+    from remat.client.graph import export_cache
+
+    key = export_cache.pre_key(model, call, train=train)
+    if key is not None:
+        cached = export_cache.load_graph(model, key, train=train)
+        if cached is not None:
+            return cached
     with training_mode(model, train), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -130,6 +145,8 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True) -> to
     gm.meta["remat_train"] = train
     gm.meta["remat_tracer"] = "export"
     gm.meta["remat_pytree"] = (info.in_spec, info.out_spec)
+    if key is not None:
+        export_cache.store_graph(model, gm, key)
     return gm
 
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from remat.client.errors import ModelError
 
-__all__ = ["ARCH_HASH_FORMAT", "architecture_description", "architecture_hash"]
+__all__ = ["ARCH_HASH_FORMAT", "architecture_description", "architecture_hash", "canon", "module_description"]
 
 ARCH_HASH_FORMAT = "remat-arch/1"
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -55,7 +55,7 @@ def _target_name(node: torch.fx.Node) -> str:
     return str(node.target)
 
 
-def _canon(value: Any, index: dict[torch.fx.Node, int] | None = None, depth: int = 0) -> Any:
+def canon(value: Any, index: dict[torch.fx.Node, int] | None = None, depth: int = 0) -> Any:
     """A JSON-able, process-independent form of a graph argument or module attribute."""
     if depth > 8:
         return ["deep", type(value).__qualname__]
@@ -66,12 +66,12 @@ def _canon(value: Any, index: dict[torch.fx.Node, int] | None = None, depth: int
     if isinstance(value, float):
         return ["float", repr(value)]
     if isinstance(value, (tuple, list)):
-        return [type(value).__name__, [_canon(v, index, depth + 1) for v in value]]
+        return [type(value).__name__, [canon(v, index, depth + 1) for v in value]]
     if isinstance(value, dict):
-        items = [[str(k), _canon(v, index, depth + 1)] for k, v in value.items()]
+        items = [[str(k), canon(v, index, depth + 1)] for k, v in value.items()]
         return ["dict", sorted(items, key=lambda kv: kv[0])]
     if isinstance(value, slice):
-        return ["slice", _canon(value.start, index), _canon(value.stop, index), _canon(value.step, index)]
+        return ["slice", canon(value.start, index), canon(value.stop, index), canon(value.step, index)]
     if value is Ellipsis:
         return ["ellipsis"]
     if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
@@ -81,9 +81,9 @@ def _canon(value: Any, index: dict[torch.fx.Node, int] | None = None, depth: int
     if isinstance(value, functools.partial):
         return [
             "partial",
-            _canon(value.func, index, depth + 1),
-            _canon(list(value.args), index, depth + 1),
-            _canon(dict(value.keywords), index, depth + 1),
+            canon(value.func, index, depth + 1),
+            canon(list(value.args), index, depth + 1),
+            canon(dict(value.keywords), index, depth + 1),
         ]
     if isinstance(value, type) or callable(value):
         return ["callable", _qualname(value)]
@@ -95,7 +95,7 @@ def _graph_description(graph: torch.fx.Graph, owner: nn.Module | None) -> list[A
     index = {n: i for i, n in enumerate(nodes)}
     out = []
     for n in nodes:
-        entry: list[Any] = [n.op, _target_name(n), _canon(n.args, index), _canon(dict(n.kwargs), index)]
+        entry: list[Any] = [n.op, _target_name(n), canon(n.args, index), canon(dict(n.kwargs), index)]
         if n.op == "get_attr" and owner is not None:
             # Tracer-made constants (_tensor_constant0) live on the traced module only: describe their
             # shape and dtype, not their values.
@@ -103,18 +103,18 @@ def _graph_description(graph: torch.fx.Graph, owner: nn.Module | None) -> list[A
             try:
                 for part in str(n.target).split("."):
                     obj = getattr(obj, part)
-                entry.append(_canon(obj))
+                entry.append(canon(obj))
             except AttributeError:
                 pass
         out.append(entry)
     return out
 
 
-def _module_description(model: nn.Module) -> list[Any]:
+def module_description(model: nn.Module) -> list[Any]:
     out = []
     for name, module in model.named_modules():
         attrs = {
-            key: _canon(value)
+            key: canon(value)
             for key, value in vars(module).items()
             if not key.startswith("_") and key not in _SKIP_ATTRS
         }
@@ -146,7 +146,7 @@ def architecture_description(model: nn.Module, *, graph: torch.fx.Graph | torch.
     return {
         "format": ARCH_HASH_FORMAT,
         "graph": _graph_description(graph, owner) if graph is not None else "untraceable",
-        "modules": _module_description(model),
+        "modules": module_description(model),
         "parameters": [
             [name, list(p.shape), str(p.dtype), bool(p.requires_grad)] for name, p in model.named_parameters()
         ],
