@@ -175,7 +175,7 @@ def build_held_model(model: nn.Module, example: torch.Tensor | ModelCall, *, gra
                            sample_shape=tuple(int(d) for d in main.shape[1:]), device=main.device.type,
                            grads=grads, dtype=dtype)
     try:
-        graph = trace_model(model, train=True, call=call)
+        graph = trace_model(model, train=True, call=call, cache_dir=cache.directory)
     except ModelError:
         if call.single_tensor is None:
             raise  # a call of several inputs has no fallback: export's reason is the model's

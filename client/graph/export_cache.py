@@ -71,6 +71,10 @@ __all__ = ["GRAPH_FORMAT", "Uncacheable", "decode_graph", "encode_graph", "graph
 logger = logging.getLogger("remat")
 
 GRAPH_FORMAT = "remat-graph/1"
+EXPORT_RECIPE = 2
+"""What ``fx_trace.export_model`` does around ``torch.export`` (node clean-up, transformers' eager mask
+decisions): part of the pre-key, so a graph exported by an older recipe is exported again. Bump it with any
+change there."""
 MAX_GRAPH_BYTES = 64 * 1024 * 1024
 """A graph file larger than this is ignored (GPT-2's is about 0.5 MiB)."""
 MAX_NODES = 500_000
@@ -125,6 +129,7 @@ def _description(model: nn.Module, call: ModelCall, train: bool) -> dict[str, An
     describer = _Describer()
     return {
         "format": GRAPH_FORMAT,
+        "recipe": EXPORT_RECIPE,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "train": bool(train),

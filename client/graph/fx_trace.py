@@ -24,7 +24,8 @@ import contextlib
 import copy
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
@@ -71,7 +72,8 @@ def training_mode(model: nn.Module, train: bool) -> Iterator[None]:
             m.training = flag
 
 
-def trace_model(model: nn.Module, *, train: bool = True, call: ModelCall | None = None) -> torch.fx.GraphModule:
+def trace_model(model: nn.Module, *, train: bool = True, call: ModelCall | None = None,
+                cache_dir: Path | None = None) -> torch.fx.GraphModule:
     """Trace ``model`` in the given mode; raise ``ModelError`` if it cannot be traced.
 
     A single-tensor call (or none given) is traced with torch.fx, on a shallow copy of the model as root: the
@@ -86,7 +88,7 @@ def trace_model(model: nn.Module, *, train: bool = True, call: ModelCall | None 
         except ModelError:
             if call is None:
                 raise
-    return export_model(model, call, train=train)
+    return export_model(model, call, train=train, cache_dir=cache_dir)
 
 
 def _fx_trace(model: nn.Module, train: bool) -> torch.fx.GraphModule:
@@ -103,11 +105,66 @@ def _fx_trace(model: nn.Module, train: bool) -> torch.fx.GraphModule:
     return gm
 
 
+@contextlib.contextmanager
+def _library_eager_paths(call: ModelCall) -> Iterator[None]:
+    """Let libraries take, while remat exports, the code path their eager forward takes for this call (a change
+    here changes exported graphs: bump ``export_cache.EXPORT_RECIPE``).
+
+    transformers picks, while exporting, a graph valid for every later input; eagerly it looks at the call.
+    Two such choices decide its attention mask, and with them the kernel and the last bits of every gradient
+    (Llama without an attention mask: refused by ``fidelity`` until they were given their eager answers):
+
+    - ``find_packed_sequence_indices``: eagerly, position ids that count up from zero mean one sequence per
+      row (no packing); exported, it must assume packing. When the call passes no ``position_ids`` the model
+      makes them from the length (an arange): not packed, for every call of this signature.
+    - ``_ignore_causal_mask_sdpa``: eagerly, without an attention mask and at equal query and key lengths, the
+      causal mask is left to SDPA's ``is_causal``; exported, never. Without a mask in the call, the eager answer
+      holds for every call of this signature (same shapes, the mask absent).
+
+    With a mask or position ids passed as tensors, whose values export cannot see, the exporting answers
+    stand, as for every other library branch; a plan's graph runs only calls of its own signature.
+    """
+    module = sys.modules.get("transformers.masking_utils")
+    if module is None:
+        yield
+        return
+    original_skip = getattr(module, "_ignore_causal_mask_sdpa", None)
+    original_packed = getattr(module, "find_packed_sequence_indices", None)
+    given = set(call.kwargs)
+
+    def eager_skip(padding_mask: Any, q_length: int, kv_length: int, q_offset: Any, kv_offset: Any,
+                   local_attention_size: int | None = None) -> bool:
+        if padding_mask is not None:
+            return original_skip(padding_mask, q_length, kv_length, q_offset, kv_offset,  # type: ignore[misc]
+                                 local_attention_size)
+        if local_attention_size is not None and kv_length >= local_attention_size:
+            return False
+        return q_length == 1 or kv_length == q_length
+
+    def eager_packed(position_ids: Any) -> Any:
+        if "position_ids" in given:
+            return original_packed(position_ids)  # type: ignore[misc]
+        return None
+
+    patches = [(name, fn) for name, fn in (("_ignore_causal_mask_sdpa", eager_skip),
+                                           ("find_packed_sequence_indices", eager_packed))
+               if getattr(module, name, None) is not None]
+    saved = {name: getattr(module, name) for name, _ in patches}
+    for name, fn in patches:
+        setattr(module, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(module, name, fn)
+
+
 _EXPORT_NOISE = ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range")
 """aten ops export adds to check what it assumed (dtypes, shapes); they compute nothing a stage needs."""
 
 
-def export_model(model: nn.Module, call: ModelCall, *, train: bool = True) -> torch.fx.GraphModule:
+def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
+                 cache_dir: Path | None = None) -> torch.fx.GraphModule:
     """``torch.export`` of ``model`` on ``call`` (non-strict), unlifted: parameters and buffers are ``get_attr``
     nodes named by their qualified names in the model, the input guards are dropped (a plan's key checks the
     call's signature instead). Raises ``ModelError`` naming why export failed (data-dependent control flow,
@@ -115,17 +172,19 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True) -> to
 
     The graph comes from the disk cache (``export_cache``) when the model and call have been exported before:
     same nodes, names, targets, ``nn_module_stack`` and ``meta`` keys, hence the same architecture hash and
-    chain; otherwise it is exported and stored for next time."""
+    chain; otherwise it is exported and stored for next time. ``cache_dir``: the plan cache directory the
+    caller uses (``checkpoint(cache_dir=...)``), whose ``graphs`` folder holds them; default the user's."""
     import warnings
 
     from remat.client.graph import export_cache
 
     key = export_cache.pre_key(model, call, train=train)
     if key is not None:
-        cached = export_cache.load_graph(model, key, train=train)
+        directory = cache_dir / "graphs" if cache_dir is not None else None
+        cached = export_cache.load_graph(model, key, train=train, directory=directory)
         if cached is not None:
             return cached
-    with training_mode(model, train), warnings.catch_warnings():
+    with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call):
         warnings.simplefilter("ignore")
         try:
             program = torch.export.export(model, tuple(call.args), dict(call.kwargs), strict=False)
@@ -146,7 +205,7 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True) -> to
     gm.meta["remat_tracer"] = "export"
     gm.meta["remat_pytree"] = (info.in_spec, info.out_spec)
     if key is not None:
-        export_cache.store_graph(model, gm, key)
+        export_cache.store_graph(model, gm, key, directory=cache_dir / "graphs" if cache_dir is not None else None)
     return gm
 
 

@@ -178,8 +178,8 @@ def side_values(nodes: list[torch.fx.Node], lists: dict[str, int], has_tensor: d
     alive from their making to the end of backward whatever is checkpointed (each block reads them, or keeps
     them saved), so they are handed to every stage that reads them (a checkpointed segment keeps them as an
     input, not as something it saves) and priced once, as the trace's side values (docs/cost-model.md).
-    A value is one when, in some ``ModuleList``, two or more blocks read it and every block after the one it
-    comes from does (every block, when it comes from outside the list). A cell output that the next two
+    A value is one when, in some ``ModuleList``, two or more blocks read it: every block after the first, for
+    what the first made (T5's position bias), or every block, for what comes from outside the list. A cell output that the next two
     cells read (DARTS-like networks) is not: it is an ordinary activation, freed when they are done.
     """
     if not lists:
@@ -198,9 +198,10 @@ def side_values(nodes: list[torch.fx.Node], lists: dict[str, int], has_tensor: d
             if own is not None and own[0] == parent:
                 if own[1] != 0:
                     continue  # made by a later block: handed on, not read again by all (rule above)
-                expected = set(range(1, lists[parent]))
+                expected = set(range(1, lists[parent]))  # the first block's (T5's position bias)
             else:
                 expected = set(range(lists[parent]))
+            # Two readers at least: with two blocks, what the first hands the second is its hidden state.
             if len(indices) >= 2 and indices >= expected:
                 out.add(n.name)
                 break

@@ -99,3 +99,18 @@ def test_inputs_that_cannot_be_traced_are_named() -> None:
         ModelCall.bind(_Branchy(), (torch.zeros(2, 8),), {"tokens": torch.zeros(2)})
     with pytest.raises(PlanError, match="passes no tensor"):
         ModelCall.bind(model, (), {"use_cache": False})
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_decoder_called_without_a_mask_keeps_its_eager_attention_path(arch: str) -> None:
+    """Without an attention mask transformers leaves causality to SDPA's is_causal when it runs eagerly, and
+    builds an explicit mask when it exports: the exported graph takes the eager path, so it trains bit-equal
+    (Llama's gradients differed in their last bits before, and the model was refused)."""
+    model = tiny(arch)
+    kwargs = batch(mask=False)
+    call = ModelCall.bind(model, (), kwargs)
+    chain = build_stage_chain(model, call)
+    sdpa = [n for n in chain.graph_module.graph.nodes if "scaled_dot_product_attention" in str(n.target)]
+    assert sdpa and all(len(n.args) > 3 and n.args[3] is None for n in sdpa)  # no materialised mask
+    reference = step(model, kwargs)
+    assert same_step(reference, _chain_step(model, chain, call, tuple(range(1, chain.num_stages, 2))))
