@@ -179,8 +179,9 @@ def side_values(nodes: list[torch.fx.Node], lists: dict[str, int], has_tensor: d
     them saved), so they are handed to every stage that reads them (a checkpointed segment keeps them as an
     input, not as something it saves) and priced once, as the trace's side values (docs/cost-model.md).
     A value is one when, in some ``ModuleList``, two or more blocks read it: every block after the first, for
-    what the first made (T5's position bias), or every block, for what comes from outside the list. A cell output that the next two
-    cells read (DARTS-like networks) is not: it is an ordinary activation, freed when they are done.
+    what the first made (T5's position bias), or every block, for what comes from outside the list. A cell
+    output that the next two cells read (DARTS-like networks) is not: it is an ordinary activation, freed when
+    they are done.
     """
     if not lists:
         return set()
