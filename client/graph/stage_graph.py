@@ -46,6 +46,7 @@ notes). This module builds the chain from those and re-exports the public API ab
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -92,14 +93,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------
 # Building from an fx graph
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _node_name(n: torch.fx.Node) -> str:
-    if n.op == "placeholder":
-        return INPUT
-    if n.op == "output":
-        return OUTPUT
-    return n.name
 
 
 def module_path(n: torch.fx.Node) -> str:
@@ -222,6 +215,39 @@ def _flat_inputs(gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall) ->
     return leaves
 
 
+def _boundaries(model: nn.Module, nodes: list[torch.fx.Node], main: torch.fx.Node, tensor_at: list[int],
+                has_tensor: Mapping[str, bool], is_tensor: Mapping[str, bool], hits: list[tuple[str, str]]
+                ) -> tuple[list[str], list[str], list[str], dict[str, list[str]]]:
+    """(cut vertices, safe boundaries, cut vertices dropped as unsafe, on-path tensor edges) of a traced graph.
+
+    Paths start at every tensor input. Inputs besides the main one (masks, labels) are held by the caller for
+    the whole step and side values (NOTE [side values]) by every stage that reads them: their edges never
+    decide a boundary. A boundary is on the main input's paths (not a mask's) and carries one tensor (a cut
+    vertex whose value is a tuple, shufflenet's channel split, is none: the nodes that unpack it stay in its
+    stage).
+    """
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+
+    def node_name(n: torch.fx.Node) -> str:
+        return INPUT if n is main else OUTPUT if n.op == "output" else n.name
+
+    others = {n.name for n in placeholders if n is not main}
+    order = [SOURCE, *(node_name(n) for n in nodes)]
+    edges: dict[str, list[str]] = {SOURCE: [node_name(placeholders[i]) for i in tensor_at]}
+    for n in nodes:
+        if n.op != "output" and has_tensor.get(n.name, False):
+            edges[node_name(n)] = [node_name(u) for u in n.users]
+    path_edges = on_path_edges(order, edges, SOURCE, OUTPUT)
+    side = side_values(nodes, module_lists(model), dict(has_tensor)) & set(path_edges)
+    jump_edges = {u: vs for u, vs in path_edges.items() if u not in side and u not in others and u != SOURCE}
+    from_main = reachable(path_edges, INPUT)
+    cuts = [c for c in cut_vertices(order, jump_edges, SOURCE, OUTPUT)
+            if c != INPUT and c in from_main and is_tensor.get(c, False)]
+    path_edges = {u: vs for u, vs in path_edges.items() if u != SOURCE}
+    bounds, unsafe = safe_boundaries([n.name for n in nodes], cuts, hits, path_edges)
+    return cuts, bounds, unsafe, path_edges
+
+
 def _build_from_fx(
     model: nn.Module, gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall, train: bool,
     facts: ProbeFacts | None = None
@@ -258,28 +284,7 @@ def _build_from_fx(
         buffer_writes = recorder.buffer_writes
         small_values = interp.small_values
 
-    def node_name(n: torch.fx.Node) -> str:
-        return INPUT if n is main else OUTPUT if n.op == "output" else n.name
-
-    # Tensor-carrying edges on some input→output path. Inputs besides the main one (masks, labels) are held
-    # by the caller for the whole step and side values (NOTE [side values]) by every stage that reads them:
-    # their edges never decide a boundary. A boundary is on the main input's paths (not a mask's).
-    others = {n.name for n in placeholders if n is not main}
-    order = [SOURCE, *(node_name(n) for n in nodes)]
-    edges: dict[str, list[str]] = {SOURCE: [node_name(placeholders[i]) for i in tensor_at]}
-    for n in nodes:
-        if n.op != "output" and has_tensor.get(n.name, False):
-            edges[node_name(n)] = [node_name(u) for u in n.users]
-    path_edges = on_path_edges(order, edges, SOURCE, OUTPUT)
-    side = side_values(nodes, module_lists(model), dict(has_tensor)) & set(path_edges)
-    jump_edges = {u: vs for u, vs in path_edges.items() if u not in side and u not in others and u != SOURCE}
-    from_main = reachable(path_edges, INPUT)
-    # A stage hands the next one a single tensor: a cut vertex whose value is a tuple (shufflenet's channel
-    # split, x.chunk(2)) is no boundary; the nodes that unpack it stay in its stage.
-    cuts = [c for c in cut_vertices(order, jump_edges, SOURCE, OUTPUT)
-            if c != INPUT and c in from_main and is_tensor.get(c, False)]
-    path_edges = {u: vs for u, vs in path_edges.items() if u != SOURCE}
-    bounds, unsafe = safe_boundaries([n.name for n in nodes], cuts, hits, path_edges)
+    cuts, bounds, unsafe, path_edges = _boundaries(model, nodes, main, tensor_at, has_tensor, is_tensor, hits)
 
     # Every node goes to a stage by its position: stage k holds the nodes after boundary k-1 up to and
     # including boundary k. Keeping fx's order (rather than moving nodes next to their users) keeps the
