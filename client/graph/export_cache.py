@@ -176,19 +176,18 @@ def _call_description(call: ModelCall) -> dict[str, Any]:
 
 def _tensor_description(model: nn.Module) -> dict[str, Any]:
     first: dict[int, str] = {}
-    params = []
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if type(p) is not nn.Parameter:
-            raise Uncacheable(f"parameter {name} is a {type(p).__name__}")
-        params.append([name, list(p.shape), str(p.dtype), str(p.device), p.requires_grad, p.is_contiguous(),
-                       first.setdefault(id(p), name)])
-    buffers = []
-    for name, b in model.named_buffers(remove_duplicate=False):
-        if type(b) is not torch.Tensor:
-            raise Uncacheable(f"buffer {name} is a {type(b).__name__}")
-        buffers.append([name, list(b.shape), str(b.dtype), str(b.device), b.requires_grad, b.is_contiguous(),
-                        first.setdefault(id(b), name)])
-    return {"parameters": params, "buffers": buffers}
+
+    def describe(kind: str, named: Any, exact: type) -> list[Any]:
+        out = []
+        for name, t in named:
+            if type(t) is not exact:
+                raise Uncacheable(f"{kind} {name} is a {type(t).__name__}")
+            out.append([name, list(t.shape), str(t.dtype), str(t.device), t.requires_grad, t.is_contiguous(),
+                        first.setdefault(id(t), name)])
+        return out
+
+    return {"parameters": describe("parameter", model.named_parameters(remove_duplicate=False), nn.Parameter),
+            "buffers": describe("buffer", model.named_buffers(remove_duplicate=False), torch.Tensor)}
 
 
 @functools.lru_cache(maxsize=1)

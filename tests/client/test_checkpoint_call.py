@@ -56,15 +56,6 @@ def _train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -
 
 
 @pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty plan cache and local store; no ambient service."""
-    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'local.sqlite'}")
-    for name in ("REMAT_SERVER", "REMAT_API_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path / "plans"
-
-
-@pytest.fixture
 def no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("profiled although a stored plan should have been found")

@@ -19,14 +19,6 @@ from remat.worker import local
 from tests.utils.tiny_transformers import batch, tiny
 
 
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'local.sqlite'}")
-    for name in ("REMAT_SERVER", "REMAT_API_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path / "plans"
-
-
 def _train(model: torch.nn.Module, batches: list[dict]) -> list[torch.Tensor]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     torch.manual_seed(7)

@@ -80,6 +80,16 @@ def step(model: nn.Module, kwargs: dict[str, Any], *, seed: int = 3) -> Step:
     return loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
 
 
+def chain_step(model: nn.Module, chain: Any, call: Any, checkpoints: tuple[int, ...], *, seed: int = 3) -> Step:
+    """``step`` run through a stage chain (``chain.run_call``) with ``checkpoints`` kept."""
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    loss = chain.run_call(call, checkpoints).loss
+    loss.backward()
+    return loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
 def same_step(a: Step, b: Step) -> bool:
     """Loss and every gradient ``torch.equal``."""
     if not torch.equal(a[0], b[0]) or len(a[1]) != len(b[1]):

@@ -21,7 +21,7 @@ from remat.client.graph.fx_trace import trace_model
 from remat.client.graph.hashing import architecture_hash
 from remat.client.graph.model_call import ModelCall
 from remat.client.graph.stage_graph import build_stage_chain
-from tests.utils.tiny_transformers import batch, same_step, step, tiny
+from tests.utils.tiny_transformers import batch, chain_step, same_step, step, tiny
 
 ARCHITECTURES = ["gpt2", "llama", "bert", "t5"]
 
@@ -55,15 +55,6 @@ def _graph_files() -> list[Path]:
     return sorted(export_cache.graph_cache_dir().glob("*.json"))
 
 
-def _chain_step(model: nn.Module, chain: Any, call: ModelCall, checkpoints: tuple[int, ...]) -> Any:
-    for p in model.parameters():
-        p.grad = None
-    torch.manual_seed(3)
-    loss = chain.run_call(call, checkpoints).loss
-    loss.backward()
-    return loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-
-
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_a_cached_graph_is_the_exported_graph(arch: str, exports: _ExportCounter) -> None:
     model = tiny(arch)
@@ -89,7 +80,7 @@ def test_a_cached_graph_is_the_exported_graph(arch: str, exports: _ExportCounter
     n = chain.num_stages
     assert n >= 8, chain.names
     for checkpoints in [(), tuple(range(1, n)), tuple(range(2, n, 3))]:
-        assert same_step(reference, _chain_step(model, chain, call, checkpoints)), (arch, checkpoints)
+        assert same_step(reference, chain_step(model, chain, call, checkpoints)), (arch, checkpoints)
     assert chain.names == build_stage_chain(model, call, graph=exported).names
 
 

@@ -7,8 +7,6 @@ same RNG state (dropout on: RNG replay is under test too).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from torch import nn
@@ -16,18 +14,9 @@ from torch import nn
 from remat.client.errors import ModelError, PlanError
 from remat.client.graph.model_call import ModelCall, synthetic_call
 from remat.client.graph.stage_graph import build_stage_chain
-from tests.utils.tiny_transformers import batch, same_step, step, tiny
+from tests.utils.tiny_transformers import batch, chain_step, same_step, step, tiny
 
 ARCHITECTURES = ["gpt2", "llama", "bert", "t5"]
-
-
-def _chain_step(model: nn.Module, chain: Any, call: ModelCall, checkpoints: tuple[int, ...]) -> Any:
-    for p in model.parameters():
-        p.grad = None
-    torch.manual_seed(3)
-    loss = chain.run_call(call, checkpoints).loss
-    loss.backward()
-    return loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -44,7 +33,7 @@ def test_chain_of_a_transformer_trains_like_the_model(arch: str) -> None:
     reference = step(model, kwargs)
     n = chain.num_stages
     for checkpoints in [(), tuple(range(1, n)), tuple(range(2, n, 3))]:
-        assert same_step(reference, _chain_step(model, chain, call, checkpoints)), (arch, checkpoints)
+        assert same_step(reference, chain_step(model, chain, call, checkpoints)), (arch, checkpoints)
     assert type(chain.run_call(call, ())).__name__ == type(model(**kwargs)).__name__  # the ModelOutput comes back
 
 
@@ -113,4 +102,4 @@ def test_a_decoder_called_without_a_mask_keeps_its_eager_attention_path(arch: st
     sdpa = [n for n in chain.graph_module.graph.nodes if "scaled_dot_product_attention" in str(n.target)]
     assert sdpa and all(len(n.args) > 3 and n.args[3] is None for n in sdpa)  # no materialised mask
     reference = step(model, kwargs)
-    assert same_step(reference, _chain_step(model, chain, call, tuple(range(1, chain.num_stages, 2))))
+    assert same_step(reference, chain_step(model, chain, call, tuple(range(1, chain.num_stages, 2))))
