@@ -57,6 +57,7 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "side_bytes": int,
     "side_unsaved_bytes": int,
     "side_by_stage": list,
+    "side_unsaved_by_stage": list,
 }
 GRAD_CONVENTIONS = ("none", "kept")
 MODES = ("train", "eval")
@@ -201,6 +202,15 @@ class Trace:
         if given is not None:
             return tuple(int(b) for b in given)
         return (self.side_bytes, *([0] * (self.num_stages - 1)))
+
+    @property
+    def side_unsaved_by_stage(self) -> tuple[int, ...]:
+        """The part of :attr:`side_by_stage` no stage saves (metadata ``side_unsaved_by_stage``); a trace that
+        gives only ``side_unsaved_bytes`` has them made by the first stage."""
+        given = self.metadata.get("side_unsaved_by_stage")
+        if given is not None:
+            return tuple(int(b) for b in given)
+        return (self.side_unsaved_bytes, *([0] * (self.num_stages - 1)))
 
     @property
     def side_unsaved_bytes(self) -> int:
@@ -370,13 +380,15 @@ def parse_trace(obj: Any) -> Trace:
             _nonneg_int(metadata, name, "", required=True)
     if int(metadata.get("side_unsaved_bytes") or 0) > int(metadata.get("side_bytes") or 0):
         raise TraceFormatError("side_unsaved_bytes: must not exceed side_bytes")
-    by_stage = metadata.get("side_by_stage")
-    if by_stage is not None:
+    for name, total in (("side_by_stage", "side_bytes"), ("side_unsaved_by_stage", "side_unsaved_bytes")):
+        by_stage = metadata.get(name)
+        if by_stage is None:
+            continue
         if len(by_stage) != len(stages) or any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= 2**50
                                                for b in by_stage):
-            raise TraceFormatError(f"side_by_stage: must be {len(stages)} non-negative integers, one per stage")
-        if sum(by_stage) != int(metadata.get("side_bytes") or 0):
-            raise TraceFormatError("side_by_stage: must add up to side_bytes")
+            raise TraceFormatError(f"{name}: must be {len(stages)} non-negative integers, one per stage")
+        if sum(by_stage) != int(metadata.get(total) or 0):
+            raise TraceFormatError(f"{name}: must add up to {total}")
     if metadata.get("grads") not in (None, *GRAD_CONVENTIONS):
         raise TraceFormatError(f"grads: must be one of {', '.join(GRAD_CONVENTIONS)}, got {metadata['grads']!r}")
     if metadata.get("mode") not in (None, *MODES):

@@ -86,8 +86,9 @@ class PytorchTables:
       block) are alive from the stage that makes them to the end of backward, held by the stages that save
       them or by the checkpointed segments that take them as an input, and gone before: every candidate of
       stage s includes, once, those made before s (its own are in its measured peaks). Those no stage saves
-      (``trace.side_unsaved_bytes``) are gone in the backward of the plan without checkpoints:
-      ``drop_input[0]`` (docs/cost-model.md, "Side values").
+      (``trace.side_unsaved_by_stage``) are gone in the last segment's backward unless made before it starts
+      (then the checkpointed segments before it hold them): ``back`` leaves them out, ``drop_input[a]`` adds
+      those made by stage a back (docs/cost-model.md, "Side values").
     """
 
     __slots__ = ("n", "d", "U", "back", "back_ck", "rec", "rec_first", "rec_last", "rec_last_first", "delta",
@@ -124,9 +125,11 @@ class PytorchTables:
         self.fwd_tail = [0] * (n + 1)
         # side_before[s]: side values made before stage s, alive in its every candidate (NOTE above).
         side_before = list(accumulate(trace.side_by_stage, initial=0))
+        unsaved_before = list(accumulate(trace.side_unsaved_by_stage, initial=0))
         for s in range(1, n + 1):
             st = stages[s - 1]
             side = side_before[s - 1]
+            saved_side = side - unsaved_before[s - 1]
             own = st.saved_bytes + (st.output_bytes if st.saves_output else 0)
             unsaved_input = d[s - 1] if not sigma[s - 1] else 0
             fwd = max(st.forward_peak_bytes, own + (0 if st.saves_output else st.output_bytes))
@@ -135,7 +138,9 @@ class PytorchTables:
                 bwd = max(st.backward_peak_bytes, own + st.output_bytes)
             else:
                 bwd = own + st.output_bytes + st.param_grad_bytes
-            self.back[s] = side + U[s - 1] + bwd + grad_suffix[s]
+            # The last segment's backward: its unsaved side values die with the forward (no checkpoint frame
+            # holds them); those made before it come back through drop_input[a] below.
+            self.back[s] = saved_side + U[s - 1] + bwd + grad_suffix[s]
             # Recomputed stages drop their saved tensors earlier in backward: B° when profiled.
             rb = st.recomputed_backward_peak_bytes
             self.back_ck[s] = side + U[s - 1] + (max(rb, own + st.output_bytes) if rb else bwd) + grad_suffix[s]
@@ -152,11 +157,13 @@ class PytorchTables:
             self.fwd_tail[s] = side + U[s - 1] + cast_unsaved[s - 1] + unsaved_input + fwd
         for a in range(1, n):
             self.drop_input[a] = 0 if stages[a].saves_input else d[a]
-        # Without any checkpointed segment (the plan that keeps everything, the only last segment starting at 0)
-        # nothing holds the side values no stage saves once the forward returns: out of its backward candidates,
-        # kept in its forward ones (the forward tail adds cast_saved[a] back after subtracting drop_input[a]).
-        self.drop_input[0] = trace.side_unsaved_bytes
-        self.cast_saved[0] += trace.side_unsaved_bytes
+        # Side values no stage saves are held in the last segment's backward by the checkpointed segments before
+        # it, when they were made before it starts (a segment's frame keeps what it was handed to the end of
+        # backward): back[] leaves them out, drop_input[a] adds those made by stage a back. The forward tail adds
+        # cast_saved[a] after subtracting drop_input[a]: the same amount keeps its forward candidates as they were.
+        for a in range(n):
+            self.drop_input[a] -= unsaved_before[a]
+            self.cast_saved[a] -= unsaved_before[a]
         self.frameless_end = list(range(n + 1))
         for a in range(n - 1, -1, -1):
             if stages[a].saves_nothing:

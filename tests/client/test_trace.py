@@ -118,3 +118,22 @@ def test_bad_trace_is_named_in_one_line(case: str, text: str, message: str) -> N
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match="cannot be read"):
         load_trace(tmp_path / "missing.json")
+
+
+def _two_stages(**metadata: object) -> dict:
+    stage = {"name": "s", "output_bytes": 8, "saved_bytes": 0, "saves_input": False, "saves_output": False}
+    return {"format": TRACE_FORMAT, "input_bytes": 8, "stages": [dict(stage), dict(stage)], **metadata}
+
+
+def test_side_values_are_read_per_stage_and_checked_against_their_totals() -> None:
+    trace = parse_trace(_two_stages(side_bytes=12, side_by_stage=[4, 8], side_unsaved_bytes=8,
+                                    side_unsaved_by_stage=[0, 8]))
+    assert trace.side_by_stage == (4, 8) and trace.side_unsaved_by_stage == (0, 8)
+    only_totals = parse_trace(_two_stages(side_bytes=12, side_unsaved_bytes=4))
+    assert only_totals.side_by_stage == (12, 0) and only_totals.side_unsaved_by_stage == (4, 0)
+    for bad, message in [({"side_bytes": 12, "side_by_stage": [4, 4]}, "side_by_stage: must add up to side_bytes"),
+                         ({"side_bytes": 4, "side_by_stage": [4]}, "side_by_stage: must be 2 non-negative"),
+                         ({"side_bytes": 4, "side_unsaved_bytes": 8}, "side_unsaved_bytes: must not exceed"),
+                         ({"side_bytes": -1}, "side_bytes")]:
+        with pytest.raises(TraceFormatError, match=message):
+            parse_trace(_two_stages(**bad))

@@ -256,8 +256,8 @@ class _ChainRecord:
     side_by_stage: list[int] = dataclasses.field(default_factory=list)
     """Per stage 1..n: bytes of the side values it makes, each storage once (NOTE [side values] in
     stage_graph.py)."""
-    side_unsaved_bytes: int = 0
-    """The part of ``side_bytes`` no stage saves for backward: alive in backward only while a checkpointed
+    side_unsaved_by_stage: list[int] = dataclasses.field(default_factory=list)
+    """The part of ``side_by_stage`` no stage saves for backward: alive in backward only while a checkpointed
     segment holds it as an input."""
 
     def cast_bytes(self, i: int) -> tuple[int, int]:
@@ -322,7 +322,7 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
     side_names = set(getattr(chain, "side_values", ()))
     side: dict[int, int] = {}
     side_saved: set[int] = set()
-    side_by_stage = [0] * (n + 1)
+    side_stage: dict[int, int] = {}  # storage key -> the stage that made it
     # One autocast region over the whole pass, as over a real step's forward: its cast cache is shared.
     recorder = _CastRecorder(excluded, backend, current, casts) if autocast else contextlib.nullcontext()
     with (meter, torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
@@ -332,9 +332,9 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             current[0] = i
             x = stage_callable(chain, i)(x)
             if side_names:
-                before = sum(side.values())
+                known = set(side)
                 side_saved |= _note_side_values(chain, side_names, side, excluded, saved, backend)
-                side_by_stage[i] = sum(side.values()) - before
+                side_stage.update(dict.fromkeys(side.keys() - known, i))
             if i == n:  # the model's output: a tensor, or a main output with auxiliary ones (GoogLeNet)
                 out = output_tensors(x, where=f"the last stage ({chain.names[i - 1]})")
                 outputs.append(x.detach() if isinstance(x, torch.Tensor) else tuple(t.detach() for t in out))
@@ -351,8 +351,12 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             keys.append(storage_key(x))
         del x  # frees the autograd graph of the whole pass
     _detach_side_values(chain, side_names)
-    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, side_by_stage[1:],
-                        sum(b for k, b in side.items() if k not in side_saved))
+    side_by_stage, unsaved_by_stage = [0] * n, [0] * n
+    for key, size in side.items():
+        side_by_stage[side_stage[key] - 1] += size
+        if key not in side_saved:
+            unsaved_by_stage[side_stage[key] - 1] += size
+    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, side_by_stage, unsaved_by_stage)
 
 
 def stage_callable(chain: StageChainLike, i: int) -> Callable[[Any], Any]:
@@ -821,5 +825,6 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         if any(rec.side_by_stage):
             obj["side_bytes"] = sum(rec.side_by_stage)
             obj["side_by_stage"] = rec.side_by_stage
-            obj["side_unsaved_bytes"] = rec.side_unsaved_bytes
+            obj["side_unsaved_bytes"] = sum(rec.side_unsaved_by_stage)
+            obj["side_unsaved_by_stage"] = rec.side_unsaved_by_stage
     return parse_trace(obj)
