@@ -173,8 +173,8 @@ class ModelCall:
 def _entries(signature: str) -> dict[str, str]:
     out = {}
     for part in filter(None, signature.split("; ")):
-        name, _, rest = re.split(r"(: |=)", part, maxsplit=1) if re.search(r"(: |=)", part) else (part, "", "")
-        out[name] = rest
+        name, *rest = re.split(r": |=", part, maxsplit=1)
+        out[name] = rest[0] if rest else ""
     return out
 
 
