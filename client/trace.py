@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remat.client import wire_json
 from remat.client.errors import TraceFormatError
 
 TRACE_FORMAT = "remat-trace/1"
@@ -398,11 +399,11 @@ def parse_trace(obj: Any) -> Trace:
 
 
 def loads_trace(text: str | bytes) -> Trace:
-    """Parse and validate trace JSON text."""
+    """Parse and validate trace JSON text (refusing what remat cannot keep: ``wire_json``)."""
     try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"trace: not valid JSON ({exc})") from None
+        obj = wire_json.loads(text, where="trace")
+    except wire_json.WireJSONError as exc:
+        raise TraceFormatError(str(exc)) from None
     return parse_trace(obj)
 
 

@@ -10,6 +10,7 @@ switched off so that these BEGINs are the ones that run.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
+
+from remat.client import wire_json
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
 _WRITE_OPTION = "remat_write"
@@ -51,6 +54,14 @@ def _use_wal(cursor: Any) -> None:
             delay_s = min(delay_s * 2, 0.2)
 
 
+def json_for_storage(value: Any) -> str:
+    """Every JSON column's writer: standard JSON only (``wire_json``'s rules), so that no row holds what a later
+    read cannot serialize. The API refuses such values at the door with a 422; this refuses them from any
+    other writer (a worker, a script) before the transaction commits, instead of poisoning every read."""
+    wire_json.check(value, where="stored JSON")
+    return json.dumps(value, allow_nan=False)
+
+
 def _sqlite_engine(url: str) -> Engine:
     parsed = make_url(url)
     database = parsed.database or ""
@@ -60,7 +71,7 @@ def _sqlite_engine(url: str) -> Engine:
     kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}}
     if in_memory:
         kwargs["poolclass"] = StaticPool  # one shared connection, or every session would see an empty DB
-    engine = create_engine(url, **kwargs)
+    engine = create_engine(url, json_serializer=json_for_storage, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -86,7 +97,8 @@ def make_engine(url: str) -> Engine:
     if _is_sqlite(url):
         return _sqlite_engine(url)
     # pre_ping: a PostgreSQL restart must cost one reconnect, not a 500 per pooled connection.
-    return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5})
+    return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5},
+                         json_serializer=json_for_storage)
 
 
 class Database:

@@ -58,9 +58,7 @@ def _validation_message(exc: RequestValidationError) -> str:
     errors = exc.errors()
     if not errors:
         return "request: invalid"
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return f"body: malformed JSON ({first.get('ctx', {}).get('error', 'cannot be decoded')})"
+    first = errors[0]  # (JSON that does not parse never gets here: service_route refuses it, naming the place)
     msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     field = _field(first.get("loc", ()))
     if msg.startswith(f"{field}:") or (": " in msg and msg.split(": ", 1)[0].isidentifier()):
@@ -82,10 +80,12 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:
         return JSONResponse(status_code=400, content={"detail": "body: cannot be decoded as UTF-8 JSON"})
     if exc.status_code == 405:
-        # Starlette answers with the methods of the first route that matched the path only.
-        methods = sorted({m for route in request.app.router.routes
-                          if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE
-                          for m in route.methods})
+        # Starlette answers with the methods of the first route that matched the path only; the routes are
+        # those the routers declared (FastAPI wraps included routers, so the app's own list holds none).
+        methods = sorted({m for route in request.app.state.api_routes
+                          if route.matches(request.scope)[0] != Match.NONE for m in route.methods})
+        if not methods:  # not one of ours (/docs): Starlette's answer is complete
+            return await http_exception_handler(request, exc)
         return JSONResponse(status_code=405, headers={"Allow": ", ".join(methods)},
                             content={"detail": f"method: {request.method} is not allowed on {request.url.path}; "
                                                f"use {', '.join(methods)}"})
@@ -152,6 +152,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         app.add_exception_handler(bad_input, _on_bad_input)
     for db_down in (OperationalError, InterfaceError, PoolTimeoutError):
         app.add_exception_handler(db_down, _on_database_down)
-    for module in (health, traces, plans, measurements, jobs, zoo):
-        app.include_router(module.router)
+    routers = [module.router for module in (health, traces, plans, measurements, jobs, zoo)]
+    for router in routers:
+        app.include_router(router)
+    app.state.api_routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
     return app

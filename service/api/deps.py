@@ -47,8 +47,11 @@ async def get_state(request: Request) -> ServiceState:
 
 StateDep = Annotated[ServiceState, Depends(get_state)]
 
-_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>`; see docs/service.md")
-CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+bearer_credentials = HTTPBearer(auto_error=False,
+                                description="`Authorization: Bearer <token>`; see docs/service.md")
+"""The bearer credentials of a request (None when absent): a dependency, and callable on a request before
+its body is read (``service_route``)."""
+CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_credentials)]
 
 
 def _matches(credentials: HTTPAuthorizationCredentials, *tokens: SecretStr | None) -> bool:

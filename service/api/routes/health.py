@@ -8,9 +8,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from remat.service import repository
 from remat.service.api.deps import StateDep
+from remat.service.api.service_route import ServiceRoute
 from remat.service.schemas import HealthOut
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=ServiceRoute)
 
 
 @router.get("/healthz", response_model=HealthOut, responses={503: {"model": HealthOut}})

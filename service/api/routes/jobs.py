@@ -20,11 +20,12 @@ from remat.service.api.deps import (
     require_reader,
     require_writer,
 )
+from remat.service.api.service_route import ServiceRoute
 from remat.service.celery_client import send_job
 from remat.service.records import JobRecord
 from remat.service.schemas import ErrorOut, JobCreate, JobOut, JobsPage, JobStateName
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ServiceRoute)
 
 JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
                             description="Job id (a UUID) as returned by POST /v1/jobs.")]

@@ -8,9 +8,10 @@ from fastapi.responses import JSONResponse
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.service import repository
 from remat.service.api.deps import WRITE_RESPONSES, StateDep, require_writer
+from remat.service.api.service_route import ServiceRoute
 from remat.service.schemas import ErrorOut, MeasurementCreate, MeasurementOut
 
-router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
+router = APIRouter(prefix="/v1/measurements", tags=["measurements"], route_class=ServiceRoute)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=MeasurementOut,

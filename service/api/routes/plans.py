@@ -15,6 +15,7 @@ from remat.client.plan_key import PlanKey, normalize_device, normalize_dtype
 from remat.client.planning.planners import DEFAULT_PLANNER, PLANNERS
 from remat.service import repository
 from remat.service.api.deps import OPTIONAL_AUTH, READ_RESPONSES, StateDep, require_reader
+from remat.service.api.service_route import ServiceRoute
 from remat.service.keys import (
     DEVICE_PATTERN,
     DTYPE_PATTERN,
@@ -26,7 +27,7 @@ from remat.service.keys import (
 )
 from remat.service.schemas import ErrorOut, FrontierOut, PlanRecordOut, PlansPage, TimelineOut
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_reader)])
+router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_reader)], route_class=ServiceRoute)
 
 Algorithm = Literal[(*PLANNERS, BUDGET_ALGORITHM)]  # type: ignore[valid-type]  # the registry is the one list
 PATH_FIELD = "model_hash"

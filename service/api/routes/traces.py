@@ -8,25 +8,22 @@ from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from remat.client.errors import TraceFormatError
 from remat.client.trace import Trace, loads_trace
 from remat.service import jobs, repository
 from remat.service.api.deps import WRITE_RESPONSES, ServiceState, StateDep, require_writer
+from remat.service.api.service_route import ServiceRoute
 from remat.service.celery_client import PLAN_QUEUE, send_job
 from remat.service.config import ServiceSettings
 from remat.service.errors import TraceRejectedError
 from remat.service.keys import check_storable, trace_key
 from remat.service.schemas import TRACE_REQUEST_BODY, TraceStoredOut
 
-router = APIRouter(prefix="/v1/traces", tags=["traces"])
+router = APIRouter(prefix="/v1/traces", tags=["traces"], route_class=ServiceRoute)
 
 
 def _parse(body: bytes, settings: ServiceSettings) -> Trace:
     """Parse and bound-check an upload; every failure is a TraceFormatError naming the field."""
-    try:
-        trace = loads_trace(body)
-    except RecursionError:
-        raise TraceFormatError("trace: JSON nested too deeply") from None
+    trace = loads_trace(body)  # wire_json: bounded nesting, finite numbers
     if trace.num_stages > settings.max_stages:
         raise TraceRejectedError(f"stages: {trace.num_stages} stages, more than the {settings.max_stages} this "
                                  f"service plans (REMAT_MAX_STAGES); merge stages, e.g. cut at block boundaries")

@@ -20,10 +20,11 @@ from remat.service.api.deps import (
     require_reader,
     require_writer,
 )
+from remat.service.api.service_route import ServiceRoute
 from remat.service.celery_client import send_job
 from remat.service.schemas import ErrorOut, ZooCreate, ZooOut
 
-router = APIRouter(prefix="/v1/zoo", tags=["zoo"])
+router = APIRouter(prefix="/v1/zoo", tags=["zoo"], route_class=ServiceRoute)
 
 MAX_ZOO_MODELS = 500
 """Jobs one batch may create (torchvision's classification registry has 80 models)."""

@@ -89,7 +89,7 @@ def test_unknown_and_malformed_job_ids(client: TestClient) -> None:
     assert missing.status_code == 404 and missing.json()["detail"].startswith("job_id: no job")
     assert client.get("/v1/jobs/not-a-uuid").status_code == 422
     malformed = client.post("/v1/jobs", content=b'{"model": ', headers={**AUTH, "Content-Type": "application/json"})
-    assert malformed.status_code == 422 and malformed.json()["detail"].startswith("body: malformed JSON")
+    assert malformed.status_code == 422 and malformed.json()["detail"].startswith("body: not valid JSON")
 
 
 HF_JOB = {"model": "hf:gpt2", "batch_size": 2, "input_shape": [64], "device": "cpu",

@@ -40,7 +40,7 @@ def test_store_and_plan_with_every_algorithm(client: TestClient) -> None:
     (json.dumps({**trace_dict(), "mode": "inference"}).encode(), 422, "mode: must be one of train, eval"),
     (json.dumps({**trace_dict(), "model": "a\u0000b"}).encode(), 422, "model: contains a NUL character"),
     (b'{"format": "remat-trace/1", "input_bytes": 1, "stages": [{"name": "\\ud800", "output_bytes": 1, '
-     b'"saved_bytes": 1}]}', 422, "stages[0].name: is not valid Unicode"),
+     b'"saved_bytes": 1}]}', 422, "stages[0].name: not valid Unicode"),
     (b"\xff\xfe", 422, "trace: not valid JSON"),
 ])
 def test_bad_traces_get_a_4xx_naming_the_field(client: TestClient, body: bytes, status: int, detail: str) -> None:
