@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 MAX_DEPTH = 32
@@ -30,7 +31,23 @@ MAX_INT = 2**63 - 1
 """The largest magnitude of an integer: a PostgreSQL ``BIGINT``; bytes and counts are far below it."""
 _MAX_INT_DIGITS = len(str(MAX_INT)) + 1  # a sign, then at most 19 digits
 
-__all__ = ["MAX_DEPTH", "MAX_INT", "WireJSONError", "check", "loads"]
+__all__ = ["MAX_DEPTH", "MAX_INT", "WireJSONError", "check", "loads", "place"]
+
+
+def place(parts: Sequence[str | int]) -> str:
+    """Where a value is, on one line: ``extra.x``, ``stages[0].name``, ``extra["a b\\n"]``. Keys that are not
+    identifiers are quoted as JSON strings (ASCII, escaped, at most 40 characters), so that no name a client
+    sends can break a one-line error message."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier() and part.isascii():
+            out += f".{part}" if out else part
+        else:
+            quoted = json.dumps(part)
+            out += f"[{quoted if len(quoted) <= 40 else quoted[:36] + '...' + quoted[-1]}]"
+    return out
 
 
 class WireJSONError(ValueError):
@@ -91,7 +108,7 @@ def check(value: Any, *, where: str = "body", max_depth: int = MAX_DEPTH) -> Non
         problem = _first_problem(value, max_depth, with_path=True)
         assert problem is not None
         path, what = problem
-        raise WireJSONError(f"{path.removeprefix('.') or where}: {what}")
+        raise WireJSONError(f"{path or where}: {what}")
 
 
 def _describe(value: Any) -> str | None:
@@ -112,23 +129,23 @@ def _describe(value: Any) -> str | None:
 
 def _first_problem(value: Any, max_depth: int, *, with_path: bool) -> tuple[str, str] | None:
     """Iterative (a recursive walk is what deep input breaks): ``(path, why)`` of the first bad value."""
-    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(value, 0, ())]
     while stack:
         item, depth, path = stack.pop()
         if isinstance(item, dict):
             if depth + 1 > max_depth:
-                return path, f"nested more than {max_depth} levels deep"
+                return place(path), f"nested more than {max_depth} levels deep"
             for key, child in item.items():
                 why = _describe(key)
                 if why is not None:
-                    return path, f"a key is {why}"
-                stack.append((child, depth + 1, f"{path}.{key}" if with_path else ""))
+                    return place(path), f"a key is {why}"
+                stack.append((child, depth + 1, (*path, key) if with_path else ()))
         elif isinstance(item, list | tuple):
             if depth + 1 > max_depth:
-                return path, f"nested more than {max_depth} levels deep"
-            stack.extend((child, depth + 1, f"{path}[{i}]" if with_path else "") for i, child in enumerate(item))
+                return place(path), f"nested more than {max_depth} levels deep"
+            stack.extend((child, depth + 1, (*path, i) if with_path else ()) for i, child in enumerate(item))
         else:
             why = _describe(item)
             if why is not None:
-                return path, why
+                return place(path), why
     return None

@@ -27,6 +27,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from remat.client import wire_json
 from remat.client.errors import PlanError, TraceFormatError
 from remat.service import migrate
 from remat.service.api.deps import ServiceState
@@ -48,10 +49,7 @@ def _operation_id(route: APIRoute) -> str:
 
 def _field(loc: Sequence[Any]) -> str:
     parts = [p for p in loc if p not in ("body", "query", "path", "header")] or list(loc[-1:])
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "body"
+    return wire_json.place([p if isinstance(p, int) else str(p) for p in parts]) or "body"
 
 
 def _validation_message(exc: RequestValidationError) -> str:
