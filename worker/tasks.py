@@ -29,6 +29,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError as DatabaseUnreachable
+from sqlalchemy.orm import Session
 
 from remat.client.errors import ModelError, RematError
 from remat.client.job_state import JobState
@@ -138,21 +139,28 @@ def _plan_entries(records: list[PlanRecord]) -> list[dict[str, Any]]:
             for r in records]
 
 
+Write = Callable[[Session], tuple[Mapping[str, Any], str]]
+"""A job's rows, written inside its final transaction; returns the job's result and its closing message."""
+
+
 def _finish(store: PlanStore, job_id: str, owner: str, *, state: str, result: Mapping[str, Any] | None = None,
             error: str | None = None, message: str | None = None, plan_key: Mapping[str, Any] | None = None,
-            write: Callable[[Any], Mapping[str, Any]] | None = None) -> bool:
-    """End the job (and its followers) in one transaction with ``write``'s rows, if the lease is still ours."""
+            write: Write | None = None) -> str:
+    """End the job (and its followers) in one transaction with ``write``'s rows, if the lease is still ours.
+
+    Returns ``finished`` or ``lease lost`` (nothing written).
+    """
     try:
         with store.db.write_session() as session:
             if write is not None:
-                result = write(session)
+                result, message = write(session)
             if not jobs.finish_job(session=session, job_id=job_id, owner=owner, state=state, result=result,
                                    error=error, message=message, plan_key=plan_key):
                 raise LeaseLost(job_id)  # rolls the whole transaction back
     except LeaseLost:
         log.warning("job %s: lease lost before the end; nothing written", job_id)
-        return False
-    return True
+        return "lease lost"
+    return "finished"
 
 
 def _start(task: Task, job_id: str) -> tuple[ServiceSettings, PlanStore, str, jobs.Claim]:
@@ -217,37 +225,42 @@ def profile_model(task: Task, job_id: str) -> str:
         except Exception as exc:  # noqa: BLE001 - every other failure ends the job with its reason
             if not isinstance(exc, (RematError, SoftTimeLimitExceeded)):
                 log.exception("job %s: unexpected error", job_id)
-            _finish(store, job_id, owner, state=JobState.FAILED, plan_key=beat.recorded_key,
-                    error=_failure_reason(exc, settings, settings.task_time_limit_s))
-            return "failed"
+            outcome = _finish(store, job_id, owner, state=JobState.FAILED, plan_key=beat.recorded_key,
+                              error=_failure_reason(exc, settings, settings.task_time_limit_s))
+            return "failed" if outcome == "finished" else outcome
         if existing is not None:  # the key's complete answer is stored: finish with it, profile nothing
             registered = [r for r in existing if not r.plan.budget_bytes]
-            _finish(store, job_id, owner, state=JobState.SUCCEEDED, plan_key=beat.recorded_key,
-                    message="done: the plans were already stored",
-                    result={"key": registered[0].key.to_dict(), "trace_id": registered[0].trace.trace_id,
-                            "reused": True, "plans": _plan_entries(registered)})
-            return "reused"
+            outcome = _finish(store, job_id, owner, state=JobState.SUCCEEDED, plan_key=beat.recorded_key,
+                              message="done: the plans were already stored",
+                              result={"key": registered[0].key.to_dict(), "trace_id": registered[0].trace.trace_id,
+                                      "reused": True, "plans": _plan_entries(registered)})
+            return "reused" if outcome == "finished" else outcome
         if beat.lost:
             return "lease lost"
 
-        def write(session: Any) -> Mapping[str, Any]:
+        def write(session: Session) -> tuple[Mapping[str, Any], str]:
             stored = repository.store_profile(session=session, trace=result.trace, plans=result.plans,
                                               measurements=result.measurements)
+            kept = stored.superseded_by or stored.trace_id  # a newer profile of the key keeps its plans
             records = [r for r in repository.find_plans(session=session, key=stored.key)
-                       if r.trace.trace_id == stored.trace_id]
-            return {"key": stored.key.to_dict(), "trace_id": stored.trace_id, "reused": False,
-                    "device_name": result.device_name,
-                    "plans": _plan_entries([r for r in records if not r.plan.budget_bytes]),
-                    "frontier": _plan_entries(sorted((r for r in records if r.plan.budget_bytes),
-                                                     key=lambda r: r.plan.predicted_peak_bytes))}
+                       if r.trace.trace_id == kept]
+            answer = {"key": stored.key.to_dict(), "trace_id": kept, "reused": stored.superseded_by is not None,
+                      "device_name": result.device_name,
+                      "plans": _plan_entries([r for r in records if not r.plan.budget_bytes]),
+                      "frontier": _plan_entries(sorted((r for r in records if r.plan.budget_bytes),
+                                                       key=lambda r: r.plan.predicted_peak_bytes))}
+            if stored.superseded_by is not None:
+                return answer, (f"done: a newer profile of this key (trace {stored.superseded_by}) is stored; "
+                                f"its plans are the answer, this run's (trace {stored.trace_id}) were not stored")
+            registered = [p for p in result.plans if not p.budget_bytes]
+            return answer, (f"done: {len(registered)} plans validated, "
+                            f"{len(result.plans) - len(registered)} frontier points")
 
-        registered = [p for p in result.plans if not p.budget_bytes]
-        if _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write, plan_key=beat.recorded_key,
-                   message=f"done: {len(registered)} plans validated, "
-                           f"{len(result.plans) - len(registered)} frontier points"):
+        outcome = _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write, plan_key=beat.recorded_key)
+        if outcome == "finished":
             store.invalidate(result.key, result.plans)
             return "succeeded"
-        return "lease lost"
+        return outcome
 
 
 def plan_trace(task: Task, job_id: str) -> str:
@@ -280,17 +293,30 @@ def plan_trace(task: Task, job_id: str) -> str:
         except Exception as exc:  # noqa: BLE001
             if not isinstance(exc, (RematError, SoftTimeLimitExceeded)):
                 log.exception("job %s: unexpected error", job_id)
-            _finish(store, job_id, owner, state=JobState.FAILED,
-                    error=_failure_reason(exc, settings, settings.plan_time_limit_s))
-            return "failed"
+            outcome = _finish(store, job_id, owner, state=JobState.FAILED,
+                              error=_failure_reason(exc, settings, settings.plan_time_limit_s))
+            return "failed" if outcome == "finished" else outcome
 
-        def write(session: Any) -> Mapping[str, Any]:
-            key = repository.store_plans(session=session, trace_id=int(request["trace_id"]), plans=plans)
-            return {"key": key.to_dict() if key else None, "trace_id": int(request["trace_id"]),
-                    "plans": [{"plan": p.to_dict(), "measurement": None} for p in plans]}
+        superseded: list[int] = []
 
-        if _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write, message=f"done: {len(plans)} plans"):
-            store.invalidate(PlanKey.from_trace(trace), plans)
-            return "succeeded"
-        return "lease lost"
+        def write(session: Session) -> tuple[Mapping[str, Any], str]:
+            trace_id = int(request["trace_id"])
+            written = repository.store_plans(session=session, trace_id=trace_id, plans=plans)
+            key = {"key": written.key.to_dict() if written else None, "trace_id": trace_id}
+            if written is not None and written.superseded_by is not None:  # NOTE [latest profile wins]
+                superseded[:] = [written.superseded_by]
+                return ({**key, "superseded_by": written.superseded_by, "plans": []},
+                        f"superseded: trace {trace_id} is no longer the newest of its key (trace "
+                        f"{written.superseded_by} is); its {len(plans)} plans were dropped, not stored")
+            superseded.clear()  # a retried write may see otherwise
+            return {**key, "plans": [{"plan": p.to_dict(), "measurement": None} for p in plans]}, \
+                f"done: {len(plans)} plans"
+
+        outcome = _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write)
+        if outcome != "finished":
+            return outcome
+        if superseded:
+            return "superseded"
+        store.invalidate(PlanKey.from_trace(trace), plans)
+        return "succeeded"
 
