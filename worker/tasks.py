@@ -10,9 +10,10 @@ Thin over the pipeline (``remat.worker.pipeline``) and the job state machine (``
    the lease — a worker that lost its job to another writes nothing.
 
 Failures a person can act on (out of memory, a model that cannot be cut, a time limit) end the job ``failed``
-with that reason and are not retried; a database that cannot be reached is retried with backoff; a process
-killed mid-job is recovered by the lease lapsing (``remat.worker.reaper``). torch is imported inside the tasks,
-never in the worker's parent process (CUDA and fork do not mix).
+with that reason and are not retried; a database that cannot be reached is retried with backoff (the claim by
+Celery, the final write alone here: NOTE [final write]); a process killed mid-job is recovered by the lease
+lapsing (``remat.worker.reaper``). torch is imported inside the tasks, never in the worker's parent process
+(CUDA and fork do not mix).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -139,8 +141,29 @@ def _plan_entries(records: list[PlanRecord]) -> list[dict[str, Any]]:
             for r in records]
 
 
+FINAL_WRITE_ATTEMPTS = 4
+FINAL_WRITE_BACKOFF_S = 0.5
+"""The wait after the first failed attempt at a job's final write, doubled after each later one (0.5, 1, 2 s)."""
+
 Write = Callable[[Session], tuple[Mapping[str, Any], str]]
 """A job's rows, written inside its final transaction; returns the job's result and its closing message."""
+
+
+def _finish_once(store: PlanStore, job_id: str, owner: str, *, state: str, result: Mapping[str, Any] | None,
+                 error: str | None, message: str | None, plan_key: Mapping[str, Any] | None,
+                 write: Write | None) -> None:
+    """One transaction: ``write``'s rows and the job's end (with its followers); LeaseLost rolls it back."""
+    with store.db.write_session() as session:
+        if write is not None:
+            result, message = write(session)
+        if not jobs.finish_job(session=session, job_id=job_id, owner=owner, state=state, result=result,
+                               error=error, message=message, plan_key=plan_key):
+            raise LeaseLost(job_id)  # rolls the whole transaction back
+
+
+def _first_line(exc: BaseException) -> str:
+    """A database error's own first line (the driver's, without SQLAlchemy's SQL and link)."""
+    return (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0][:300]
 
 
 def _finish(store: PlanStore, job_id: str, owner: str, *, state: str, result: Mapping[str, Any] | None = None,
@@ -148,19 +171,56 @@ def _finish(store: PlanStore, job_id: str, owner: str, *, state: str, result: Ma
             write: Write | None = None) -> str:
     """End the job (and its followers) in one transaction with ``write``'s rows, if the lease is still ours.
 
-    Returns ``finished`` or ``lease lost`` (nothing written).
+    Returns ``finished``, ``lease lost`` (nothing written) or ``write failed`` (the job ended ``failed`` without
+    the rows, its error saying why).
+
+    NOTE [final write]: the end comes after minutes of work. A database error there (a dropped connection, a
+    failover, a deadlock, SQLite busy past its timeout) used to escape the task: the lease lapsed, the reaper
+    ran the whole job again, and after the last attempt it failed as "the worker was lost N times" — blaming
+    the worker for the database. Now the write alone is retried, ``FINAL_WRITE_ATTEMPTS`` times with backoff,
+    while the heartbeat keeps the lease; when it still fails, or fails in a way no retry mends, the job ends
+    ``failed`` in a small transaction of its own with an error naming the write. Only when even that cannot be
+    written (the database is down) does the error escape, and the lease machinery takes over as before.
     """
+    failure: BaseException | None = None
+    for attempt in range(1, FINAL_WRITE_ATTEMPTS + 1):
+        try:
+            _finish_once(store, job_id, owner, state=state, result=result, error=error, message=message,
+                         plan_key=plan_key, write=write)
+            return "finished"
+        except LeaseLost:
+            log.warning("job %s: lease lost before the end; nothing written", job_id)
+            return "lease lost"
+        except DatabaseUnreachable as exc:
+            failure = exc
+            if attempt == FINAL_WRITE_ATTEMPTS:
+                break
+            delay_s = FINAL_WRITE_BACKOFF_S * 2 ** (attempt - 1)
+            log.warning("job %s: final write failed (%s); attempt %d of %d in %.1f s", job_id,
+                        _first_line(exc), attempt + 1, FINAL_WRITE_ATTEMPTS, delay_s)
+            time.sleep(delay_s)
+        except Exception as exc:  # noqa: BLE001 - not transient (e.g. a value the database refuses): no retry
+            if write is None:
+                raise
+            log.exception("job %s: final write failed", job_id)
+            failure = exc
+            break
+    assert failure is not None
+    if write is None:  # nothing smaller to write instead: the database is down
+        raise failure
+    if isinstance(failure, DatabaseUnreachable):
+        reason = (f"could not store the results in the database: the write failed {FINAL_WRITE_ATTEMPTS} times "
+                  f"({type(getattr(failure, 'orig', None) or failure).__name__}: {_first_line(failure)}); "
+                  f"nothing was stored, submit the job again")
+    else:
+        reason = (f"could not store the results in the database ({type(failure).__name__}: "
+                  f"{_first_line(failure)}); nothing was stored, the worker's log has the details")
     try:
-        with store.db.write_session() as session:
-            if write is not None:
-                result, message = write(session)
-            if not jobs.finish_job(session=session, job_id=job_id, owner=owner, state=state, result=result,
-                                   error=error, message=message, plan_key=plan_key):
-                raise LeaseLost(job_id)  # rolls the whole transaction back
+        _finish_once(store, job_id, owner, state=JobState.FAILED, result=None, error=reason,
+                     message="failed: the results could not be stored", plan_key=plan_key, write=None)
     except LeaseLost:
-        log.warning("job %s: lease lost before the end; nothing written", job_id)
         return "lease lost"
-    return "finished"
+    return "write failed"
 
 
 def _start(task: Task, job_id: str) -> tuple[ServiceSettings, PlanStore, str, jobs.Claim]:
