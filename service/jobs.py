@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from remat.client.job_state import ACTIVE_JOB_STATES, FINISHED_JOB_STATES, JobState
 from remat.service.models import JobRow, utcnow
@@ -37,8 +37,20 @@ def _job(row: JobRow) -> JobRecord:
 
 
 def _active_leader(session: Session, request_key: str) -> JobRow | None:
-    stmt = select(JobRow).where(JobRow.request_key == request_key, JobRow.leader_id.is_(None),
-                                JobRow.state.in_(ACTIVE_JOB_STATES))
+    """The active leader of ``request_key``, share-locked until the caller's transaction ends.
+
+    NOTE [follower lock]: a follower must be committed before its leader finishes, or after it and not at
+    all. Finishing takes the leader row ``FOR UPDATE`` (``finish_job``, ``claim_job``'s give-up) and then
+    finishes the followers it can see; this read takes the same row ``FOR SHARE``, so a leader cannot finish
+    between it and the follower's commit (the finisher waits, then sees the follower). If the leader is being
+    finished when we read, PostgreSQL waits for that commit and re-checks the ``WHERE`` on the new row: a
+    leader that ended no longer matches, and the new job leads instead. Share locks do not conflict with one
+    another, so concurrent submissions following the same leader (zoo batches) never wait on each other.
+    SQLite ignores the clause; its write transactions are serial anyway (NOTE [SQLite write transactions]).
+    """
+    stmt = (select(JobRow).where(JobRow.request_key == request_key, JobRow.leader_id.is_(None),
+                                 JobRow.state.in_(ACTIVE_JOB_STATES))
+            .with_for_update(read=True).execution_options(populate_existing=True))
     return session.execute(stmt).scalars().first()
 
 
@@ -47,9 +59,10 @@ def create_job(*, session: Session, request: Mapping[str, Any], kind: str = "pro
     """Record a job; returns it and whether the caller must enqueue it (after commit).
 
     A job whose ``request_key`` equals that of an active job *follows* it: it is recorded ``queued`` with
-    ``leader_id`` set, is not enqueued, and finishes when its leader does, with the same result. The partial
-    unique index ``uq_jobs_active_request`` makes two concurrent first submissions safe: the second insert of a
-    leader fails, and that submission becomes a follower instead.
+    ``leader_id`` set, is not enqueued, and finishes when its leader does, with the same result; the leader's
+    row is share-locked from the read to the commit (NOTE [follower lock]), so it cannot finish unseen in
+    between. The partial unique index ``uq_jobs_active_request`` makes two concurrent first submissions safe:
+    the second insert of a leader fails, and that submission becomes a follower instead.
     """
     now = utcnow()
     for _ in range(3):
@@ -138,19 +151,32 @@ def _finish(session: Session, row: JobRow, *, state: str, now: datetime, result:
     """Finish ``row`` and every job following it, identically."""
     followers = session.execute(select(JobRow).where(JobRow.leader_id == row.id,
                                                      JobRow.state.not_in(FINISHED_JOB_STATES))).scalars().all()
-    for job in (row, *followers):
-        job.state, job.finished_at, job.updated_at = state, now, now
-        job.lease_owner = job.lease_expires_at = None
-        job.error = error
-        job.message = message if job is row else f"{message} (with job {row.id}, same request)"
-        if result is not None:
-            job.result = dict(result)
-        if state == JobState.SUCCEEDED:
-            job.progress = 1.0
-        if job.started_at is None:
-            job.started_at = row.started_at or now
-        if row.plan_key is not None:
-            job.plan_key = row.plan_key
+    row.state, row.finished_at, row.updated_at = state, now, now
+    row.lease_owner = row.lease_expires_at = None
+    row.error, row.message = error, message
+    if result is not None:
+        row.result = dict(result)
+    if state == JobState.SUCCEEDED:
+        row.progress = 1.0
+    row.started_at = row.started_at or now
+    for job in followers:
+        _end_with_leader(job, row, now=now)
+
+
+def _end_with_leader(job: JobRow, leader: JobRow, *, now: datetime) -> None:
+    """End follower ``job`` as its finished ``leader`` ended: same state, result, error and plan key."""
+    job.state, job.finished_at, job.updated_at = leader.state, now, now
+    job.lease_owner = job.lease_expires_at = None
+    job.error = leader.error
+    job.message = f"{leader.message} (with job {leader.id}, same request)"
+    if leader.result is not None:
+        job.result = dict(leader.result)
+    if leader.state == JobState.SUCCEEDED:
+        job.progress = 1.0
+    if job.started_at is None:
+        job.started_at = leader.started_at or now
+    if leader.plan_key is not None:
+        job.plan_key = leader.plan_key
 
 
 def claim_job(*, session: Session, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Claim:
@@ -238,6 +264,9 @@ def reap_jobs(*, session: Session, requeue_after_s: float, pending_after_s: floa
     - ``queued`` leaders that no worker took for ``requeue_after_s``: the broker lost the message (a Redis
       restart without persistence). A duplicate message is harmless: the lease lets one worker run the job.
     Each row is changed by a conditional update, so concurrent reapers re-enqueue a job once.
+
+    Followers are never sent, but one whose leader has ended (or is gone) is ended here, as its leader ended:
+    nothing else would ever finish it (``_end_stranded_followers``).
     """
     now = now or utcnow()
     sent_at = func.coalesce(JobRow.enqueued_at, JobRow.created_at)
@@ -249,6 +278,7 @@ def reap_jobs(*, session: Session, requeue_after_s: float, pending_after_s: floa
     messages = {JobState.RUNNING: "queued again: the worker running it stopped renewing its lease",
                 JobState.PENDING: "sent to the broker",
                 JobState.QUEUED: "sent to the broker again: no worker took it"}
+    _end_stranded_followers(session, now=now)
     candidates = session.execute(select(JobRow.id, JobRow.state).where(JobRow.leader_id.is_(None),
                                                                       or_(*guards.values()))).all()
     out = []
@@ -262,6 +292,36 @@ def reap_jobs(*, session: Session, requeue_after_s: float, pending_after_s: floa
                 session.refresh(row)
                 out.append(_job(row))
     return out
+
+
+def _end_stranded_followers(session: Session, *, now: datetime) -> int:
+    """End every unfinished follower whose leader has finished or is gone; returns how many.
+
+    Defence in depth behind NOTE [follower lock]: whatever lets a follower outlive its leader (a finish that
+    did not see it, a leader ended by a plain ``update_job``, a row written by hand), such a job would wait
+    forever — ``status --wait`` never returns, a zoo batch never ends. Each follower is locked and re-read
+    before it is changed, so a concurrent reaper or finisher ends it once.
+    """
+    leader = aliased(JobRow)
+    stranded = session.execute(
+        select(JobRow.id, JobRow.leader_id).outerjoin(leader, JobRow.leader_id == leader.id)
+        .where(JobRow.leader_id.is_not(None), JobRow.state.not_in(FINISHED_JOB_STATES),
+               or_(leader.id.is_(None), leader.state.in_(FINISHED_JOB_STATES)))).all()
+    ended = 0
+    for job_id, leader_id in stranded:
+        job = session.get(JobRow, job_id, with_for_update=True, populate_existing=True)
+        if job is None or job.state in FINISHED_JOB_STATES:
+            continue
+        lead = session.get(JobRow, leader_id) if leader_id is not None else None  # finished: it stays so
+        if lead is None:
+            job.state, job.finished_at, job.updated_at = JobState.FAILED, now, now
+            job.error = job.message = f"the job it followed ({leader_id}) is gone; submit the request again"
+            job.started_at = job.started_at or now
+        else:
+            _end_with_leader(job, lead, now=now)
+        ended += 1
+    session.flush()
+    return ended
 
 
 def record_send(*, session: Session, job_id: str, queue: str, error: str | None) -> JobRecord | None:

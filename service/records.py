@@ -16,7 +16,7 @@ from remat.client.measurement import Measurement
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
 
-__all__ = ["JobRecord", "Measurement", "PlanRecord", "StoredTrace", "TraceInfo"]
+__all__ = ["JobRecord", "Measurement", "PlanRecord", "StoredPlans", "StoredTrace", "TraceInfo"]
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -32,6 +32,19 @@ class StoredTrace:
     content_sha256: str
     created: bool
     """False when an identical trace was already stored (the call was a no-op)."""
+    superseded_by: int | None = None
+    """A newer trace of the same key, when one kept this trace's plans out (``store_profile``; NOTE [latest
+    profile wins] in repository.py); None when they were written."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StoredPlans:
+    """What ``store_plans`` did with the plans of one trace."""
+
+    key: PlanKey
+    superseded_by: int | None = None
+    """The newer trace of the same key that made this one stale: nothing was written (NOTE [latest profile
+    wins] in repository.py). None when the plans were written."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -10,15 +10,29 @@ finds the first's row (architectures, traces: DO NOTHING then select) or replace
 UPDATE, latest profile wins). Neither raises, on SQLite or PostgreSQL. Rows of one statement are sorted by
 key so that two PostgreSQL transactions upserting the same plans lock them in the same order and cannot
 deadlock. Only bound parameters reach the SQL.
+
+NOTE [latest profile wins]: a key's plans come from its newest trace, the one with the greatest id among the
+traces of that key (ids grow with every trace stored; a re-upload of an older content is not a new trace).
+Plans are written late: a ``plan`` job runs ``cubic`` or the frontier minutes after its upload, and a
+re-profile may have stored a newer trace in between. So ``store_plans`` writes a trace's plans only while it
+is the newest of its key, and drops them otherwise (``StoredPlans.superseded_by``): a late job can never put
+a superseded trace's ``cubic`` beside the current ``linear``. Frontier points are keyed by their budget, so a
+new curve does not replace the old one's rows: writing a trace's frontier deletes the key's points from older
+traces (and their measurements with them), and the key keeps one curve. The check and the upsert run under a lock on
+the key's architecture row (``FOR NO KEY UPDATE``, which inserts referencing the row do not wait on), so on
+PostgreSQL a concurrent writer either committed its trace before our check (and we see it) or waits for our
+commit (and then overwrites); SQLite's write transactions are serial anyway. Readers pick the newest trace by
+the same rule (``newest_complete``, ``find_frontier``), never by a writer's clock.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Select, func, select, text
+from sqlalchemy import Select, delete, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -40,6 +54,7 @@ from remat.service.models import (
 )
 from remat.service.records import (
     PlanRecord,
+    StoredPlans,
     StoredTrace,
     TraceInfo,
 )
@@ -147,19 +162,23 @@ def load_trace(*, session: Session, trace_id: int) -> Trace | None:
 
 # --- plans ------------------------------------------------------------------------------------------------
 
-def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> PlanKey | None:
+def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> StoredPlans | None:
     """Upsert the plans computed from a stored trace under that trace's key; None if the trace is unknown.
 
-    A plan already stored for the same key, algorithm and budget is replaced (see NOTE [idempotent writes]).
+    A plan already stored for the same key, algorithm and budget is replaced (see NOTE [idempotent writes]),
+    unless a newer trace of the key is stored: then nothing is written (NOTE [latest profile wins]).
     """
     trace = session.get(TraceRow, trace_id)
     if trace is None:
         return None
     model_hash = session.execute(select(Architecture.hash).where(Architecture.id == trace.architecture_id))
     key = _row_key(model_hash.scalar_one(), trace, torch_version=_major_minor(trace.torch_version))
+    newest = _newest_trace_id(session, architecture_id=trace.architecture_id, key=key)
+    if newest != trace_id:
+        return StoredPlans(key=key, superseded_by=newest)
     by_key = {(p.algorithm, p.budget_bytes or NO_BUDGET): p for p in plans}  # one row per key per statement
     if not by_key:
-        return key
+        return StoredPlans(key=key)
     now = utcnow()
     values = [{"architecture_id": trace.architecture_id, "trace_id": trace_id, **_key_columns(key),
                "algorithm": algorithm, "budget_bytes": budget,
@@ -177,7 +196,27 @@ def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> Pl
     stmt = stmt.on_conflict_do_update(index_elements=_PLAN_KEY_COLUMNS,
                                       set_={c: stmt.excluded[c] for c in replaced})
     session.execute(stmt)
-    return key
+    if any(budget != NO_BUDGET for _, budget in by_key):  # a new frontier: the older curves' points go
+        session.execute(delete(PlanRow).where(
+            PlanRow.architecture_id == trace.architecture_id, PlanRow.trace_id != trace_id,
+            PlanRow.algorithm == BUDGET_ALGORITHM, PlanRow.budget_bytes != NO_BUDGET,
+            *(getattr(PlanRow, column) == value for column, value in _key_columns(key).items())))
+    return StoredPlans(key=key)
+
+
+def _newest_trace_id(session: Session, *, architecture_id: int, key: PlanKey) -> int:
+    """The newest stored trace of ``key``, read under the key's lock (NOTE [latest profile wins]).
+
+    The lock is held to the end of the caller's transaction. Traces key on the full torch version and plans
+    on its major.minor, so the versions are compared here rather than in SQL; a key has few traces.
+    """
+    session.execute(select(Architecture.id).where(Architecture.id == architecture_id)
+                    .with_for_update(key_share=True))
+    signature = {column: value for column, value in _key_columns(key).items() if column != "torch_version"}
+    traces = session.execute(select(TraceRow.id, TraceRow.torch_version).where(
+        TraceRow.architecture_id == architecture_id, *(getattr(TraceRow, c) == v for c, v in signature.items()))
+        .order_by(TraceRow.id.desc()))
+    return next(trace_id for trace_id, version in traces if _major_minor(version) == key.torch_version)
 
 
 def has_plans(*, session: Session, trace_id: int, algorithms: Sequence[str]) -> bool:
@@ -272,7 +311,7 @@ def find_frontier(*, session: Session, key: PlanKey) -> list[PlanRecord]:
                                                   PlanRow.budget_bytes != NO_BUDGET)).all()
     if not rows:
         return []
-    newest_trace = rows[0][1].id  # _plan_query orders newest first
+    newest_trace = max(r[1].id for r in rows)  # NOTE [latest profile wins]
     points = sorted((r for r in rows if r[1].id == newest_trace), key=lambda r: r[0].budget_bytes)
     return _records(session, points)
 
@@ -352,7 +391,7 @@ def newest_complete(records: Sequence[PlanRecord]) -> list[PlanRecord] | None:
 
     if not records:
         return None
-    newest_trace = max(records, key=lambda r: r.updated_at).trace.trace_id
+    newest_trace = max(r.trace.trace_id for r in records)  # NOTE [latest profile wins]
     current = [r for r in records if r.trace.trace_id == newest_trace]
     measured = {r.plan.algorithm for r in current if not r.plan.budget_bytes and r.measurements}
     return current if measured >= set(PLANNERS) else None
@@ -390,10 +429,14 @@ def store_profile(*, session: Session, trace: Trace, plans: Sequence[Plan],
     """A profiling run's trace, its plans and their measurements, in the caller's transaction.
 
     The one write of a finished profile (the CLI's embedded store and the workers both use it): either all of
-    it is stored or, if the transaction rolls back, none of it.
+    it is stored or, if the transaction rolls back, none of it. When a newer trace of the key is stored (this
+    one's content was stored before it), the plans and measurements are left out and ``superseded_by`` says
+    why (NOTE [latest profile wins]).
     """
     stored = store_trace(session=session, trace=trace)
-    store_plans(session=session, trace_id=stored.trace_id, plans=plans)
+    written = store_plans(session=session, trace_id=stored.trace_id, plans=plans)
+    if written is not None and written.superseded_by is not None:  # a newer profile's plans stay; so do theirs
+        return replace(stored, superseded_by=written.superseded_by)
     for plan in plans:
         measurement = measurements.get(plan.label)
         if measurement is not None:

@@ -221,6 +221,9 @@ class TraceStoredOut(BaseModel):
     content_sha256: str
     created: bool
     """False when the same trace content was stored before."""
+    superseded_by: int | None = None
+    """A newer trace of the same key, when one is stored: this trace's plans were computed but not stored, and
+    nothing was deferred (latest profile wins). Null otherwise."""
     plans: list[PlanOut]
     """The registered planners' plans computed inside the request, one per algorithm."""
     frontier: list[PlanOut]

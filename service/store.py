@@ -133,6 +133,9 @@ class PlanStore:
     def save_trace_and_plans(self, trace: Trace, plans: Sequence[Plan]) -> PlanKey:
         """Store a trace and the plans computed from it in one transaction; returns their key.
 
+        The plans are left out when a newer trace of the key is stored (NOTE [latest profile wins] in
+        repository.py): that can only be an older content stored again.
+
         Raises:
             TraceRejectedError: the trace exceeds the database's limits or has malformed key metadata.
         """

@@ -10,9 +10,10 @@ Thin over the pipeline (``remat.worker.pipeline``) and the job state machine (``
    the lease — a worker that lost its job to another writes nothing.
 
 Failures a person can act on (out of memory, a model that cannot be cut, a time limit) end the job ``failed``
-with that reason and are not retried; a database that cannot be reached is retried with backoff; a process
-killed mid-job is recovered by the lease lapsing (``remat.worker.reaper``). torch is imported inside the tasks,
-never in the worker's parent process (CUDA and fork do not mix).
+with that reason and are not retried; a database that cannot be reached is retried with backoff (the claim by
+Celery, the final write alone here: NOTE [final write]); a process killed mid-job is recovered by the lease
+lapsing (``remat.worker.reaper``). torch is imported inside the tasks, never in the worker's parent process
+(CUDA and fork do not mix).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -29,6 +31,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError as DatabaseUnreachable
+from sqlalchemy.orm import Session
 
 from remat.client.errors import ModelError, RematError
 from remat.client.job_state import JobState
@@ -138,21 +141,86 @@ def _plan_entries(records: list[PlanRecord]) -> list[dict[str, Any]]:
             for r in records]
 
 
+FINAL_WRITE_ATTEMPTS = 4
+FINAL_WRITE_BACKOFF_S = 0.5
+"""The wait after the first failed attempt at a job's final write, doubled after each later one (0.5, 1, 2 s)."""
+
+Write = Callable[[Session], tuple[Mapping[str, Any], str]]
+"""A job's rows, written inside its final transaction; returns the job's result and its closing message."""
+
+
+def _finish_once(store: PlanStore, job_id: str, owner: str, *, state: str, result: Mapping[str, Any] | None,
+                 error: str | None, message: str | None, plan_key: Mapping[str, Any] | None,
+                 write: Write | None) -> None:
+    """One transaction: ``write``'s rows and the job's end (with its followers); LeaseLost rolls it back."""
+    with store.db.write_session() as session:
+        if write is not None:
+            result, message = write(session)
+        if not jobs.finish_job(session=session, job_id=job_id, owner=owner, state=state, result=result,
+                               error=error, message=message, plan_key=plan_key):
+            raise LeaseLost(job_id)  # rolls the whole transaction back
+
+
+def _first_line(exc: BaseException) -> str:
+    """A database error's own first line (the driver's, without SQLAlchemy's SQL and link)."""
+    return (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0][:300]
+
+
 def _finish(store: PlanStore, job_id: str, owner: str, *, state: str, result: Mapping[str, Any] | None = None,
             error: str | None = None, message: str | None = None, plan_key: Mapping[str, Any] | None = None,
-            write: Callable[[Any], Mapping[str, Any]] | None = None) -> bool:
-    """End the job (and its followers) in one transaction with ``write``'s rows, if the lease is still ours."""
+            write: Write | None = None) -> str:
+    """End the job (and its followers) in one transaction with ``write``'s rows, if the lease is still ours.
+
+    Returns ``finished``, ``lease lost`` (nothing written) or ``write failed`` (the job ended ``failed`` without
+    the rows, its error saying why).
+
+    NOTE [final write]: the end comes after minutes of work. A database error there (a dropped connection, a
+    failover, a deadlock, SQLite busy past its timeout) used to escape the task: the lease lapsed, the reaper
+    ran the whole job again, and after the last attempt it failed as "the worker was lost N times" — blaming
+    the worker for the database. Now the write alone is retried, ``FINAL_WRITE_ATTEMPTS`` times with backoff,
+    while the heartbeat keeps the lease; when it still fails, or fails in a way no retry mends, the job ends
+    ``failed`` in a small transaction of its own with an error naming the write. Only when even that cannot be
+    written (the database is down) does the error escape, and the lease machinery takes over as before.
+    """
+    failure: BaseException | None = None
+    for attempt in range(1, FINAL_WRITE_ATTEMPTS + 1):
+        try:
+            _finish_once(store, job_id, owner, state=state, result=result, error=error, message=message,
+                         plan_key=plan_key, write=write)
+            return "finished"
+        except LeaseLost:
+            log.warning("job %s: lease lost before the end; nothing written", job_id)
+            return "lease lost"
+        except DatabaseUnreachable as exc:
+            failure = exc
+            if attempt == FINAL_WRITE_ATTEMPTS:
+                break
+            delay_s = FINAL_WRITE_BACKOFF_S * 2 ** (attempt - 1)
+            log.warning("job %s: final write failed (%s); attempt %d of %d in %.1f s", job_id,
+                        _first_line(exc), attempt + 1, FINAL_WRITE_ATTEMPTS, delay_s)
+            time.sleep(delay_s)
+        except Exception as exc:  # noqa: BLE001 - not transient (e.g. a value the database refuses): no retry
+            if write is None:
+                raise
+            log.exception("job %s: final write failed", job_id)
+            failure = exc
+            break
+    assert failure is not None
+    if write is None:  # nothing smaller to write instead: the database is down
+        raise failure
+    if isinstance(failure, DatabaseUnreachable):
+        reason = (f"could not store the results in the database: the write failed {FINAL_WRITE_ATTEMPTS} times "
+                  f"({type(getattr(failure, 'orig', None) or failure).__name__}: {_first_line(failure)}); "
+                  f"nothing was stored, submit the job again")
+    else:
+        reason = (f"could not store the results in the database ({type(failure).__name__}: "
+                  f"{_first_line(failure)}); nothing was stored, the worker's log has the details")
     try:
-        with store.db.write_session() as session:
-            if write is not None:
-                result = write(session)
-            if not jobs.finish_job(session=session, job_id=job_id, owner=owner, state=state, result=result,
-                                   error=error, message=message, plan_key=plan_key):
-                raise LeaseLost(job_id)  # rolls the whole transaction back
+        _finish_once(store, job_id, owner, state=JobState.FAILED, result=None, error=reason,
+                     message="failed: the results could not be stored", plan_key=plan_key, write=None)
     except LeaseLost:
-        log.warning("job %s: lease lost before the end; nothing written", job_id)
-        return False
-    return True
+        return "lease lost"
+    return "write failed"
 
 
 def _start(task: Task, job_id: str) -> tuple[ServiceSettings, PlanStore, str, jobs.Claim]:
@@ -217,37 +285,42 @@ def profile_model(task: Task, job_id: str) -> str:
         except Exception as exc:  # noqa: BLE001 - every other failure ends the job with its reason
             if not isinstance(exc, (RematError, SoftTimeLimitExceeded)):
                 log.exception("job %s: unexpected error", job_id)
-            _finish(store, job_id, owner, state=JobState.FAILED, plan_key=beat.recorded_key,
-                    error=_failure_reason(exc, settings, settings.task_time_limit_s))
-            return "failed"
+            outcome = _finish(store, job_id, owner, state=JobState.FAILED, plan_key=beat.recorded_key,
+                              error=_failure_reason(exc, settings, settings.task_time_limit_s))
+            return "failed" if outcome == "finished" else outcome
         if existing is not None:  # the key's complete answer is stored: finish with it, profile nothing
             registered = [r for r in existing if not r.plan.budget_bytes]
-            _finish(store, job_id, owner, state=JobState.SUCCEEDED, plan_key=beat.recorded_key,
-                    message="done: the plans were already stored",
-                    result={"key": registered[0].key.to_dict(), "trace_id": registered[0].trace.trace_id,
-                            "reused": True, "plans": _plan_entries(registered)})
-            return "reused"
+            outcome = _finish(store, job_id, owner, state=JobState.SUCCEEDED, plan_key=beat.recorded_key,
+                              message="done: the plans were already stored",
+                              result={"key": registered[0].key.to_dict(), "trace_id": registered[0].trace.trace_id,
+                                      "reused": True, "plans": _plan_entries(registered)})
+            return "reused" if outcome == "finished" else outcome
         if beat.lost:
             return "lease lost"
 
-        def write(session: Any) -> Mapping[str, Any]:
+        def write(session: Session) -> tuple[Mapping[str, Any], str]:
             stored = repository.store_profile(session=session, trace=result.trace, plans=result.plans,
                                               measurements=result.measurements)
+            kept = stored.superseded_by or stored.trace_id  # a newer profile of the key keeps its plans
             records = [r for r in repository.find_plans(session=session, key=stored.key)
-                       if r.trace.trace_id == stored.trace_id]
-            return {"key": stored.key.to_dict(), "trace_id": stored.trace_id, "reused": False,
-                    "device_name": result.device_name,
-                    "plans": _plan_entries([r for r in records if not r.plan.budget_bytes]),
-                    "frontier": _plan_entries(sorted((r for r in records if r.plan.budget_bytes),
-                                                     key=lambda r: r.plan.predicted_peak_bytes))}
+                       if r.trace.trace_id == kept]
+            answer = {"key": stored.key.to_dict(), "trace_id": kept, "reused": stored.superseded_by is not None,
+                      "device_name": result.device_name,
+                      "plans": _plan_entries([r for r in records if not r.plan.budget_bytes]),
+                      "frontier": _plan_entries(sorted((r for r in records if r.plan.budget_bytes),
+                                                       key=lambda r: r.plan.predicted_peak_bytes))}
+            if stored.superseded_by is not None:
+                return answer, (f"done: a newer profile of this key (trace {stored.superseded_by}) is stored; "
+                                f"its plans are the answer, this run's (trace {stored.trace_id}) were not stored")
+            registered = [p for p in result.plans if not p.budget_bytes]
+            return answer, (f"done: {len(registered)} plans validated, "
+                            f"{len(result.plans) - len(registered)} frontier points")
 
-        registered = [p for p in result.plans if not p.budget_bytes]
-        if _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write, plan_key=beat.recorded_key,
-                   message=f"done: {len(registered)} plans validated, "
-                           f"{len(result.plans) - len(registered)} frontier points"):
+        outcome = _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write, plan_key=beat.recorded_key)
+        if outcome == "finished":
             store.invalidate(result.key, result.plans)
             return "succeeded"
-        return "lease lost"
+        return outcome
 
 
 def plan_trace(task: Task, job_id: str) -> str:
@@ -280,17 +353,30 @@ def plan_trace(task: Task, job_id: str) -> str:
         except Exception as exc:  # noqa: BLE001
             if not isinstance(exc, (RematError, SoftTimeLimitExceeded)):
                 log.exception("job %s: unexpected error", job_id)
-            _finish(store, job_id, owner, state=JobState.FAILED,
-                    error=_failure_reason(exc, settings, settings.plan_time_limit_s))
-            return "failed"
+            outcome = _finish(store, job_id, owner, state=JobState.FAILED,
+                              error=_failure_reason(exc, settings, settings.plan_time_limit_s))
+            return "failed" if outcome == "finished" else outcome
 
-        def write(session: Any) -> Mapping[str, Any]:
-            key = repository.store_plans(session=session, trace_id=int(request["trace_id"]), plans=plans)
-            return {"key": key.to_dict() if key else None, "trace_id": int(request["trace_id"]),
-                    "plans": [{"plan": p.to_dict(), "measurement": None} for p in plans]}
+        superseded: list[int] = []
 
-        if _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write, message=f"done: {len(plans)} plans"):
-            store.invalidate(PlanKey.from_trace(trace), plans)
-            return "succeeded"
-        return "lease lost"
+        def write(session: Session) -> tuple[Mapping[str, Any], str]:
+            trace_id = int(request["trace_id"])
+            written = repository.store_plans(session=session, trace_id=trace_id, plans=plans)
+            key = {"key": written.key.to_dict() if written else None, "trace_id": trace_id}
+            if written is not None and written.superseded_by is not None:  # NOTE [latest profile wins]
+                superseded[:] = [written.superseded_by]
+                return ({**key, "superseded_by": written.superseded_by, "plans": []},
+                        f"superseded: trace {trace_id} is no longer the newest of its key (trace "
+                        f"{written.superseded_by} is); its {len(plans)} plans were dropped, not stored")
+            superseded.clear()  # a retried write may see otherwise
+            return {**key, "plans": [{"plan": p.to_dict(), "measurement": None} for p in plans]}, \
+                f"done: {len(plans)} plans"
+
+        outcome = _finish(store, job_id, owner, state=JobState.SUCCEEDED, write=write)
+        if outcome != "finished":
+            return outcome
+        if superseded:
+            return "superseded"
+        store.invalidate(PlanKey.from_trace(trace), plans)
+        return "succeeded"
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import DataError, OperationalError
 
 from remat.client.request import ModelRequest
 from remat.service import jobs
@@ -106,3 +109,73 @@ def test_a_job_claimed_by_a_live_worker_is_left_to_it(settings: ServiceSettings)
         jobs.claim_job(session=session, job_id=job_id, owner="elsewhere:1", lease_s=60, max_attempts=3)
     assert tasks.profile_model(_task(settings), job_id) == "busy"
     assert _job(settings, job_id).lease_owner == "elsewhere:1"
+
+
+def _profiled(request: ModelRequest, runs: list[str]) -> Callable[..., Any]:
+    """A stand-in for ``pipeline.run_built``: a small profile at once, each run counted."""
+    from remat.client.report import ProfileResult
+    from tests.service.factories import fixed_plans, make_trace
+
+    def run_built(built: Any, progress: Callable[[str, float], None]) -> ProfileResult:
+        runs.append(request.name)
+        trace = make_trace()
+        return ProfileResult(request=request, key=built.key, trace=trace, plans=tuple(fixed_plans(trace)))
+
+    return run_built
+
+
+def _database_error(message: str) -> OperationalError:
+    return OperationalError("INSERT INTO plans ...", {}, sqlite3.OperationalError(message))
+
+
+@pytest.mark.parametrize("failures, error", [
+    (1, _database_error("database is locked")),
+    (4, _database_error("server closed the connection unexpectedly")),
+    (1, DataError("INSERT INTO plans ...", {}, ValueError("value out of range"))),
+], ids=["transient once", "transient every time", "refused"])
+def test_a_database_error_at_the_final_write_retries_the_write_alone(settings: ServiceSettings,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     failures: int, error: Exception) -> None:
+    """Minutes of profiling end in one write. A transient error there retries that write (bounded), never the
+    profiling; when the write keeps failing, or fails for good, the job fails naming the write — it used to
+    escape the task, so the lease lapsed, the reaper ran the whole job again and, after the last attempt,
+    blamed a lost worker."""
+    from remat.client.graph import built_model
+    from remat.client.plan_key import PlanKey
+    from remat.service import repository
+    from tests.service.factories import make_trace
+
+    request = ModelRequest(spec="resnet18", batch_size=1, sample_shape=(3, 32, 32))
+    runs: list[str] = []
+    monkeypatch.setattr(built_model, "build", lambda request: SimpleNamespace(key=PlanKey.from_trace(make_trace())))
+    monkeypatch.setattr(pipeline, "run_built", _profiled(request, runs))
+    monkeypatch.setattr(tasks, "FINAL_WRITE_BACKOFF_S", 0.0, raising=False)  # no waiting between attempts here
+    store_profile = repository.store_profile
+    writes: list[int] = []
+
+    def failing_write(**kwargs: Any) -> Any:
+        writes.append(1)
+        if len(writes) <= failures:
+            raise error
+        return store_profile(**kwargs)
+
+    monkeypatch.setattr(repository, "store_profile", failing_write)
+    job_id = _submit(settings, request)
+    outcome = tasks.profile_model(_task(settings), job_id)
+    job = _job(settings, job_id)
+    assert runs == [request.name]  # profiled once, whatever happened to the write
+    if isinstance(error, OperationalError) and failures < tasks.FINAL_WRITE_ATTEMPTS:
+        assert (outcome, job.state, len(writes)) == ("succeeded", "succeeded", failures + 1)
+        assert _rows(settings) == (1, 2)
+        return
+    assert (outcome, job.state) == ("write failed", "failed")
+    assert job.error.startswith("could not store the results in the database"), job.error
+    if isinstance(error, OperationalError):  # retried to the bound, then given up with the driver's reason
+        assert len(writes) == tasks.FINAL_WRITE_ATTEMPTS
+        assert f"the write failed {tasks.FINAL_WRITE_ATTEMPTS} times (OperationalError: server closed" in job.error
+    else:  # not transient: no retry
+        assert len(writes) == 1 and "(DataError: value out of range)" in job.error
+    assert "lost" not in job.error and "\n" not in job.error
+    assert _rows(settings) == (0, 0)
+    with tasks.plan_store(settings).db.write_session() as session:  # finished: no reaper sends it again
+        assert jobs.reap_jobs(session=session, requeue_after_s=0, pending_after_s=0) == []

@@ -80,8 +80,10 @@ def _store(state: ServiceState, body: bytes) -> JSONResponse:
     must_enqueue = False
     with state.db.write_session() as session:
         stored = repository.store_trace(session=session, trace=trace)
-        repository.store_plans(session=session, trace_id=stored.trace_id, plans=plans)
-        if deferred and not repository.has_plans(session=session, trace_id=stored.trace_id, algorithms=deferred):
+        written = repository.store_plans(session=session, trace_id=stored.trace_id, plans=plans)
+        superseded_by = written.superseded_by if written is not None else None
+        if deferred and superseded_by is None \
+                and not repository.has_plans(session=session, trace_id=stored.trace_id, algorithms=deferred):
             job, must_enqueue = jobs.create_job(
                 session=session, kind="plan", queue=PLAN_QUEUE,
                 request={"trace_id": stored.trace_id, "algorithms": deferred},
@@ -90,7 +92,8 @@ def _store(state: ServiceState, body: bytes) -> JSONResponse:
     if job is not None and must_enqueue:
         job = send_job(state.db, state.queue, job)
     content = {"key": stored.key.to_dict(), "trace_id": stored.trace_id, "content_sha256": stored.content_sha256,
-               "created": stored.created, "plans": [p.to_dict() for p in plans if not p.budget_bytes],
+               "created": stored.created, "superseded_by": superseded_by,
+               "plans": [p.to_dict() for p in plans if not p.budget_bytes],
                "frontier": [p.to_dict() for p in plans if p.budget_bytes],
                "deferred": [{"algorithm": a, "job_id": job.id if job else None} for a in deferred],
                "skipped": [{"algorithm": a, "reason": why} for a, why in skipped.items()]}
@@ -114,7 +117,8 @@ async def create_trace(request: Request, state: StateDep) -> JSONResponse:
     inline up to ``REMAT_INLINE_CUBIC_STAGES`` stages, as a job on the ``plan`` queue up to
     ``REMAT_MAX_CUBIC_STAGES`` (``deferred`` names the job; its plan appears under the same key when done), and
     is ``skipped`` beyond. Idempotent: the same trace content is stored once (200 instead of 201), and its plans
-    replace those stored under the same key, algorithm and budget.
+    replace those stored under the same key, algorithm and budget — unless a newer trace of the key is stored
+    (an older content uploaded again): then the key keeps the newer plans and ``superseded_by`` names that trace.
     """
     body = await request.body()
     return await run_in_threadpool(_store, state, body)
