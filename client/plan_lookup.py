@@ -300,34 +300,42 @@ def _find_for_budget(key: PlanKey, spec: BudgetSpec, cache: LocalPlanCache, serv
 
 def _budget_from_service(key: PlanKey, spec: BudgetSpec, server: str, token: str | None,
                          timeout_s: float | None) -> Plan | None:
+    """The service's frontier plan for ``spec``; both requests share one deadline (``timeout_s``); a service
+    that fails or answers nonsense is a warning (None)."""
     from remat.client.service_client import PlanServiceClient, plan_from_record
 
     try:
-        with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
+        with PlanServiceClient(server, token=token, timeout=timeout_s) as client, client.within():
             none = client.get_plan(key, algorithm="none")
             if none is None:
                 return None
-            budget_bytes = spec.resolve(baseline_peak_bytes=int(none["plan"]["predicted_peak_bytes"]))
+            budget_bytes = spec.resolve(baseline_peak_bytes=none["plan"]["predicted_peak_bytes"])
             record = client.get_budget_plan(key, budget_bytes)
+            return plan_from_record(record, key) if record is not None else None
     except ServiceError as exc:
-        warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
-                      stacklevel=4)
+        _warn_service(exc)
         return None
-    return plan_from_record(record, key) if record is not None else None
 
 
 def _from_service(key: PlanKey, algorithm: str, server: str, token: str | None,
                   timeout_s: float | None) -> Plan | None:
+    """The service's ``algorithm`` plan for ``key``, within ``timeout_s``; a service that fails or answers
+    nonsense is a warning (None): a training job never dies of its plan service."""
     from remat.client.service_client import PlanServiceClient, plan_from_record
 
     try:
-        with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
+        with PlanServiceClient(server, token=token, timeout=timeout_s) as client, client.within():
             record = client.get_plan(key, algorithm=algorithm)
+            return plan_from_record(record, key) if record is not None else None
     except ServiceError as exc:
-        warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
-                      stacklevel=4)
+        _warn_service(exc)
         return None
-    return plan_from_record(record, key) if record is not None else None
+
+
+def _warn_service(exc: ServiceError) -> None:
+    # stacklevel 5: this, _from_service (or _budget_from_service), _find (or _find_for_budget), checkpoint, its caller
+    warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
+                  stacklevel=5)
 
 
 def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,
