@@ -48,7 +48,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("api_token", "REMAT_API_TOKEN", str, "the service's write token (uploads, jobs)", secret=True),
     Setting("database_url", "REMAT_DATABASE_URL", str, "the local plan store (default: SQLite in the cache dir)"),
     Setting("plan_cache_dir", "REMAT_PLAN_CACHE_DIR", str, "the plan cache of checkpoint() (default: cache dir)"),
-    Setting("timeout_s", "REMAT_TIMEOUT_S", float, "seconds per request to the service (default 10)"),
+    Setting("timeout_s", "REMAT_TIMEOUT_S", float, "seconds a request to the service may take in all (default 10)"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 

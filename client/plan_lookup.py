@@ -21,8 +21,9 @@ The plan is looked up, in order, in:
 
 1. the plan cache on disk (remat.client.local_plans): one file read, no database, no network;
 2. the local plan store (what ``remat-client plan`` stored on this machine), when there is one;
-3. the service (``server=`` or ``REMAT_SERVER``), with a timeout on every request; unreachable is a
-   warning, not an error: a training job never hangs on, or dies of, a plan service;
+3. the service (``server=`` or ``REMAT_SERVER``), within ``timeout_s`` for the whole lookup; unreachable,
+   slow or answering nonsense is a warning, not an error: a training job never hangs on, or dies of, a plan
+   service;
 4. on a miss, by ``on_miss``: ``"profile"`` (default) profiles and plans here — a few training steps — stores
    the result locally and, with a write token (``token=`` or ``REMAT_API_TOKEN``), uploads the trace so the
    cluster has it next time; ``"none"`` trains without checkpointing and warns; ``"raise"`` raises.
@@ -86,7 +87,8 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         token: the service's write token, to upload a trace profiled here; default ``REMAT_API_TOKEN``.
         on_miss: ``"profile"``, ``"none"`` or ``"raise"`` (module docstring).
         cache_dir: the plan cache directory; default ``REMAT_PLAN_CACHE_DIR`` or the user cache directory.
-        timeout_s: seconds for each request to the service; default ``REMAT_TIMEOUT_S``, else 10.
+        timeout_s: seconds the service lookup may take in all (its one request, or a budget's two), and the
+            upload of a trace profiled here; default ``REMAT_TIMEOUT_S``, else 10.
 
     Settings not passed come from the ``REMAT_*`` environment, then the config file (remat.client.config).
 
