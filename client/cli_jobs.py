@@ -21,12 +21,14 @@ from remat.client.cli_common import (
     run_with_progress,
     server_or_fail,
 )
-from remat.client.job_state import FINISHED_JOB_STATES, JobState
+from remat.client.job_state import FINISHED_JOB_STATES, JOB_ID_PATTERN, JobState
 
 __all__ = ["status_command", "submit_command"]
 
 
 SUBMIT_TIMEOUT_S = 60.0
+"""``submit``'s timeout when the timeout setting (``REMAT_TIMEOUT_S``, the config file's ``timeout_s``) is unset:
+a service checks the model name against the zoo, which it loads once (seconds), so a first answer is longer."""
 
 
 @click.command("submit")
@@ -52,7 +54,7 @@ def submit_command(model: str, batch_size: int | None, input_shape: str | None, 
       remat-client submit resnet50 --device cuda --server http://plans:8000 --wait
     """
     from remat.client.errors import ServiceError
-    from remat.client.service_client import PlanServiceClient
+    from remat.client.service_client import PlanServiceClient, default_timeout
 
     request = model_request(model, batch_size, input_shape, device, grads, dtype, model_kwargs, seq_len)
     if request.source == "hf":
@@ -66,9 +68,8 @@ def submit_command(model: str, batch_size: int | None, input_shape: str | None, 
         fail_input(f"{request.name}: a service's workers build torchvision models with their default arguments "
                    f"only; plan this one here (`remat-client plan {model}`), or upload its trace with "
                    f"`plan {model} --server URL` and REMAT_API_TOKEN set")
-    # A service checks the model name against the zoo, which it loads once (seconds): a longer first answer.
     with PlanServiceClient(server_or_fail(server), token=os.environ.get("REMAT_API_TOKEN") or None,
-                           timeout=SUBMIT_TIMEOUT_S) as client:
+                           timeout=default_timeout(SUBMIT_TIMEOUT_S)) as client:
         try:
             job = client.submit_job(request, queue=queue)
         except ServiceError as exc:
@@ -103,7 +104,7 @@ def status_command(job_id: str, server: str | None, wait: bool, timeout_s: float
 
     from remat.client.errors import ServiceError
 
-    if not re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", job_id):
+    if not re.fullmatch(JOB_ID_PATTERN, job_id):
         fail_input(f"JOB: {job_id!r} is not a job id (the UUID `remat-client submit` printed)")
     from remat.client.service_client import PlanServiceClient
 

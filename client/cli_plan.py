@@ -319,12 +319,20 @@ def measure_command(model: str, algorithm: str, batch_size: int | None, input_sh
         click.echo(f"{name:>30}: {shown}")
 
 
+MAX_CHECKPOINTS_FILE_BYTES = 16 * 2**20
+"""The largest ``--checkpoints-file`` ``evaluate`` reads: a plan per line, so 16 MiB holds some 10^5 plans of a
+deep model (and more than anyone evaluates in one go); a larger file is a mistake, refused before it is read."""
+
+
 def _read_checkpoint_sets(path: str, num_stages: int) -> list[tuple[int, ...]]:
     """One plan per line, comma-separated boundaries; an empty line is the empty plan."""
     from remat.client.plan import validate_checkpoints
+    from remat.client.user_files import FileTooLargeError, read_limited
 
     try:
-        text = Path(path).read_text()
+        text = read_limited(path, MAX_CHECKPOINTS_FILE_BYTES, "a checkpoints file").decode("utf-8")
+    except FileTooLargeError as exc:
+        fail_input(f"--checkpoints-file {path!r}: {exc}")
     except (OSError, UnicodeDecodeError) as exc:
         fail_input(f"--checkpoints-file {path!r}: cannot be read ({exc})")
     lines = text.split("\n")

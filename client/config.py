@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from remat.client.errors import RematError
+from remat.client.user_files import read_limited
 
 __all__ = ["SETTINGS", "ConfigError", "Setting", "apply_to_environment", "config_path", "effective", "load_file"]
 
@@ -47,9 +48,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("api_token", "REMAT_API_TOKEN", str, "the service's write token (uploads, jobs)", secret=True),
     Setting("database_url", "REMAT_DATABASE_URL", str, "the local plan store (default: SQLite in the cache dir)"),
     Setting("plan_cache_dir", "REMAT_PLAN_CACHE_DIR", str, "the plan cache of checkpoint() (default: cache dir)"),
-    Setting("timeout_s", "REMAT_TIMEOUT_S", float, "seconds per request to the service (default 10)"),
+    Setting("timeout_s", "REMAT_TIMEOUT_S", float, "seconds a request to the service may take in all (default 10)"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
+
+MAX_CONFIG_FILE_BYTES = 2**20
+"""The largest config file read: five settings fit in a few hundred bytes; ``REMAT_CONFIG`` naming something
+else (a log, a device) is refused before it is read."""
 
 
 def config_path() -> Path:
@@ -70,11 +75,10 @@ def load_file(path: Path | None = None) -> dict[str, Any]:
     """
     path = path or config_path()
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        data = tomllib.loads(read_limited(path, MAX_CONFIG_FILE_BYTES, "a config file").decode("utf-8"))
     except FileNotFoundError:
         return {}
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # FileTooLargeError, UnicodeDecodeError and TOMLDecodeError among them
         raise ConfigError(f"config file {path}: {' '.join(str(exc).split())}") from None
     out: dict[str, Any] = {}
     for key, value in data.items():

@@ -114,8 +114,9 @@ def fetch_plan(model: nn.Module, input_shape: Sequence[int] | Mapping[str, Any],
 
 
 def _fetch_for_key(key: PlanKey, *, server: str | PlanServiceClient, token: str | None, algorithm: str) -> Plan:
-    """The served ``algorithm`` plan for ``key`` (``fetch_plan``'s lookup, for a key already computed)."""
-    with _service(server, token) as client:
+    """The served ``algorithm`` plan for ``key`` (``fetch_plan``'s lookup, for a key already computed); its
+    one or two requests share one deadline, the client's timeout."""
+    with _service(server, token) as client, client.within():
         record = client.get_plan(key, algorithm=algorithm)
         if record is None:
             other = client.get_plan(replace(key, torch_version=UNKNOWN), algorithm=algorithm)

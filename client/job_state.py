@@ -10,13 +10,14 @@ Public API::
     JobState.PENDING | QUEUED | RUNNING | SUCCEEDED | FAILED
     ACTIVE_JOB_STATES      # a worker may still run it: pending, queued, running
     FINISHED_JOB_STATES    # it ended and never changes again: succeeded, failed
+    JOB_ID_PATTERN         # what a job's (and a zoo batch's) id looks like: a lowercase UUID
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["ACTIVE_JOB_STATES", "FINISHED_JOB_STATES", "JobState"]
+__all__ = ["ACTIVE_JOB_STATES", "FINISHED_JOB_STATES", "JOB_ID_PATTERN", "JobState"]
 
 
 class JobState(StrEnum):
@@ -37,3 +38,6 @@ ACTIVE_JOB_STATES: tuple[JobState, ...] = (JobState.PENDING, JobState.QUEUED, Jo
 """States of a job that has not ended: a request equal to one of these follows it instead of running again."""
 FINISHED_JOB_STATES: tuple[JobState, ...] = (JobState.SUCCEEDED, JobState.FAILED)
 """States a job never leaves."""
+JOB_ID_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+"""A job's id as the service makes it (a UUID, lowercase): what ``status JOB`` accepts and what the client
+takes from the service's answers (so that an id it prints is one ``status`` accepts)."""

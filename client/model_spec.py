@@ -91,13 +91,18 @@ def source_of(spec: str) -> str:
 
 
 def parse_model_kwargs(text: str | None) -> dict[str, Any]:
-    """``--model-kwargs '{"num_classes": 10}'`` → a dict; ModelError naming the flag otherwise."""
+    """``--model-kwargs '{"num_classes": 10}'`` → a dict; ModelError naming the flag otherwise.
+
+    Read by ``wire_json`` like every JSON remat accepts: NaN would reach a builder and then a service job's
+    request, and a 10^5-deep array raised ``RecursionError`` (exit 1, not the input error it is)."""
     if text is None or not text.strip():
         return {}
+    from remat.client import wire_json
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"--model-kwargs: not JSON ({exc.msg} at character {exc.pos})") from None
+        value = wire_json.loads(text, where="--model-kwargs")
+    except wire_json.WireJSONError as exc:
+        raise ModelError(str(exc) if str(exc).startswith("--model-kwargs") else f"--model-kwargs: {exc}") from None
     if not isinstance(value, dict):
         raise ModelError(f"--model-kwargs: must be a JSON object such as '{{\"num_classes\": 10}}', "
                          f"got {type(value).__name__}")

@@ -21,8 +21,9 @@ The plan is looked up, in order, in:
 
 1. the plan cache on disk (remat.client.local_plans): one file read, no database, no network;
 2. the local plan store (what ``remat-client plan`` stored on this machine), when there is one;
-3. the service (``server=`` or ``REMAT_SERVER``), with a timeout on every request; unreachable is a
-   warning, not an error: a training job never hangs on, or dies of, a plan service;
+3. the service (``server=`` or ``REMAT_SERVER``), within ``timeout_s`` for the whole lookup; unreachable,
+   slow or answering nonsense is a warning, not an error: a training job never hangs on, or dies of, a plan
+   service;
 4. on a miss, by ``on_miss``: ``"profile"`` (default) profiles and plans here — a few training steps — stores
    the result locally and, with a write token (``token=`` or ``REMAT_API_TOKEN``), uploads the trace so the
    cluster has it next time; ``"none"`` trains without checkpointing and warns; ``"raise"`` raises.
@@ -86,7 +87,8 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         token: the service's write token, to upload a trace profiled here; default ``REMAT_API_TOKEN``.
         on_miss: ``"profile"``, ``"none"`` or ``"raise"`` (module docstring).
         cache_dir: the plan cache directory; default ``REMAT_PLAN_CACHE_DIR`` or the user cache directory.
-        timeout_s: seconds for each request to the service; default ``REMAT_TIMEOUT_S``, else 10.
+        timeout_s: seconds the service lookup may take in all (its one request, or a budget's two), and the
+            upload of a trace profiled here; default ``REMAT_TIMEOUT_S``, else 10.
 
     Settings not passed come from the ``REMAT_*`` environment, then the config file (remat.client.config).
 
@@ -300,34 +302,42 @@ def _find_for_budget(key: PlanKey, spec: BudgetSpec, cache: LocalPlanCache, serv
 
 def _budget_from_service(key: PlanKey, spec: BudgetSpec, server: str, token: str | None,
                          timeout_s: float | None) -> Plan | None:
+    """The service's frontier plan for ``spec``; both requests share one deadline (``timeout_s``); a service
+    that fails or answers nonsense is a warning (None)."""
     from remat.client.service_client import PlanServiceClient, plan_from_record
 
     try:
-        with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
+        with PlanServiceClient(server, token=token, timeout=timeout_s) as client, client.within():
             none = client.get_plan(key, algorithm="none")
             if none is None:
                 return None
-            budget_bytes = spec.resolve(baseline_peak_bytes=int(none["plan"]["predicted_peak_bytes"]))
+            budget_bytes = spec.resolve(baseline_peak_bytes=none["plan"]["predicted_peak_bytes"])
             record = client.get_budget_plan(key, budget_bytes)
+            return plan_from_record(record, key) if record is not None else None
     except ServiceError as exc:
-        warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
-                      stacklevel=4)
+        _warn_service(exc)
         return None
-    return plan_from_record(record, key) if record is not None else None
 
 
 def _from_service(key: PlanKey, algorithm: str, server: str, token: str | None,
                   timeout_s: float | None) -> Plan | None:
+    """The service's ``algorithm`` plan for ``key``, within ``timeout_s``; a service that fails or answers
+    nonsense is a warning (None): a training job never dies of its plan service."""
     from remat.client.service_client import PlanServiceClient, plan_from_record
 
     try:
-        with PlanServiceClient(server, token=token, timeout=timeout_s) as client:
+        with PlanServiceClient(server, token=token, timeout=timeout_s) as client, client.within():
             record = client.get_plan(key, algorithm=algorithm)
+            return plan_from_record(record, key) if record is not None else None
     except ServiceError as exc:
-        warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
-                      stacklevel=4)
+        _warn_service(exc)
         return None
-    return plan_from_record(record, key) if record is not None else None
+
+
+def _warn_service(exc: ServiceError) -> None:
+    # stacklevel 5: this, _from_service (or _budget_from_service), _find (or _find_for_budget), checkpoint, its caller
+    warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
+                  stacklevel=5)
 
 
 def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,

@@ -5,8 +5,14 @@ it needs httpx and nothing else of the heavy stack (no torch, sqlalchemy, celery
 checks ``sys.modules`` in a fresh interpreter). Keys are taken as plain mappings or as anything with a
 ``to_dict()`` (the client's ``PlanKey``, whose module imports no torch either).
 
-Every failure leaves as one ``ServiceError`` with a one-line message naming the URL and what happened, the
-way httpx maps socket errors to its own: callers catch one exception type and can show its message as is.
+The service is not trusted to behave (issue 31): every request ends by its deadline, connecting, sending and
+every read together (``timeout``; remat.client.http_bounds), an answer is read up to ``MAX_ANSWER_BYTES``,
+redirects are not followed, and every JSON answer is parsed by ``remat.client.wire_json`` and checked against
+the shape the client reads (remat.client.service_answers) before any field is used.
+
+Every failure leaves as one ``ServiceError`` with a one-line message naming the URL and what happened (for a
+malformed answer, the field), the way httpx maps socket errors to its own: callers catch one exception type
+and can show its message as is.
 
 Public API::
 
@@ -16,6 +22,7 @@ Public API::
         client.upload_trace(trace) -> dict                          # {key, trace_id, created, plans}
         client.submit_job(request, queue=None) -> dict              # a profiling job (JobOut)
         client.get_job(job_id) -> dict                              # its state, progress and result
+        with client.within(): ...                                   # several requests, one deadline
     plan_from_record(record, key) -> Plan                           # a served record as a Plan carrying its key
 """
 
@@ -23,19 +30,29 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from dataclasses import MISSING, fields
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import MISSING, dataclass, fields
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from remat.client import http_bounds, service_answers, wire_json
 from remat.client.errors import PlanError, ServiceError
 from remat.client.plan import Plan
 from remat.client.plan_key import UNKNOWN, PlanKey, normalize_torch_version
 
-__all__ = ["PlanServiceClient", "ServiceResponseError", "key_query", "plan_from_record"]
+__all__ = ["MAX_ANSWER_BYTES", "PlanServiceClient", "ServiceResponseError", "key_query", "plan_from_record"]
+
+MAX_ANSWER_BYTES = 64 * 2**20
+"""The longest answer the client reads. Four times the largest request body the service accepts by default
+(``REMAT_MAX_BODY_BYTES``, 16 MiB): every answer is built from what such bodies stored (a trace's plans and
+frontier, a job's result, a batch's rows); a 200 that never ends stops here or at the deadline."""
+
+_MAX_DETAIL_CHARS = 300
+"""An error answer's ``detail`` (or body excerpt) is cut here: the message it ends up in is one line."""
 
 _KEY_DEFAULTS = {f.name: f.default if f.default is not MISSING else UNKNOWN for f in fields(PlanKey)
                  if f.default is not MISSING or f.default_factory is not MISSING}
@@ -60,8 +77,29 @@ class ServiceResponseError(ServiceError):
         self.detail = detail
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+def _one_line(text: str, limit: int | None = None) -> str:
+    """One line of printable text (a server's words reach a terminal), cut to ``limit`` characters."""
+    line = "".join(ch if ch.isprintable() else "?" for ch in " ".join(str(text).split()))
+    return line if limit is None or len(line) <= limit else f"{line[:limit - 3]}..."
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """One answer, read whole (within the deadline and the size cap) before anything looks at it."""
+
+    status_code: int
+    reason: str
+    url: str
+    headers: httpx.Headers
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
 
 
 def key_query(key: Any, *, algorithm: str = "linear", budget: int | None = None) -> tuple[str, dict[str, str]]:
@@ -102,11 +140,12 @@ def key_query(key: Any, *, algorithm: str = "linear", budget: int | None = None)
 DEFAULT_TIMEOUT_S = 10.0
 
 
-def default_timeout() -> float:
-    """``REMAT_TIMEOUT_S`` when set (a positive number), else 10 seconds."""
+def default_timeout(default: float = DEFAULT_TIMEOUT_S) -> float:
+    """``REMAT_TIMEOUT_S`` when set (a positive number), else ``default`` (10 seconds unless a caller knows its
+    request takes longer)."""
     text = os.environ.get("REMAT_TIMEOUT_S", "").strip()
     if not text:
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
         value = float(text)
     except ValueError:
@@ -123,7 +162,8 @@ class PlanServiceClient:
         base_url: the service's root, e.g. ``http://plans.internal:8000``.
         token: bearer token, sent with every request: the write token (``REMAT_API_TOKEN``) is needed to
             upload and also reads; a read token is needed only where the server requires one for reads.
-        timeout: seconds for connecting and for each read; a training job should fail fast, not hang.
+        timeout: seconds a request may take in all, connecting, sending and reading the whole answer (a
+            training job should fail fast, not hang; a server that trickles its answer does not stretch it).
             None: ``REMAT_TIMEOUT_S`` (or the config file's ``timeout_s``), else 10.
         transport: an httpx transport (tests, proxies); None uses httpx's default.
     """
@@ -136,11 +176,14 @@ class PlanServiceClient:
             raise ServiceError(f"server URL {text!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
         self.base_url = text.rstrip("/")
         self.timeout = timeout
-        headers = {"Accept": "application/json", "User-Agent": "remat-client"}
+        # identity: the size cap counts the bytes that arrive, and no compressed answer inflates past it.
+        headers = {"Accept": "application/json", "Accept-Encoding": "identity", "User-Agent": "remat-client"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._has_token = bool(token)
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
+                                  follow_redirects=False)
+        http_bounds.install(self._http)
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -157,6 +200,13 @@ class PlanServiceClient:
     def __repr__(self) -> str:
         return f"PlanServiceClient({self.base_url!r})"
 
+    @contextmanager
+    def within(self, seconds: float | None = None) -> Iterator[None]:
+        """Every request inside shares one deadline, ``seconds`` (default: this client's ``timeout``) from now:
+        a lookup of several requests (``checkpoint()``'s) then takes the timeout in all, not per request."""
+        with http_bounds.deadline_scope(self.timeout if seconds is None else seconds):
+            yield
+
     # --- API ----------------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
@@ -168,9 +218,9 @@ class PlanServiceClient:
         response = self._send("GET", "/healthz")
         if response.status_code == 503:
             body = self._json(response)
-            if isinstance(body, dict) and "status" in body:
+            if isinstance(body, dict) and isinstance(body.get("status"), str):
                 return body
-        return self._checked(response)
+        return self._checked(response, service_answers.health)
 
     def get_plan(self, key: Any, *, algorithm: str = "linear", budget: int | None = None) -> dict[str, Any] | None:
         """The stored plan record for ``key``, or None when the service has none.
@@ -192,9 +242,9 @@ class PlanServiceClient:
         response = self._send("GET", path, params=params)
         if response.status_code == 404 and self._is_remat_404(response):
             return None
-        record = self._checked(response)
-        served = record.get("key")
-        if params["inputs"] and isinstance(served, Mapping) and served.get("inputs", "") != params["inputs"]:
+        record = self._checked(response, service_answers.plan_record)
+        served = record["key"]
+        if params["inputs"] and served.get("inputs", "") != params["inputs"]:
             # A service older than the key's inputs field ignores the query parameter and answers the plan
             # of the single-tensor call of that shape, which would be applied to a different graph.
             raise ServiceError(f"remat service {self.base_url}{path}: answered with the plan of another call "
@@ -240,7 +290,7 @@ class PlanServiceClient:
             trace if isinstance(trace, bytes) else json.dumps(trace).encode("utf-8"))
         response = self._send("POST", "/v1/traces", content=content,
                               headers={"Content-Type": "application/json"})
-        return self._checked(response)
+        return self._checked(response, service_answers.trace_stored)
 
     def submit_job(self, request: Any, *, queue: str | None = None) -> dict[str, Any]:
         """``POST /v1/jobs``: have the service's workers profile, plan and validate a zoo model.
@@ -255,46 +305,61 @@ class PlanServiceClient:
         body = dict(request.to_dict() if hasattr(request, "to_dict") else request)
         if queue is not None:
             body["queue"] = queue
-        return self._checked(self._send("POST", "/v1/jobs", json=body))
+        return self._checked(self._send("POST", "/v1/jobs", json=body), service_answers.job)
 
     def submit_zoo(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/zoo``: a profiling job per zoo model the filter selects; returns the batch (``id``...)."""
-        return self._checked(self._send("POST", "/v1/zoo", json=body))
+        return self._checked(self._send("POST", "/v1/zoo", json=body), service_answers.zoo_batch)
 
     def get_zoo(self, batch_id: str) -> dict[str, Any]:
         """``GET /v1/zoo/{id}``: the batch's progress and a row per finished model."""
-        return self._checked(self._send("GET", f"/v1/zoo/{quote(batch_id, safe='')}"))
+        return self._checked(self._send("GET", f"/v1/zoo/{quote(batch_id, safe='')}"), service_answers.zoo_batch)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         """``GET /v1/jobs/{id}``: state, progress, plan key and, when finished, the plans or the reason."""
-        return self._checked(self._send("GET", f"/v1/jobs/{quote(job_id, safe='')}"))
+        return self._checked(self._send("GET", f"/v1/jobs/{quote(job_id, safe='')}"), service_answers.job)
 
     # --- plumbing -----------------------------------------------------------------------------------------
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One request; every transport failure becomes a one-line ``ServiceError`` naming the URL."""
+    def _send(self, method: str, path: str, **kwargs: Any) -> _Answer:
+        """One request, its answer read whole by the deadline (``within``, else ``timeout`` from now) and up to
+        ``MAX_ANSWER_BYTES``; every transport failure becomes a one-line ``ServiceError`` naming the URL."""
         url = f"{self.base_url}{path}"
-        try:
-            return self._http.request(method, path, **kwargs)
-        except httpx.TimeoutException as exc:
-            what = f"no answer within {self.timeout:g} s ({type(exc).__name__})"
-        except httpx.ConnectError as exc:
-            what = f"cannot connect ({_one_line(str(exc)) or type(exc).__name__})"
-        except httpx.TransportError as exc:
-            what = f"request failed ({type(exc).__name__}: {_one_line(str(exc))})"
-        except httpx.InvalidURL as exc:
-            what = f"invalid URL ({_one_line(str(exc))})"
+        with http_bounds.deadline_scope(self.timeout):
+            try:
+                request = self._http.build_request(method, path, **kwargs)
+                response = self._http.send(request, stream=True)
+                try:
+                    content = http_bounds.read_capped(response, MAX_ANSWER_BYTES)
+                finally:
+                    response.close()
+                return _Answer(status_code=response.status_code, reason=response.reason_phrase,
+                               url=str(response.request.url), headers=response.headers, content=content)
+            except httpx.TimeoutException as exc:
+                what = f"no whole answer within {self.timeout:g} s ({type(exc).__name__})"
+            except httpx.ConnectError as exc:
+                what = f"cannot connect ({_one_line(str(exc)) or type(exc).__name__})"
+            except httpx.TransportError as exc:
+                what = f"request failed ({type(exc).__name__}: {_one_line(str(exc), _MAX_DETAIL_CHARS)})"
+            except httpx.InvalidURL as exc:
+                what = f"invalid URL ({_one_line(str(exc))})"
+            except http_bounds.AnswerTooLargeError as exc:
+                what = str(exc)
+            except httpx.HTTPError as exc:  # a malformed answer httpx refused (headers, chunk framing...)
+                what = f"request failed ({type(exc).__name__}: {_one_line(str(exc), _MAX_DETAIL_CHARS)})"
         raise ServiceError(f"remat service {url}: {what}") from None
 
     @staticmethod
-    def _json(response: httpx.Response) -> Any:
+    def _json(response: _Answer) -> Any:
+        """The answer's JSON as ``wire_json`` reads it (finite numbers, 64-bit integers, bounded nesting), or
+        None when it is not such JSON."""
         try:
-            return response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            return wire_json.loads(response.content, where="answer")
+        except wire_json.WireJSONError:
             return None
 
     @staticmethod
-    def _is_remat_404(response: httpx.Response) -> bool:
+    def _is_remat_404(response: _Answer) -> bool:
         """A 404 that means "no plan for this key", not a wrong base URL or another server.
 
         The service's 404 names the key (``model_hash: no linear plan ...``); a path that does not exist
@@ -304,24 +369,32 @@ class PlanServiceClient:
         detail = body.get("detail") if isinstance(body, dict) else None
         return isinstance(detail, str) and detail.startswith("model_hash:")
 
-    def _checked(self, response: httpx.Response) -> dict[str, Any]:
-        """The JSON body of a success; otherwise a ``ServiceError`` that says what went wrong."""
-        url = str(response.request.url)
-        body = self._json(response)
-        if response.is_success:
-            if not isinstance(body, dict):
-                raise ServiceError(f"remat service {url}: answered HTTP {response.status_code} without a JSON "
-                                   "object; is this a remat service?")
-            return body
-        detail = body.get("detail") if isinstance(body, dict) else None
-        detail = _one_line(detail if isinstance(detail, str) else (response.text[:200] or response.reason_phrase))
+    def _checked(self, response: _Answer, shape: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+        """The JSON body of a success, checked to be of ``shape`` (remat.client.service_answers); otherwise a
+        ``ServiceError`` that says what went wrong."""
+        url = response.url
         code = response.status_code
+        if response.is_success:
+            try:
+                body = wire_json.loads(response.content, where="answer")
+                return shape(body)
+            except (wire_json.WireJSONError, service_answers.MalformedAnswerError) as exc:
+                raise ServiceError(f"remat service {url}: answered HTTP {code} with {_one_line(str(exc), 200)}; "
+                                   "is this a remat service?") from None
+        body = self._json(response)
+        detail = body.get("detail") if isinstance(body, dict) else None
+        detail = _one_line(detail if isinstance(detail, str) else (response.text[:_MAX_DETAIL_CHARS] or
+                                                                   response.reason), _MAX_DETAIL_CHARS)
         if code == 401:
             problem = ("the bearer token was refused (check REMAT_API_TOKEN)" if self._has_token
                        else "a bearer token is needed and none was given (set REMAT_API_TOKEN)")
             message = f"remat service {url}: {problem}: {detail}"
         elif code == 403:
             message = f"remat service {url}: the token was refused (HTTP 403): {detail}"
+        elif 300 <= code < 400:
+            where = _one_line(response.headers.get("location", "nowhere"), 120)
+            message = (f"remat service {url}: answered a redirect (HTTP {code} to {where}); the client follows "
+                       "none: give the service's own URL")
         elif code >= 500:
             message = f"remat service {url}: server error HTTP {code}: {detail}"
         else:
@@ -335,8 +408,17 @@ def plan_from_record(record: Mapping[str, Any], key: PlanKey) -> Plan:
     The key is ``key`` (computed from the model here) with the torch version the service keyed the plan
     under (that of the trace it planned from): the stage graph, hence the plan, can change between torch
     releases, and ``apply`` checks this field against the installed torch.
+
+    Raises:
+        ServiceError: ``record`` is not a plan record (remat.client.service_answers.plan_record), the field
+            named; :meth:`PlanServiceClient.get_plan` has checked its records already.
     """
-    served = (record.get("key") or {}).get("torch_version")
+    try:
+        service_answers.plan_record(record)
+    except service_answers.MalformedAnswerError as exc:
+        raise ServiceError(f"remat service: a malformed plan record ({_one_line(str(exc), 200)}); is this a remat "
+                           "service?") from None
+    served = record["key"].get("torch_version")
     traced_with = served or (record.get("trace") or {}).get("torch_version")
     key_dict = key.to_dict()
     if traced_with:
@@ -344,9 +426,4 @@ def plan_from_record(record: Mapping[str, Any], key: PlanKey) -> Plan:
             key_dict["torch_version"] = normalize_torch_version(traced_with)
         except PlanError:
             pass  # an unreadable version string is provenance, not a key; keep this torch's
-    try:
-        plan = record["plan"]
-    except (KeyError, TypeError):
-        raise ServiceError("remat service: a plan record without its 'plan' field; is this a remat service?") \
-            from None
-    return Plan.from_dict({**plan, "key": key_dict})
+    return Plan.from_dict({**record["plan"], "key": key_dict})

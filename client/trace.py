@@ -21,8 +21,14 @@ from typing import Any
 
 from remat.client import wire_json
 from remat.client.errors import TraceFormatError
+from remat.client.user_files import FileTooLargeError, read_limited
 
 TRACE_FORMAT = "remat-trace/1"
+MAX_TRACE_FILE_BYTES = 64 * 2**20
+"""The largest trace file ``load_trace`` reads (``plan --trace``, ``evaluate``): a 10^5-stage trace with every
+field, indented as ``remat-client trace`` writes it, is about 55 MB, and the service takes bodies of 16 MiB
+(``REMAT_MAX_BODY_BYTES``) and 20,000 stages; a larger file is a mistake, refused before it is read into
+memory (issue 31: a 20 GB file was read until the OOM killer ended the command)."""
 
 #: Per-stage integer byte fields a profiler may add; a missing one reads as 0 (docs/cost-model.md).
 OPTIONAL_STAGE_BYTES = (
@@ -408,9 +414,11 @@ def loads_trace(text: str | bytes) -> Trace:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Read and validate a trace file."""
+    """Read and validate a trace file of at most ``MAX_TRACE_FILE_BYTES``."""
     try:
-        data = Path(path).read_bytes()
+        data = read_limited(path, MAX_TRACE_FILE_BYTES, "a trace file")
+    except FileTooLargeError as exc:
+        raise TraceFormatError(f"trace file {str(path)!r}: {exc}") from None
     except OSError as exc:
         raise TraceFormatError(f"trace file {str(path)!r}: cannot be read ({exc.strerror})") from None
     return loads_trace(data)

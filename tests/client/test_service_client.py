@@ -22,6 +22,7 @@ import torchvision
 from remat.client.apply_plan import applied_chain, apply
 from remat.client.errors import PlanError, PlanNotFoundError, ServiceError
 from remat.client.fetch import fetch_and_apply, fetch_plan
+from remat.client.plan import Plan
 from remat.client.plan_key import KEY_FIELDS, PlanKey
 from remat.client.planning.planners import PLANNERS
 from remat.client.request import default_request
@@ -226,10 +227,12 @@ def test_a_service_that_ignores_the_call_signature_is_not_taken_at_its_word() ->
     served_key = {"model_hash": "abc", "input_shape": [2, 8], "dtype": "float32", "mode": "train",
                   "grads": "none", "device": "cpu", "torch_version": "2.5"}  # no inputs: an older service
     seen: list[httpx.URL] = []
+    plan = Plan(algorithm="linear", cost_model="pytorch", checkpoints=(1,), predicted_peak_bytes=1,
+                baseline_peak_bytes=2, num_stages=3)
 
     def old_service(request: httpx.Request) -> httpx.Response:
         seen.append(request.url)
-        return httpx.Response(200, json={"key": served_key, "plan": {"algorithm": "linear"}})
+        return httpx.Response(200, json={"key": served_key, "plan": plan.to_dict()})
 
     with PlanServiceClient("http://plans.test", transport=httpx.MockTransport(old_service)) as client:
         assert client.get_plan({"model_hash": "abc", "input_shape": [2, 8]})["key"] == served_key
