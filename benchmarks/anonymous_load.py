@@ -29,8 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-import redis
-from service_load import HOST, REDIS_URL, _free_port, _percentile, seed, wait_ready
+from service_load import HOST, REDIS_URL, _free_port, _percentile, clear_cache, seed, wait_ready
 
 WRITE_ROUTES = ("/v1/measurements", "/v1/jobs", "/v1/zoo")
 
@@ -124,10 +123,7 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-            cache = redis.Redis.from_url(REDIS_URL)
-            for key in cache.scan_iter(match=f"{prefix}*"):
-                cache.delete(key)
-            cache.close()
+            clear_cache(prefix)
 
     print(f"remat-service on {HOST}, 1 uvicorn worker, SQLite, Redis cache; {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}")

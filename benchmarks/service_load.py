@@ -130,6 +130,14 @@ def print_table(results: list[PassResult], concurrency: int) -> None:
               + ", ".join(f"{k}={v}" for k, v in sorted(r.cache_headers.items())))
 
 
+def clear_cache(prefix: str) -> None:
+    """Delete the benchmark's keys from the shared Redis."""
+    cache = redis.Redis.from_url(REDIS_URL)
+    for key in cache.scan_iter(match=f"{prefix}*"):
+        cache.delete(key)
+    cache.close()
+
+
 def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -171,18 +179,13 @@ def main() -> int:
         try:
             wait_ready(port, proc)
             run_pass("warm-up", port, paths[:50], args.concurrency, args.duration)
-            cache = redis.Redis.from_url(REDIS_URL)
-            for key in cache.scan_iter(match=f"{prefix}*"):
-                cache.delete(key)
+            clear_cache(prefix)
             results = [run_pass(name, port, paths, args.concurrency, args.duration)
                        for name in ("miss (DB + fill)", "hit (Redis)")]
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-            cache = redis.Redis.from_url(REDIS_URL)
-            for key in cache.scan_iter(match=f"{prefix}*"):
-                cache.delete(key)
-            cache.close()
+            clear_cache(prefix)
     db_kind = database_url.split(":", 1)[0]
     print(f"remat-service on {HOST}, {args.workers} uvicorn worker(s), database {db_kind}, Redis cache; "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}")
