@@ -152,6 +152,11 @@ class MemoryMeter(TorchDispatchMode):
         self.timeline = []
         self._ledger.high = self._ledger.current
 
+    def restart_high(self) -> None:
+        """Let the next timeline sample start from the current level: the first sample of a new peak window must
+        not carry the highest level of the ops before it (``profilers.common._Levels``)."""
+        self._ledger.high = self._ledger.current
+
     def timeline_position(self) -> int:
         """A mark for :meth:`stop_timeline`: samples recorded so far."""
         return len(self.timeline) if self.timeline is not None else 0

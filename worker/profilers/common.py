@@ -36,7 +36,7 @@ import contextlib
 import dataclasses
 import platform
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 import torch
@@ -489,6 +489,13 @@ class _StageMeasure:
     grads_born: dict[int, int] | None = None
     forward_ms: float | None = None
     backward_ms: float | None = None
+    levels: dict[str, list[int]] = field(default_factory=dict)
+    """NOTE [ peak levels ]: per peak field, the level (bytes above the field's own zero) after every aten op of
+    its window, whose maximum is the field. A peak is the maximum of such levels, and each level is a sum of
+    storages, affine in the batch size; the maximum is not (which transient decides a stage's backward peak
+    changes with the batch). Kept in the trace (stage ``peak_levels``), they let a trace be derived at another
+    batch size exactly from two profiles (remat.client.derived_trace). Recorded where the meter samples per
+    aten op (CPU); empty on CUDA, whose allocator history is read after the fact."""
 
 
 def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
@@ -499,32 +506,44 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
     set_grad_convention(model, grads)
     had_grad = {id(p) for p in model.parameters() if p.grad is not None}
     meter = backend.make_meter()
-    last_pack_peak = [None]
+    levels = _Levels(meter)
+    last_pack_peak: list[int | None] = [None]
+    last_pack_at = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         last_pack_peak[0] = meter.peak_bytes
+        last_pack_at[0] = levels.position()
         return t
 
     with meter:
         base = meter.mark_baseline()
+        levels.start()
         with torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = stage(_stage_input(x_in, input_grad_layout))
         out.forward_peak = meter.peak_bytes - base
+        forward_end = levels.position()
         out.recompute_peak = 0 if last_pack_peak[0] is None else last_pack_peak[0] - base
+        levels.keep(out, "forward_peak_bytes", 0, forward_end, out.forward_peak)
+        if last_pack_peak[0] is not None:
+            levels.keep(out, "recompute_peak_bytes", 0, last_pack_at[0], out.recompute_peak)
         if any_requires_grad(y):
             with torch.enable_grad():
                 loss = seeded_sum(y, ones)
             del y
             loss_bytes = backend.storage_bytes(loss)
             meter.reset_peak()
+            backward_start = levels.restart()
             loss.backward()
             out.backward_peak = meter.peak_bytes - base - loss_bytes
+            levels.keep(out, "backward_peak_bytes", backward_start, None, out.backward_peak, minus=loss_bytes)
             del loss
         else:
             del y
-    out.forward_peak_dropped = _dropped_forward_peak(stage, x_in, backend, amp)
+        levels.stop()
+    out.forward_peak_dropped = _dropped_forward_peak(stage, x_in, backend, amp, out)
     if x_in.requires_grad or any(p.requires_grad for p in model.parameters()):
-        out.recomputed_backward_peak = _recomputed_backward_peak(stage, x_in, ones, model, backend, grads, amp)
+        out.recomputed_backward_peak = _recomputed_backward_peak(stage, x_in, ones, model, backend, grads, amp,
+                                                                 out)
     out.grads_born = {}
     for p in model.parameters():
         if p.grad is not None and id(p) not in had_grad:
@@ -535,16 +554,20 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
 
 
 def _dropped_forward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, backend: Backend,
-                          amp: AmpContext) -> int:
+                          amp: AmpContext, out: _StageMeasure) -> int:
     """F°: the stage's forward peak when autograd keeps none of its saved tensors, as in the first forward of
     a checkpointed segment (whose pack hook stores a handle, not the tensor). Its output, temporaries and,
     under autocast, the parameter copies the cast cache holds are in; its saved tensors are not."""
     meter = backend.make_meter()
+    levels = _Levels(meter)
     with meter:
         base = meter.mark_baseline()
+        levels.start()
         with torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: h):
             y = stage(x_in)
         peak = meter.peak_bytes - base
+        levels.keep(out, "forward_peak_dropped_bytes", 0, None, max(peak, 0))
+        levels.stop()
         del y
     return peak
 
@@ -552,19 +575,64 @@ def _dropped_forward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_in: t
 class _ResetPeakOnExit:
     """Recompute context for :func:`torch.utils.checkpoint`: when the recompute ends, a new peak window starts."""
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter, levels: _Levels) -> None:
         self.meter = meter
+        self.levels = levels
 
     def __enter__(self) -> _ResetPeakOnExit:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.meter.reset_peak()
+        self.levels.window_start = self.levels.restart()
+
+
+class _Levels:
+    """The meter's per-op samples, cut into the windows of the peak fields (NOTE [ peak levels ]).
+
+    The samples of a MemoryMeter are levels above its baseline, the zero of every peak field here (less the
+    loss's bytes in backward, as the fields). A field's levels are kept only when their maximum equals the
+    field as measured, so that the two can never disagree in a trace.
+    """
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self.on = getattr(meter, "timeline_sample", None) == "aten op"
+        self.window_start = 0
+
+    def start(self) -> None:
+        if self.on:
+            self.meter.start_timeline()
+
+    def position(self) -> int:
+        return self.meter.timeline_position() if self.on else 0
+
+    def restart(self) -> int:
+        """A new window from here: the samples' running high starts again at the current level."""
+        if self.on:
+            self.meter.restart_high()  # type: ignore[attr-defined]  # MemoryMeter's, the only meter with `on`
+        return self.position()
+
+    def keep(self, out: _StageMeasure, name: str, begin: int, end: int | None, value: int, *,
+             minus: int = 0) -> None:
+        if not self.on:
+            return
+        samples = self.meter.timeline or []  # type: ignore[attr-defined]
+        window = samples[begin:end]
+        if not window:
+            return
+        kept = [level - minus for level in window]  # samples count from the meter's baseline, as the fields do
+        if max(kept) == value:
+            out.levels[name] = kept
+
+    def stop(self) -> None:
+        if self.on:
+            self.meter.stop_timeline()
 
 
 def _recomputed_backward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor,
                               ones: torch.Tensor, model: nn.Module, backend: Backend, grads: str,
-                              amp: AmpContext) -> int:
+                              amp: AmpContext, out: _StageMeasure) -> int:
     """B°: the stage's backward peak when it runs under a non-reentrant checkpoint, counted from the end of
     its recompute (the recompute itself is the cost model's recompute candidate).
 
@@ -578,20 +646,26 @@ def _recomputed_backward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_i
     """
     set_grad_convention(model, grads)
     meter = backend.make_meter()
+    levels = _Levels(meter)
     with meter:
         base = meter.mark_baseline()
+        levels.start()
         with torch.enable_grad(), amp():
             y = checkpoint(stage, _stage_input(x_in, []), use_reentrant=False,
-                           context_fn=lambda: (contextlib.nullcontext(), _ResetPeakOnExit(meter)))
+                           context_fn=lambda: (contextlib.nullcontext(), _ResetPeakOnExit(meter, levels)))
         if not any_requires_grad(y):
+            levels.stop()
             return 0
         with torch.enable_grad():
             loss = seeded_sum(y, ones)
         del y
         loss_bytes = backend.storage_bytes(loss)
         meter.reset_peak()  # a stage that saves nothing is never recomputed: its whole backward counts
+        levels.window_start = levels.restart()
         loss.backward()
         peak = meter.peak_bytes - base - loss_bytes
+        levels.keep(out, "recomputed_backward_peak_bytes", levels.window_start, None, max(peak, 0), minus=loss_bytes)
+        levels.stop()
         del loss
     x_in.grad = None
     return max(peak, 0)
@@ -656,6 +730,9 @@ def _floor_shared_sums(chain: StageChainLike, n: int, backend: Backend, measures
             m.backward_peak = max(m.backward_peak, 2 * size)
             if m.recomputed_backward_peak:
                 m.recomputed_backward_peak = max(m.recomputed_backward_peak, 2 * size)
+            for name in ("backward_peak_bytes", "recomputed_backward_peak_bytes"):
+                if name in m.levels:  # the floor is one more level, a constant one (NOTE [ peak levels ])
+                    m.levels[name].append(2 * size)
 
 
 def _shared_parameter_grads(chain: StageChainLike, n: int, backend: Backend) -> list[int]:
@@ -804,6 +881,8 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
                 "recomputed_backward_peak_bytes": m.recomputed_backward_peak,
                 "param_grad_bytes": param_grad[i],
             }
+            if m.levels:
+                stage_obj["peak_levels"] = m.levels
             if m.forward_ms is not None:
                 stage_obj["forward_ms"] = m.forward_ms
                 stage_obj["backward_ms"] = m.backward_ms
