@@ -24,6 +24,7 @@ from remat.client.cli_common import (
     InputError,  # noqa: F401  (re-exported: the public name callers catch)
 )
 from remat.client.cli_jobs import status_command, submit_command
+from remat.client.cli_max_batch import max_batch_command
 from remat.client.cli_plan import evaluate_command, measure_command, plan_command, trace_command
 from remat.client.cli_show import config_group, show_command
 from remat.client.errors import RematError
@@ -49,6 +50,7 @@ cli.add_command(evaluate_command)
 cli.add_command(show_command)
 cli.add_command(config_group)
 cli.add_command(zoo_command)
+cli.add_command(max_batch_command)
 
 
 def _one_line(message: str) -> str:

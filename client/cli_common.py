@@ -158,7 +158,10 @@ def print_model_table(report: Any, source: str | None = None) -> None:
     from rich.table import Table
 
     req = report.request
-    source = source or ("from the plan store" if report.from_store else "profiled and measured now")
+    derived = getattr(report, "derived_from", ())
+    source = source or ("from the plan store" if report.from_store else
+                        f"derived from profiles at batch {', '.join(map(str, derived))} and measured now" if derived
+                        else "profiled and measured now")
     title = (f"{req.name} — input {list(req.input_shape)} {req.dtype}, {req.device}"
              f"{f' ({report.device_name})' if report.device_name else ''}, grads={req.grads}, "
              f"{report.num_stages} stages, {source}")

@@ -43,7 +43,8 @@ from remat.client.errors import PlanError
 from remat.client.plan_key import content_sha256
 from remat.client.trace import OPTIONAL_STAGE_BYTES, Trace, parse_trace
 
-__all__ = ["DERIVED_FROM", "BatchFit", "BatchFitError", "NotAffine", "fit_batches", "is_derived"]
+__all__ = ["DERIVED_FROM", "LEVELS", "BatchFit", "BatchFitError", "NotAffine", "derived_batches", "fit_batches",
+           "is_derived"]
 
 LEVELS = "peak_levels"
 """A profiled stage's per-op levels of each peak field (worker/profilers/common.py, NOTE [ peak levels ]): each
@@ -85,6 +86,11 @@ class NotAffine:
 def is_derived(trace: Trace) -> bool:
     """Whether ``trace`` was derived rather than profiled."""
     return bool(trace.metadata.get(DERIVED_FROM))
+
+
+def derived_batches(trace: Trace) -> tuple[int, ...]:
+    """The batch sizes of the profiles ``trace`` was derived from; empty for a profile."""
+    return tuple(int(p["batch_size"]) for p in trace.metadata.get(DERIVED_FROM) or ())
 
 
 def _batch(trace: Trace) -> int:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from remat.client.measurement import Measurement
     from remat.client.plan import Plan
     from remat.client.plan_key import PlanKey
-    from remat.client.report import ModelReport, ProfileResult
+    from remat.client.report import MaxBatchReport, ModelReport, ProfileResult
     from remat.client.request import ModelRequest, ProgressFn
     from remat.client.trace import Trace
     from remat.client.zoo_batch import ZooRow
@@ -85,6 +85,12 @@ class LocalPlanner(Protocol):
     def measure_algorithm(self, request: ModelRequest, algorithm: str,
                           progress: ProgressFn | None = None) -> Measurement:
         """One plan measured beside no checkpointing."""
+        ...
+
+    def max_batch(self, request: ModelRequest, memory: BudgetSpec, *, overhead: float | None = None,
+                  profile_batches: Sequence[int] = (2, 4), progress: ProgressFn | None = None) -> MaxBatchReport:
+        """``remat-client max-batch``: the largest batch whose best plan fits ``memory``, from profiles at
+        ``profile_batches``, verified by one measured step at that batch."""
         ...
 
     def plan_zoo(self, requests: Iterable[ModelRequest], *, refresh: bool = False,

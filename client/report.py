@@ -16,7 +16,7 @@ from remat.client.plan_key import PlanKey
 from remat.client.request import ModelRequest
 from remat.client.trace import Trace
 
-__all__ = ["ModelReport", "PlanRow", "ProfileResult"]
+__all__ = ["MaxBatchReport", "ModelReport", "PlanRow", "ProfileResult"]
 
 
 @dataclass(kw_only=True)
@@ -53,6 +53,9 @@ class ModelReport:
     under its own peak; a handful are measured (docs/cost-model.md, "Budgets")."""
     from_store: bool = False
     device_name: str | None = None
+    derived_from: tuple[int, ...] = ()
+    """The batch sizes of the profiles the trace was derived from (remat.client.derived_trace); empty when the
+    model was profiled at this batch size."""
 
     def row(self, algorithm: str) -> PlanRow | None:
         return next((r for r in self.rows if r.plan.algorithm == algorithm), None)
@@ -61,7 +64,8 @@ class ModelReport:
         base = self.row("none")
         out: dict[str, Any] = {
             "model": self.request.name, "key": self.key, "num_stages": self.num_stages,
-            "from_store": self.from_store, "device_name": self.device_name, "plans": [],
+            "from_store": self.from_store, "device_name": self.device_name,
+            "derived_from": list(self.derived_from), "plans": [],
         }
         for rows, name in ((self.rows, "plans"), (self.frontier, "frontier")):
             if name == "frontier" and not rows:
@@ -115,3 +119,42 @@ class ProfileResult:
     @property
     def device_name(self) -> str | None:
         return self.trace.metadata.get("device_name")
+
+
+@dataclass(frozen=True)
+class MaxBatchReport:
+    """``remat-client max-batch``: the largest batch whose best plan fits, verified by a measured step."""
+
+    request: ModelRequest
+    """The request at the answer's batch size."""
+    batch_size: int
+    plan: Plan
+    limit_bytes: int
+    """The activation memory available at ``batch_size`` (the limit, or the device's room less the batch)."""
+    measured: Measurement
+    """The training step at ``batch_size`` with ``plan``."""
+    next_plan: Plan | None
+    """The best plan at ``batch_size + 1``, predicted over ``next_limit_bytes``."""
+    next_limit_bytes: int | None
+    profiled_batches: tuple[int, ...]
+    """The batch sizes profiled (or found in the store) to derive every other one from."""
+    fit_summary: str
+    """What the fit says of the profiles (remat.client.derived_trace.BatchFit.describe)."""
+    stepped_back: int = 0
+    """Batches given up because their measured step exceeded the limit the prediction met (0: none)."""
+    overhead: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.measured
+        return {"model": self.request.name, "batch_size": self.batch_size,
+                "input_shape": list(self.request.input_shape), "device": self.request.device,
+                "limit_bytes": self.limit_bytes, "overhead": self.overhead,
+                "plan": self.plan.to_dict(), "predicted_peak_bytes": self.plan.predicted_peak_bytes,
+                "measured_peak_bytes": m.measured_peak_bytes, "step_ms": m.step_ms,
+                "recompute_ms": self.plan.recompute_ms,
+                "next": None if self.next_plan is None else {
+                    "batch_size": self.batch_size + 1, "plan": self.next_plan.to_dict(),
+                    "predicted_peak_bytes": self.next_plan.predicted_peak_bytes,
+                    "limit_bytes": self.next_limit_bytes},
+                "profiled_batches": list(self.profiled_batches), "fit": self.fit_summary,
+                "stepped_back": self.stepped_back}

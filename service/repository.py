@@ -37,6 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
+from remat.client.derived_trace import DERIVED_FROM
 from remat.client.errors import InvalidKeyError
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
@@ -158,6 +159,41 @@ def load_trace(*, session: Session, trace_id: int) -> Trace | None:
         stages.append(stage)
     return parse_trace({**row.trace_metadata, "format": "remat-trace/1", "input_bytes": row.input_bytes,
                         "stages": stages, **({"graph": row.graph} if row.graph is not None else {})})
+
+
+MAX_BATCH_PROFILES = 4
+"""Profiles of a key at other batch sizes that :func:`batch_profiles` returns (the newest per batch size)."""
+_BATCH_CANDIDATES = 64
+"""Traces of the architecture read to find them: the newest first, a bounded read however many are stored."""
+
+
+def batch_profiles(*, session: Session, key: PlanKey, include_own: bool = False) -> list[Trace]:
+    """Measured profiles of ``key`` at other batch sizes: the traces a trace at ``key``'s batch can be derived
+    from (remat.client.derived_trace), the newest per batch size, at most MAX_BATCH_PROFILES of them; with
+    ``include_own``, its own batch size's profile too.
+
+    Same architecture, call, precision, mode, gradient convention, device class and torch major.minor; an input
+    shape that differs in its first dimension only; no trace that was itself derived.
+    """
+    arch = session.execute(select(Architecture.id).where(Architecture.hash == key.model_hash)).scalar_one_or_none()
+    if arch is None or not key.input_shape:
+        return []
+    columns = {c: v for c, v in _key_columns(key).items() if c not in ("input_shape", "torch_version")}
+    sample = ",".join(str(d) for d in key.input_shape[1:])
+    rows = session.execute(
+        select(TraceRow.id, TraceRow.input_shape, TraceRow.torch_version, TraceRow.trace_metadata)
+        .where(TraceRow.architecture_id == arch, *(getattr(TraceRow, c) == v for c, v in columns.items()))
+        .order_by(TraceRow.id.desc()).limit(_BATCH_CANDIDATES)).all()
+    chosen: dict[str, int] = {}
+    for trace_id, shape, version, metadata in rows:
+        batch, _, rest = shape.partition(",")
+        if (rest != sample or (batch == str(key.input_shape[0]) and not include_own) or batch in chosen
+                or _major_minor(version) != key.torch_version or (metadata or {}).get(DERIVED_FROM)):
+            continue
+        chosen[batch] = trace_id
+        if len(chosen) == MAX_BATCH_PROFILES:
+            break
+    return [t for t in (load_trace(session=session, trace_id=i) for i in chosen.values()) if t is not None]
 
 
 # --- plans ------------------------------------------------------------------------------------------------

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from remat.client.budget_spec import BudgetInfeasibleError, BudgetSpec, pick_for_budget, pick_from_frontier
+from remat.client.derived_trace import derived_batches
 from remat.client.errors import ModelError, RematError
 from remat.client.measurement import Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
 from remat.client.plan_key import PlanKey
-from remat.client.report import ModelReport, PlanRow, ProfileResult
+from remat.client.report import MaxBatchReport, ModelReport, PlanRow, ProfileResult
 from remat.client.request import ModelRequest, ProgressFn
 from remat.client.trace import Trace
 from remat.client.zoo_batch import ZooRow
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from remat.client.graph.built_model import BuiltModel
     from remat.service.store import PlanStore
 
-__all__ = ["budget_report", "cached_report", "measure_algorithm", "plan_held_model", "plan_zoo", "profile",
+__all__ = ["budget_report", "cached_report", "max_batch", "measure_algorithm", "plan_held_model", "plan_zoo", "profile",
            "profile_and_plan", "profile_trace", "stored_frontier", "stored_plan", "stored_reports"]
 
 
@@ -67,16 +68,44 @@ def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None, 
     say = progress or _silent
     say(f"building {request.name}", 0.0)
     built = build(request)
+    derived = None
     if not refresh:
         with open_store() as store:
             complete = store.complete_plans(built.key)
+            if complete is None:
+                derived = derive_trace(store.batch_profiles(built.key), built.key.input_shape[0])
         if complete is not None:
             return report_from_records(request, complete)
-    result = pipeline.run_built(built, progress=say)
+    if derived is not None:
+        say(f"deriving from profiles at batch {_batches_of(derived)}", 0.05)
+        result = pipeline.run_derived(built, derived, progress=say)
+    else:
+        result = pipeline.run_built(built, progress=say)
     with open_store() as store:
         key = store.save_profile(result.trace, result.plans, result.measurements)
-    return ModelReport.from_measured(request, key.to_dict(), list(result.plans), dict(result.measurements),
-                                     from_store=False, device_name=result.device_name)
+    report = ModelReport.from_measured(request, key.to_dict(), list(result.plans), dict(result.measurements),
+                                       from_store=False, device_name=result.device_name)
+    report.derived_from = derived_batches(result.trace)
+    return report
+
+
+def derive_trace(profiles: Sequence[Trace], batch_size: int) -> Trace | None:
+    """The trace at ``batch_size`` derived from stored profiles at two or more other batch sizes; None when
+    there are fewer, or they do not line up (then the model is profiled at ``batch_size`` instead)."""
+    from remat.client.derived_trace import BatchFitError, fit_batches
+
+    if len({p.metadata.get("batch_size") for p in profiles}) < 2:
+        return None
+    try:
+        return fit_batches(profiles).trace_at(batch_size)
+    except BatchFitError as exc:
+        warnings.warn(f"remat: profiling at batch {batch_size}: the stored profiles at other batch sizes cannot be "
+                      f"lined up ({exc})", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def _batches_of(trace: Trace) -> str:
+    return ", ".join(str(b) for b in derived_batches(trace))
 
 
 def budget_report(request: ModelRequest, budget: BudgetSpec, progress: ProgressFn | None = None, *,
@@ -162,6 +191,95 @@ def _reason(exc: BaseException) -> str:
         return str(exc)
     first = (str(exc).splitlines() or [""])[0]
     return f"internal error ({type(exc).__name__}: {first})"
+
+
+DEFAULT_PROFILE_BATCHES = (2, 4)
+"""The batch sizes ``max-batch`` profiles (or finds stored) to derive every other one from: small, so that
+profiling never needs the memory whose limit is in question."""
+MAX_STEP_BACKS = 3
+"""Batches ``max-batch`` gives up, one at a time, when the measured step exceeds a limit the prediction met."""
+
+
+def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | None = None,
+              profile_batches: Sequence[int] = DEFAULT_PROFILE_BATCHES,
+              progress: ProgressFn | None = None) -> MaxBatchReport:
+    """The largest batch whose best plan fits ``memory``, derived from profiles at ``profile_batches`` (stored
+    ones reused, missing ones profiled and stored), verified by one measured training step at that batch.
+
+    Raises:
+        remat.client.budget_spec.BudgetError: a share of the peak (no peak to take it of), or ``fit`` off CUDA.
+        remat.client.planning.max_batch.MaxBatchError: not even batch 1 fits.
+    """
+    from dataclasses import replace as replaced
+
+    from remat.client.budget_spec import BudgetError
+    from remat.client.derived_trace import fit_batches
+    from remat.client.graph.built_model import build, fit_bytes_for
+    from remat.client.planning.max_batch import MaxBatchError, best_plan, largest_batch
+    from remat.worker import pipeline
+
+    say = progress or _silent
+    if memory.fraction is not None:
+        raise BudgetError(f"memory: {memory.text} is a share of a batch's peak; max-batch needs bytes (6GiB) or fit")
+    profiles = []
+    with open_store() as store:
+        for k, batch in enumerate(sorted(set(profile_batches))):
+            at_batch = replaced(request, batch_size=batch)
+            say(f"profile at batch {batch}", 0.3 * k / len(profile_batches))
+            built = build(at_batch)
+            stored = [t for t in store.batch_profiles(built.key, include_own=True)
+                      if t.metadata.get("batch_size") == batch]
+            if stored:
+                profiles.append(stored[0])
+                continue
+            trace = pipeline.profile(built)
+            store.save_trace(trace)
+            profiles.append(trace)
+            del built
+    fit = fit_batches(profiles)
+    smallest = min(fit.batches)
+    if memory.fit:
+        room = fit_bytes_for(replaced(request, batch_size=smallest))
+        if room is None:
+            raise BudgetError("memory: fit is the CUDA device's free memory; on the CPU give a byte limit (8GiB)")
+        base_input = fit.trace_at(smallest).input_bytes
+
+        def limit_at(batch: int) -> int:
+            return room + base_input - fit.trace_at(batch).input_bytes
+    else:
+        assert memory.bytes is not None
+
+        def limit_at(batch: int) -> int:
+            return memory.bytes  # type: ignore[return-value]
+
+    say("searching the batch size", 0.35)
+    answer = largest_batch(fit, limit_at, overhead=overhead)
+    batch, plan, trace = answer.batch_size, answer.plan, answer.trace
+    stepped_back = 0
+    while True:
+        say(f"measuring batch {batch} with {plan.algorithm}", 0.5)
+        at_batch = replaced(request, batch_size=batch)
+        built = build(at_batch)
+        measured = pipeline.validate(built, trace, [plan], timing_rounds=1, check_gradients=False)[plan.label]
+        del built
+        if measured.measured_peak_bytes is None or measured.measured_peak_bytes <= limit_at(batch):
+            break
+        if stepped_back == MAX_STEP_BACKS or batch == 1:
+            raise MaxBatchError(f"memory: batch {batch}'s step measured {measured.measured_peak_bytes} bytes, over "
+                                f"the {limit_at(batch)} its prediction ({plan.predicted_peak_bytes}) met, "
+                                f"{stepped_back} batches back from {answer.batch_size}; the profiles do not "
+                                f"predict this model's larger batches")
+        stepped_back += 1
+        batch -= 1
+        trace = fit.trace_at(batch)
+        plan = best_plan(trace, overhead)
+    say("done", 1.0)
+    return MaxBatchReport(request=replaced(request, batch_size=batch), batch_size=batch, plan=plan,
+                          limit_bytes=limit_at(batch), measured=measured,
+                          next_plan=answer.next_plan if not stepped_back else best_plan(fit.trace_at(batch + 1),
+                                                                                          overhead),
+                          next_limit_bytes=limit_at(batch + 1), profiled_batches=fit.batches,
+                          fit_summary=fit.describe(), stepped_back=stepped_back, overhead=overhead)
 
 
 def plan_zoo(requests: Iterable[ModelRequest], *, refresh: bool = False,

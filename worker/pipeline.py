@@ -16,6 +16,7 @@ Public API::
     graph_planned(built, trace, plan) -> Plan              # one graph plan so searched (as it is otherwise)
     validate(built, trace, plans, progress=None) -> dict[str, Measurement]
     run_built(built, progress=None) -> ProfileResult       # profile, plan with every planner, validate
+    run_derived(built, trace, progress=None) -> ProfileResult  # the same from a trace derived at its batch size
     run(request, progress=None) -> ProfileResult           # build, then run_built
     measure_algorithm(request, algorithm, progress=None) -> Measurement
 """
@@ -36,7 +37,7 @@ from remat.client.request import ModelRequest, ProgressFn
 from remat.client.trace import Trace
 
 __all__ = ["ProfileResult", "graph_planned", "measure_algorithm", "plans_for", "profile", "run", "run_built",
-           "validate"]
+           "run_derived", "validate"]
 
 TIMING_ROUNDS = 2
 
@@ -215,6 +216,29 @@ def run_built(built: BuiltModel, *, progress: ProgressFn | None = None, timing_r
                       frontier=trace.num_stages <= FRONTIER_MAX_STAGES)
     measured = [p for p in plans if not p.budget_bytes] + frontier_to_validate(plans)
     measurements = validate(built, trace, measured, progress=say, start=0.42, end=0.98, timing_rounds=timing_rounds,
+                            check_gradients=check_gradients)
+    measurements.update(_shared_measurements(plans, measurements))
+    say("done", 1.0)
+    return ProfileResult(request=built.request, key=built.key, trace=trace, plans=plans, measurements=measurements)
+
+
+def run_derived(built: BuiltModel, trace: Trace, *, progress: ProgressFn | None = None,
+                timing_rounds: int = TIMING_ROUNDS, check_gradients: bool = True) -> ProfileResult:
+    """:func:`run_built` for a trace derived at the built model's batch size (``remat.client.derived_trace``):
+    no profile runs; the model's op graph is cut for graph plans to run on (planned on the trace's graph as on
+    CUDA, without the graph predictor's search, which needs a graph profile), then every plan is validated by a
+    measured step as usual, which is what makes a derived plan an ordinary one."""
+    from remat.client.planning.plans import FRONTIER_MAX_STAGES, frontier_to_validate
+
+    say = progress or _silent
+    if built.request.mode == "train" and trace.graph is not None:
+        built.op_graph = _op_graph(built)
+    say("planning the derived trace", 0.1)
+    plans = plans_for(built, trace, frontier=trace.num_stages <= FRONTIER_MAX_STAGES)
+    if trace.graph is not None and built.op_graph is None:
+        plans = tuple(p for p in plans if not p.is_graph_plan)  # nothing here could run them
+    measured = [p for p in plans if not p.budget_bytes] + frontier_to_validate(plans)
+    measurements = validate(built, trace, measured, progress=say, start=0.15, end=0.98, timing_rounds=timing_rounds,
                             check_gradients=check_gradients)
     measurements.update(_shared_measurements(plans, measurements))
     say("done", 1.0)

@@ -1,0 +1,102 @@
+"""The largest batch whose best plan fits a memory limit, planned on traces derived at each batch size.
+
+The question users ask of activation checkpointing is not "how much does this plan save" but "what is the
+largest batch I can train here, and at what time cost". With a trace at any batch size
+(remat.client.derived_trace), the answer is a search over the batch: at each candidate, the plan of least
+predicted peak (``linear``, exact under the ``pytorch`` cost model) — or, with an overhead allowance, the
+least-peak plan of the time–memory frontier whose estimated recompute stays within it — either fits the limit
+or not. The predicted peak only grows with the batch (every stored byte count is non-decreasing in it, and a
+plan's peak is a maximum of sums of them), so an exponential search from the profiled batches, then a
+bisection, finds the boundary in O(log B) plannings.
+
+What "fits" means is the caller's: a byte limit on the activation peak (``--memory SIZE``, like every budget:
+remat.client.budget_spec), or a room that shrinks as the batch's own input grows (``fit`` on CUDA).
+
+Torch-free: a planning question. The measured step that verifies the answer is the heavy side's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from remat.client.derived_trace import BatchFit
+from remat.client.errors import PlanError
+from remat.client.plan import Plan
+from remat.client.planning.plans import STORED_COST_MODEL, frontier_plans, make_plan
+from remat.client.trace import Trace
+
+__all__ = ["MAX_BATCH", "BatchAnswer", "MaxBatchError", "best_plan", "largest_batch"]
+
+MAX_BATCH = 2**20
+"""The search's upper end: a million samples, past any device's memory for any model remat plans."""
+
+
+class MaxBatchError(PlanError):
+    """No batch fits (not even 1), or the limits make no sense; the message says which, with the figures."""
+
+
+@dataclass(frozen=True)
+class BatchAnswer:
+    """The largest batch that fits, with its plan, and the next batch's plan that does not."""
+
+    batch_size: int
+    plan: Plan
+    trace: Trace
+    next_plan: Plan | None
+    """The best plan at ``batch_size + 1``, predicted over the limit (None when the search hit MAX_BATCH)."""
+    limit_bytes: int
+    """The limit at ``batch_size`` (the room left for activations there)."""
+    next_limit_bytes: int | None
+    plannings: int
+    """How many batch sizes the search planned."""
+
+
+def best_plan(trace: Trace, overhead: float | None) -> Plan:
+    """The plan of least predicted peak (``linear``), or with ``overhead`` the least-peak frontier plan whose
+    estimated recompute is at most that share of the step (``linear`` when the trace has no times)."""
+    least = make_plan(trace, "linear", cost_model=STORED_COST_MODEL)
+    if overhead is None or not trace.has_times:
+        return least
+    within = [p for p in frontier_plans(trace)
+              if p.recompute_overhead is not None and p.recompute_overhead <= overhead]
+    return min(within, key=lambda p: p.predicted_peak_bytes) if within else make_plan(
+        trace, "none", cost_model=STORED_COST_MODEL)
+
+
+def largest_batch(fit: BatchFit, limit_at: Callable[[int], int], *, overhead: float | None = None,
+                  max_batch: int = MAX_BATCH) -> BatchAnswer:
+    """The largest batch size whose :func:`best_plan` is predicted within ``limit_at(batch)`` bytes.
+
+    Raises:
+        MaxBatchError: not even batch 1 fits (naming its peak and the limit).
+    """
+    memo: dict[int, Plan] = {}
+
+    def plan_at(batch: int) -> Plan:
+        if batch not in memo:
+            memo[batch] = best_plan(fit.trace_at(batch), overhead)
+        return memo[batch]
+
+    def fits(batch: int) -> bool:
+        return plan_at(batch).predicted_peak_bytes <= limit_at(batch)
+
+    if not fits(1):
+        one = plan_at(1)
+        raise MaxBatchError(f"memory: not even batch 1 fits: its best plan ({one.algorithm}) needs "
+                            f"{one.predicted_peak_bytes} bytes of activations, {limit_at(1)} are available")
+    low = 1  # fits
+    high = max(fit.batches)
+    while high <= max_batch and fits(high):
+        low, high = high, high * 2
+    high = min(high, max_batch + 1)  # the first batch known not to fit, or one past the search's end
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    over = low + 1 if low < max_batch else None
+    return BatchAnswer(batch_size=low, plan=plan_at(low), trace=fit.trace_at(low),
+                       next_plan=plan_at(over) if over is not None else None, limit_bytes=limit_at(low),
+                       next_limit_bytes=limit_at(over) if over is not None else None, plannings=len(memo))
