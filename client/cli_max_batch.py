@@ -74,6 +74,7 @@ def max_batch_command(model: str, batch_size: int | None, input_shape: str | Non
     """
     from remat.client.budget_spec import BudgetError, parse_budget
     from remat.client.local_planner import local_planner
+    from remat.client.planning.max_batch import MaxBatchError
 
     if batch_size is not None:
         fail_input("--batch-size: max-batch finds the batch size; --profile-batches sets the ones it profiles")
@@ -91,7 +92,7 @@ def max_batch_command(model: str, batch_size: int | None, input_shape: str | Non
     try:
         report = run_with_progress(lambda progress: local_planner().max_batch(
             request, memory, overhead=overhead, profile_batches=batches, progress=progress), as_json)
-    except BudgetError as exc:
+    except (BudgetError, MaxBatchError) as exc:
         fail_input(f"--memory: {str(exc).removeprefix('memory: ').removeprefix('budget: ')}")
     if as_json:
         emit_json(report.to_dict())

@@ -1,0 +1,64 @@
+"""remat.client.planning.max_batch against brute force: the largest batch whose best plan fits, found by planning
+every batch size from 1 up on the ground-truth trace at that batch (not on a derived one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remat.client.derived_trace import fit_batches
+from remat.client.planning.max_batch import MaxBatchError, best_plan, largest_batch
+from tests.client.test_derived_trace import lines, profile
+
+stage_specs = st.lists(st.fixed_dictionaries({
+    "output_bytes": lines, "saved_bytes": lines, "forward_peak_bytes": lines,
+    "levels": st.fixed_dictionaries({"backward_peak_bytes": st.lists(lines, min_size=1, max_size=4)}),
+}), min_size=2, max_size=6)
+
+
+def brute_force(specs: list[dict[str, Any]], limit: int, overhead: float | None, top: int) -> int:
+    """The largest batch in 1..top whose best plan on the true trace fits (0: none)."""
+    return max((b for b in range(1, top + 1) if best_plan(profile(b, specs), overhead).predicted_peak_bytes <= limit),
+               default=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(stage_specs, st.integers(2**22, 2**32), st.sampled_from([None, 0.0, 0.25, 1.0]))
+def test_the_search_finds_the_largest_batch_brute_force_finds(specs: list[dict[str, Any]], limit: int,
+                                                               overhead: float | None) -> None:
+    fit = fit_batches([profile(2, specs), profile(4, specs)])
+    try:
+        answer = largest_batch(fit, lambda b: limit, overhead=overhead, max_batch=300)
+    except MaxBatchError:
+        assert brute_force(specs, limit, overhead, 1) == 0
+        return
+    assert answer.batch_size == brute_force(specs, limit, overhead, 301) or answer.batch_size == 300
+    assert answer.plan.predicted_peak_bytes <= limit
+    if answer.batch_size < 300:
+        assert answer.next_plan is not None and answer.next_plan.predicted_peak_bytes > limit
+    assert answer.plannings <= 2 * 300 .bit_length() + 2
+
+
+def test_a_limit_that_shrinks_with_the_batch_is_honoured() -> None:
+    specs = [{"output_bytes": (0, 1000), "saved_bytes": (0, 1000)}, {"output_bytes": (0, 1000), "saved_bytes": (0, 0)}]
+    fit = fit_batches([profile(2, specs), profile(4, specs)])
+    room = 10**6
+
+    def limit_at(batch: int) -> int:
+        return room - fit.trace_at(batch).input_bytes  # the batch itself takes room
+
+    answer = largest_batch(fit, limit_at)
+    assert answer.plan.predicted_peak_bytes <= limit_at(answer.batch_size)
+    assert answer.next_plan is not None
+    assert answer.next_plan.predicted_peak_bytes > limit_at(answer.batch_size + 1)
+
+
+def test_nothing_fits_is_an_error_naming_the_figures() -> None:
+    specs = [{"output_bytes": (10**6, 10), "saved_bytes": (10**6, 10)}, {"output_bytes": (0, 10), "saved_bytes": (0, 0)}]
+    fit = fit_batches([profile(2, specs), profile(4, specs)])
+    with pytest.raises(MaxBatchError, match=r"^memory: not even batch 1 fits: its best plan \(linear\) needs \d+ "
+                                            r"bytes of activations, 1000 are available"):
+        largest_batch(fit, lambda b: 1000)
