@@ -25,7 +25,8 @@ How each value is carried over (every leaf of the trace's JSON, extras included)
   profile; a difference is refused, naming the field, since the profiles then do not describe one model.
 
 A derived trace records where it came from under ``derived_from``: each profile's batch size and content
-hash. Calls of several inputs (``inputs``) carry their batch inside the signature and are refused for now.
+hash. A call of several inputs carries its batch inside its signature (``inputs``): a number there that is
+each profile's batch size follows the batch, every other one must be the same in every profile.
 
 Torch-free: the service derives traces for ``GET /v1/plans/{hash}?batch_size=B`` without loading torch.
 """
@@ -33,6 +34,7 @@ Torch-free: the service derives traces for ``GET /v1/plans/{hash}?batch_size=B``
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -97,9 +99,6 @@ def _batch(trace: Trace) -> int:
     shape = trace.metadata.get("input_shape")
     if not shape:
         raise BatchFitError("input_shape: a profile without an input shape has no batch size to fit")
-    if trace.metadata.get("inputs"):
-        raise BatchFitError("inputs: traces of calls of several inputs carry their batch size inside the call's "
-                            "signature; deriving them at other batch sizes is not supported yet")
     batch = trace.metadata.get("batch_size", shape[0])
     if batch != shape[0]:
         raise BatchFitError(f"batch_size: {batch} is not input_shape's first dimension {shape[0]}")
@@ -125,6 +124,8 @@ class BatchFit:
             return self.profiles[self.batches.index(batch_size)]
         trees, _ = _aligned(self.profiles)
         derived = _carry(trees, self.batches, batch_size, ())
+        if isinstance(derived.get("inputs"), dict):
+            derived["inputs"] = _joined(derived["inputs"], batch_size)
         for stage in derived["stages"]:
             for name, levels in stage.get(LEVELS, {}).items():
                 stage[name] = max(0, max(levels))  # the peak is the highest of its levels (NOTE [ peak levels ])
@@ -145,11 +146,34 @@ class BatchFit:
 
 
 def _fitted_part(trace: Trace) -> dict[str, Any]:
-    """A profile's JSON less what is set rather than fitted (the batch) or not carried over (provenance)."""
+    """A profile's JSON less what is set rather than fitted (the batch) or not carried over (provenance), with
+    a call's signature split into its text and its numbers: those equal to the batch size follow it (a tensor's
+    batch dimension), the others must be equal (sequence lengths, constants)."""
     tree = trace.to_dict()
     for name in _BATCH_FIELDS + _UNTOUCHED_METADATA:
         tree.pop(name, None)
+    if tree.get("inputs"):
+        pieces = _NUMBER.split(tree["inputs"])
+        batch = _batch(trace)
+        tree["inputs"] = {"text": pieces[0::2],
+                          "numbers": [_BATCH if int(n) == batch else n for n in pieces[1::2]]}  # text: not fitted
     return tree
+
+
+_BATCH = "<batch>"
+"""A number of a call's signature that is the profile's batch size (a tensor's batch dimension): set to the
+derived batch, like ``input_shape``'s first dimension; every other number must be the same in every profile."""
+
+
+_NUMBER = re.compile(r"(?<![\w.'])(\d+)(?![\w.'])")
+"""Integers of a call's signature (``input_ids: int64[2, 256]; use_cache=False``): shapes and integer
+constants, not digits inside names (``int64``) or strings."""
+
+
+def _joined(inputs: dict[str, Any], batch: int) -> str:
+    text, numbers = inputs["text"], [batch if n == _BATCH else n for n in inputs["numbers"]]
+    return "".join(t + (str(n) if k < len(numbers) else "") for k, (t, n) in
+                   enumerate(zip(text, [*numbers, None], strict=True)))
 
 
 def fit_batches(profiles: Sequence[Trace]) -> BatchFit:

@@ -123,7 +123,7 @@ def test_a_derived_trace_says_where_it_came_from_and_plans_like_any_trace() -> N
      "stages[0].name: differs between the profiles (2: 's0', 4: 'x')"),
     (lambda t: {**t, "stages": [{**t["stages"][0], "saves_input": True}, t["stages"][1]]},
      "stages[0].saves_input: present in some profiles only"),
-    (lambda t: {**t, "inputs": "input_ids:int64[4,16]"}, "inputs: traces of calls of several inputs"),
+    (lambda t: {**t, "inputs": "input_ids: int64[4, 16]"}, "inputs: present in some profiles only"),
     (lambda t: {**t, "input_shape": [2, *SAMPLE], "batch_size": 2}, "batch_size: fitting needs profiles at two"),
 ])
 def test_profiles_that_differ_in_more_than_the_batch_are_refused(change: Any, message: str) -> None:
@@ -156,3 +156,17 @@ def test_byte_counts_round_up() -> None:
                        profile(5, [{"output_bytes": (0, 3), "saved_bytes": (2, 0)}])])
     assert fit.trace_at(3).stages[0].saved_bytes == math.ceil(1 + 1 / 3)
     assert fit.trace_at(1).stages[0].saved_bytes == 1  # 2/3, rounded up
+
+
+def test_a_call_of_several_inputs_has_its_batch_dimensions_carried_in_its_signature() -> None:
+    specs = [{"output_bytes": (0, 10), "saved_bytes": (0, 10)}]
+
+    def call(batch: int) -> str:
+        return f"input_ids: int64[{batch}, 256]; labels: int64[{batch}, 256]; max_new=12; use_cache=False"
+
+    fit = fit_batches([profile(b, specs, inputs=call(b)) for b in (2, 4)])
+    assert fit.trace_at(32).metadata["inputs"] == call(32)
+    with pytest.raises(BatchFitError, match=r"^inputs\.numbers\[1\]: differs between the profiles"):
+        fit_batches([profile(2, specs, inputs=call(2)),
+                     profile(4, specs, inputs=call(4).replace("256]; labels", "128]; labels"))])
+
