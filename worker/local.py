@@ -343,9 +343,17 @@ def plan_held_model(built: BuiltModel, algorithm: str, progress: ProgressFn | No
     from remat.worker import pipeline
 
     say = progress or _silent
-    say(f"profiling {built.chain.num_stages} stages", 0.1)
-    trace = pipeline.profile(built)
+    trace = _derived_from_store(built)
+    if trace is not None:  # a batch size never profiled, of a model profiled at two others: no profile runs
+        say(f"deriving from profiles at batch {_batches_of(trace)}", 0.1)
+        if built.request.mode == "train" and trace.graph is not None:
+            built.op_graph = pipeline.op_graph(built)
+    else:
+        say(f"profiling {built.chain.num_stages} stages", 0.1)
+        trace = pipeline.profile(built)
     plans = pipeline.plans_for(built, trace, frontier=trace.num_stages <= FRONTIER_MAX_STAGES or budget is not None)
+    if trace.graph is not None and built.op_graph is None:
+        plans = tuple(p for p in plans if not p.is_graph_plan)
     infeasible = None
     chosen: Plan | None
     if budget is not None:
@@ -362,6 +370,17 @@ def plan_held_model(built: BuiltModel, algorithm: str, progress: ProgressFn | No
     if infeasible is not None:
         raise infeasible
     return result, chosen
+
+
+def _derived_from_store(built: BuiltModel) -> Trace | None:
+    """The trace at the built model's batch size derived from profiles the local store holds at two or more
+    other batch sizes; None without a store, or without such profiles."""
+    try:
+        from remat.service.store import PlanStore
+    except ImportError:
+        return None  # a machine with torch alone (a GPU image) has no store
+    with PlanStore() as store:
+        return derive_trace(store.batch_profiles(built.key), built.key.input_shape[0])
 
 
 def _keep_locally(result: ProfileResult) -> None:

@@ -58,7 +58,7 @@ def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
                               model_hash=built.key.model_hash, precision=request.dtype,
                               timing_repeats=timing_repeats)
         if request.mode == "train":
-            built.op_graph = _op_graph(built)
+            built.op_graph = op_graph(built)
         if built.op_graph is not None and request.device == "cpu" and not autocast_dtype(request.dtype):
             from remat.worker.graph_profile import profile_graph
 
@@ -71,7 +71,7 @@ def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
     return replace(trace, graph=built.op_graph.to_trace_graph())
 
 
-def _op_graph(built: BuiltModel) -> Any:
+def op_graph(built: BuiltModel) -> Any:
     """The op graph from the chain's own trace, its sizes probed in the request's precision; None when the
     model has none (one source, one sink, a tensor input: the chain's rules)."""
     from remat.client.graph.op_graph import build_op_graph
@@ -232,7 +232,7 @@ def run_derived(built: BuiltModel, trace: Trace, *, progress: ProgressFn | None 
 
     say = progress or _silent
     if built.request.mode == "train" and trace.graph is not None:
-        built.op_graph = _op_graph(built)
+        built.op_graph = op_graph(built)
     say("planning the derived trace", 0.1)
     plans = plans_for(built, trace, frontier=trace.num_stages <= FRONTIER_MAX_STAGES)
     if trace.graph is not None and built.op_graph is None:

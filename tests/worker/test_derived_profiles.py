@@ -166,3 +166,43 @@ def test_max_batch_refuses_bad_input_in_one_line(tmp_path: Path, monkeypatch: py
     assert code == 2, (out, err)
     assert err.startswith(f"remat-client: error: {message}"), err
     assert err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_checkpoint_at_a_batch_never_profiled_runs_no_profile_and_trains_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """remat.client.checkpoint at batch 16 of a model profiled at 2 and 4: derived, no profiler run, and the
+    model trains bit-equal to the unmodified one."""
+    import remat.client
+    from remat.client.apply_plan import applied_plan
+    from remat.client.local_plans import LocalPlanCache
+    from remat.client.plan_lookup import build_held_model
+    from tests.utils.user_model import user_model
+
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'local.sqlite'}")
+    monkeypatch.setenv("REMAT_PLAN_CACHE_DIR", str(tmp_path / "plans"))
+    for name in ("REMAT_SERVER", "REMAT_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with PlanStore() as store:  # what checkpoint() keeps after profiling at batch 2 and 4
+        for batch in (2, 4):
+            built = build_held_model(user_model(depth=3), torch.randn(batch, 3, 16, 16), grads="none",
+                                     dtype="float32", cache=LocalPlanCache())
+            store.save_trace(pipeline.profile(built))
+
+    def no_profile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled a batch size the stored profiles answer")
+
+    monkeypatch.setattr(pipeline, "profile", no_profile)
+    torch.manual_seed(1)
+    x, target = torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))
+    reference, planned = user_model(depth=3), remat.client.checkpoint(user_model(depth=3), x)
+    applied = applied_plan(planned)
+    assert applied is not None and applied.checkpoints  # a real plan, not none
+    losses = []
+    for model in (reference, planned):
+        torch.manual_seed(2)
+        loss = nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        losses.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(losses[0][0], losses[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(losses[0][1], losses[1][1], strict=True))
