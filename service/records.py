@@ -58,11 +58,15 @@ class TraceInfo:
     torch_version: str | None
     batch_size: int | None
     created_at: datetime
+    derived_from: tuple[int, ...] = ()
+    """The batch sizes of the profiles the trace was derived from (remat.client.derived_trace); empty for a
+    profile."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace_id": self.trace_id, "content_sha256": self.content_sha256, "model": self.model,
                 "device_name": self.device_name, "torch_version": self.torch_version,
-                "batch_size": self.batch_size, "created_at": _iso(self.created_at)}
+                "batch_size": self.batch_size, "derived_from": list(self.derived_from),
+                "created_at": _iso(self.created_at)}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -77,9 +81,14 @@ class PlanRecord:
     created_at: datetime
     updated_at: datetime
 
+    @property
+    def derived(self) -> bool:
+        """A plan of a derived trace that no measured step has validated yet (then it is an ordinary plan)."""
+        return bool(self.trace.derived_from) and not self.measurements
+
     def to_dict(self) -> dict[str, Any]:
         return {"plan_id": self.plan_id, "key": self.key.to_dict(), "plan": self.plan.to_dict(),
-                "trace": self.trace.to_dict(),
+                "trace": self.trace.to_dict(), "derived": self.derived,
                 # Timelines are served apart (GET /v1/plans/{hash}/timeline): a plan fetch stays small.
                 "measurements": [m.to_dict(timelines=False) for m in self.measurements],
                 "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at)}

@@ -172,8 +172,9 @@ def batch_profiles(*, session: Session, key: PlanKey, include_own: bool = False)
     from (remat.client.derived_trace), the newest per batch size, at most MAX_BATCH_PROFILES of them; with
     ``include_own``, its own batch size's profile too.
 
-    Same architecture, call, precision, mode, gradient convention, device class and torch major.minor; an input
-    shape that differs in its first dimension only; no trace that was itself derived.
+    Same architecture, call, precision, mode, gradient convention, device class and torch major.minor (any, for
+    a key whose torch version is ``unknown``); an input shape that differs in its first dimension only; no trace
+    that was itself derived.
     """
     arch = session.execute(select(Architecture.id).where(Architecture.hash == key.model_hash)).scalar_one_or_none()
     if arch is None or not key.input_shape:
@@ -188,7 +189,7 @@ def batch_profiles(*, session: Session, key: PlanKey, include_own: bool = False)
     for trace_id, shape, version, metadata in rows:
         batch, _, rest = shape.partition(",")
         if (rest != sample or (batch == str(key.input_shape[0]) and not include_own) or batch in chosen
-                or _major_minor(version) != key.torch_version or (metadata or {}).get(DERIVED_FROM)):
+                or key.torch_version not in (UNKNOWN, _major_minor(version)) or (metadata or {}).get(DERIVED_FROM)):
             continue
         chosen[batch] = trace_id
         if len(chosen) == MAX_BATCH_PROFILES:
@@ -326,6 +327,8 @@ def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
             trace=TraceInfo(trace_id=trace.id, content_sha256=trace.content_sha256, model=arch.name,
                             device_name=trace.device_name, torch_version=trace.torch_version,
                             batch_size=(trace.trace_metadata or {}).get("batch_size"),
+                            derived_from=tuple(int(p["batch_size"])
+                                               for p in (trace.trace_metadata or {}).get(DERIVED_FROM) or ()),
                             created_at=trace.created_at)))
     return out
 

@@ -150,6 +150,8 @@ class TraceInfoOut(BaseModel):
     torch_version: str | None
     batch_size: int | None
     created_at: datetime
+    derived_from: list[int] = []
+    """Batch sizes of the profiles this trace was derived from (empty: a profile); see ``derived``."""
 
 
 class StepTimeline(BaseModel):
@@ -186,6 +188,9 @@ class PlanRecordOut(BaseModel):
     key: PlanKeyOut
     plan: PlanOut
     trace: TraceInfoOut
+    derived: bool = False
+    """Planned on a trace derived at this batch size from profiles at others, and not yet validated by a
+    measured step: its prediction is as good as the fit (docs/service.md, "Any batch size")."""
     measurements: list[MeasurementOut]
     created_at: datetime
     updated_at: datetime

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 from remat.client.plan import BUDGET_ALGORITHM
 from remat.client.plan_key import PlanKey, normalize_device, normalize_dtype
@@ -16,6 +18,7 @@ from remat.client.planning.planners import DEFAULT_PLANNER, PLANNERS
 from remat.service import repository
 from remat.service.api.deps import OPTIONAL_AUTH, READ_RESPONSES, StateDep, require_reader
 from remat.service.api.service_route import ServiceRoute
+from remat.service.derived_plans import store_derived
 from remat.service.keys import (
     DEVICE_PATTERN,
     DTYPE_PATTERN,
@@ -74,6 +77,7 @@ def read_plan(
     key: KeyDep,
     algorithm: Algorithm = DEFAULT_PLANNER,
     budget: Annotated[int | None, Query(ge=1, le=MAX_FIELD_BYTES, description="Bytes; omit for min peak.")] = None,
+    batch_size: BatchSizeQuery = None,
 ) -> Response:
     """The plan for one key, algorithm and budget, with its prediction, provenance and measurements.
 
@@ -81,15 +85,21 @@ def read_plan(
     cache. ``algorithm=budget&budget=BYTES``: the fastest plan whose predicted peak fits, picked from the
     key's stored Pareto frontier (its ``budget_bytes`` is its own peak, the tightest budget it answers);
     read from the database every time, as any write to the frontier changes which budgets it answers.
+
+    A key never profiled whose architecture is stored at two or more other batch sizes (same call, precision
+    and conventions) is answered from a trace derived at its batch size, stored with its plans on the first
+    read; such a plan says ``derived: true`` until a measured step of it is stored. ``batch_size`` replaces
+    ``input_shape``'s first dimension.
     """
+    key = _at_batch(key, batch_size)
     if algorithm == BUDGET_ALGORITHM:
         return _read_budget_plan(state, key, budget)
     name = state.cache.key_name(key, algorithm, budget)
     cached = state.cache.get(name)
     if cached is not None:
         return Response(content=cached, media_type=JSON_MEDIA, headers={"X-Remat-Cache": "hit"})
-    with state.db.read_session() as session:
-        record = repository.get_plan(session=session, key=key, algorithm=algorithm, budget_bytes=budget)
+    record = _read_or_derive(state, lambda session: repository.get_plan(
+        session=session, key=key, algorithm=algorithm, budget_bytes=budget), key)
     if record is None:
         budget_text = f"budget {budget} bytes" if budget else "no budget"
         raise HTTPException(
@@ -102,10 +112,37 @@ def read_plan(
     return Response(content=body, media_type=JSON_MEDIA, headers={"X-Remat-Cache": "miss"})
 
 
+BatchSizeQuery = Annotated[int | None, Query(ge=1, le=2**31 - 1, description="The batch size: replaces "
+                                            "input_shape's first dimension (a plan for any batch size; see read_plan)")]
+
+
+def _at_batch(key: PlanKey, batch_size: int | None) -> PlanKey:
+    if batch_size is None:
+        return key
+    if not key.input_shape:
+        raise HTTPException(422, detail="batch_size: needs input_shape (its first dimension is the batch)")
+    return dataclasses.replace(key, input_shape=(batch_size, *key.input_shape[1:]))
+
+
+def _read_or_derive(state: StateDep, read: Callable[[Session], Any], key: PlanKey) -> Any:
+    """``read`` in a read session; on a miss, the key's trace derived from its profiles at other batch sizes
+    and stored with its plans (service/derived_plans.py), then ``read`` again."""
+    with state.db.read_session() as session:
+        found = read(session)
+    if found or not store_derived(state.db, state.settings, key):
+        return found
+    with state.db.read_session() as session:
+        return read(session)
+
+
 def _read_budget_plan(state: StateDep, key: PlanKey, budget: int | None) -> Response:
     if budget is None:
         raise HTTPException(422,
                             detail="budget: required with algorithm=budget (bytes of activation memory)")
+    with state.db.read_session() as session:
+        found = repository.find_frontier(session=session, key=key)
+    if not found:
+        store_derived(state.db, state.settings, key)
     with state.db.read_session() as session:
         record, smallest = repository.pick_budget_plan(session=session, key=key, budget_bytes=budget)
     if smallest is None:
@@ -123,11 +160,12 @@ def _read_budget_plan(state: StateDep, key: PlanKey, budget: int | None) -> Resp
             responses={404: {"model": ErrorOut, "description": "No frontier is stored for this key."},
                        **READ_RESPONSES},
             openapi_extra=OPTIONAL_AUTH)
-def read_frontier(state: StateDep, key: KeyDep) -> Response:
+def read_frontier(state: StateDep, key: KeyDep, batch_size: BatchSizeQuery = None) -> Response:
     """Every plan not dominated in (predicted peak, estimated recompute time), tightest peak first, with the
-    measurements of those a validation step ran: the key's time–memory curve."""
-    with state.db.read_session() as session:
-        points = repository.find_frontier(session=session, key=key)
+    measurements of those a validation step ran: the key's time–memory curve (derived at a batch size never
+    profiled, as ``read_plan`` says)."""
+    key = _at_batch(key, batch_size)
+    points = _read_or_derive(state, lambda session: repository.find_frontier(session=session, key=key), key)
     if not points:
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             detail=f"model_hash: no frontier is stored for {key.model_hash} with input_shape "

@@ -1,0 +1,69 @@
+"""``GET /v1/plans/{hash}`` at a batch size never profiled: answered from a trace derived from the key's stored
+profiles at two other batch sizes (service/derived_plans.py), marked derived until a measured step is stored.
+The oracle is the plan of the synthetic ground-truth trace at that batch, planned here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from remat.client.planning.plans import make_plan
+from tests.client.test_derived_trace import profile
+from tests.service.factories import AUTH
+
+SPECS: list[dict[str, Any]] = [
+    {"output_bytes": (0, 4096 * (i + 1)), "saved_bytes": (512, 2048),
+     "levels": {"backward_peak_bytes": [(2**20, 0), (0, 8192 * (i + 1))]}} for i in range(6)]
+
+
+def _upload(client: TestClient, batch: int, **meta: Any) -> dict[str, Any]:
+    response = client.post("/v1/traces", content=profile(batch, SPECS, **meta).to_json(),
+                           headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 201, response.text
+    return response.json()["key"]
+
+
+def _query(batch: int, **extra: Any) -> dict[str, Any]:
+    return {"input_shape": f"{batch},3,8,8", "dtype": "float32", "grads": "kept", "device": "cpu", **extra}
+
+
+def test_a_batch_never_profiled_is_planned_from_two_stored_profiles(client: TestClient) -> None:
+    _upload(client, 2)
+    _upload(client, 4)
+    response = client.get("/v1/plans/h", params=_query(256))
+    assert response.status_code == 200, response.text
+    record = response.json()
+    truth = make_plan(profile(256, SPECS), "linear", cost_model="pytorch")
+    assert record["plan"]["predicted_peak_bytes"] == truth.predicted_peak_bytes
+    assert record["plan"]["checkpoints"] == list(truth.checkpoints)
+    assert record["derived"] is True and record["trace"]["derived_from"] == [2, 4]
+    assert record["trace"]["batch_size"] == 256 and record["key"]["input_shape"] == [256, 3, 8, 8]
+    # batch_size replaces input_shape's first dimension; the frontier and budget reads derive too.
+    again = client.get("/v1/plans/h", params=_query(2, batch_size=256))
+    assert again.status_code == 200 and again.json()["plan_id"] == record["plan_id"]
+    frontier = client.get("/v1/plans/h/frontier", params=_query(2, batch_size=64))
+    assert frontier.status_code == 200 and frontier.json()["key"]["input_shape"] == [64, 3, 8, 8]
+    budget = client.get("/v1/plans/h", params=_query(128, algorithm="budget", budget=10**9))
+    assert budget.status_code == 200 and budget.json()["derived"] is True
+
+
+def test_a_measured_step_makes_a_derived_plan_an_ordinary_one(client: TestClient) -> None:
+    _upload(client, 2)
+    _upload(client, 4)
+    record = client.get("/v1/plans/h", params=_query(16)).json()
+    measured = client.post("/v1/measurements", headers=AUTH, json={
+        "key": record["key"], "algorithm": "linear", "measured_peak_bytes": record["plan"]["predicted_peak_bytes"]})
+    assert measured.status_code == 201, measured.text
+    after = client.get("/v1/plans/h", params=_query(16)).json()
+    assert after["derived"] is False and after["trace"]["derived_from"] == [2, 4]
+
+
+def test_one_profile_or_profiles_that_differ_answer_nothing(client: TestClient) -> None:
+    _upload(client, 2)
+    assert client.get("/v1/plans/h", params=_query(16)).status_code == 404
+    _upload(client, 4, dtype="bfloat16")  # another key: not a profile of this one
+    assert client.get("/v1/plans/h", params=_query(16)).status_code == 404
+    _upload(client, 8, model="renamed")  # same key, but the profiles disagree on more than the batch
+    assert client.get("/v1/plans/h", params=_query(16)).status_code == 404
+    assert client.get("/v1/plans/h", params={"batch_size": 4}).status_code == 422  # no input_shape to take it
