@@ -45,8 +45,8 @@ from remat.client.errors import PlanError
 from remat.client.plan_key import content_sha256
 from remat.client.trace import OPTIONAL_STAGE_BYTES, Trace, parse_trace
 
-__all__ = ["DERIVED_FROM", "LEVELS", "BatchFit", "BatchFitError", "NotAffine", "derived_batches", "fit_batches",
-           "is_derived"]
+__all__ = ["DERIVED_FROM", "LEVELS", "BatchFit", "BatchFitError", "NotAffine", "derive_at", "derived_batches",
+           "fit_batches", "is_derived"]
 
 LEVELS = "peak_levels"
 """A profiled stage's per-op levels of each peak field (worker/profilers/common.py, NOTE [ peak levels ]): each
@@ -143,6 +143,18 @@ class BatchFit:
                 return f"{head}: every field fitted by the line through them (two points cannot show curvature)"
             return f"{head}: every field exactly affine in the batch size"
         return f"{head}: {len(self.not_affine)} fields not affine: " + "; ".join(f.describe() for f in self.not_affine)
+
+
+def derive_at(profiles: Sequence[Trace], batch_size: int) -> Trace | None:
+    """The trace at ``batch_size`` from stored profiles of one key at other batch sizes (a plan store's
+    ``batch_profiles``); None with fewer than two batch sizes among them.
+
+    Raises:
+        BatchFitError: the profiles do not line up (:func:`fit_batches`).
+    """
+    if len({p.metadata.get("batch_size") for p in profiles}) < 2:
+        return None
+    return fit_batches(profiles).trace_at(batch_size)
 
 
 def _fitted_part(trace: Trace) -> dict[str, Any]:

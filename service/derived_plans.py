@@ -14,7 +14,7 @@ traces of the key.
 
 from __future__ import annotations
 
-from remat.client.derived_trace import BatchFitError, fit_batches
+from remat.client.derived_trace import BatchFitError, derive_at
 from remat.client.plan import BUDGET_ALGORITHM
 from remat.client.plan_key import PlanKey
 from remat.client.trace import Trace
@@ -32,10 +32,8 @@ def derive_trace(db: Database, key: PlanKey) -> Trace | None:
         return None
     with db.read_session() as session:
         profiles = repository.batch_profiles(session=session, key=key)
-    if len({p.metadata.get("batch_size") for p in profiles}) < 2:
-        return None
     try:
-        return fit_batches(profiles).trace_at(key.input_shape[0])
+        return derive_at(profiles, key.input_shape[0])
     except BatchFitError:
         return None  # profiles that do not line up answer nothing; the read stays a 404
 

@@ -91,13 +91,12 @@ def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None, 
 
 def derive_trace(profiles: Sequence[Trace], batch_size: int) -> Trace | None:
     """The trace at ``batch_size`` derived from stored profiles at two or more other batch sizes; None when
-    there are fewer, or they do not line up (then the model is profiled at ``batch_size`` instead)."""
-    from remat.client.derived_trace import BatchFitError, fit_batches
+    there are fewer, or they do not line up (then the model is profiled at ``batch_size`` instead, with a
+    warning saying why)."""
+    from remat.client.derived_trace import BatchFitError, derive_at
 
-    if len({p.metadata.get("batch_size") for p in profiles}) < 2:
-        return None
     try:
-        return fit_batches(profiles).trace_at(batch_size)
+        return derive_at(profiles, batch_size)
     except BatchFitError as exc:
         warnings.warn(f"remat: profiling at batch {batch_size}: the stored profiles at other batch sizes cannot be "
                       f"lined up ({exc})", RuntimeWarning, stacklevel=2)

@@ -256,6 +256,7 @@ def profile_model(task: Task, job_id: str) -> str:
         return claim.outcome
     from remat.client.graph.built_model import build
     from remat.worker import pipeline
+    from remat.worker.local import derive_trace
 
     with Heartbeat(store, job_id, owner, settings.job_lease_s) as beat:
         refresh = bool(claim.job.request.get("refresh"))  # a zoo run's --refresh: profile even if stored
@@ -277,7 +278,13 @@ def profile_model(task: Task, job_id: str) -> str:
             beat.plan_key(built.key)  # recorded on the job at once: seconds in, before minutes of profiling
             existing = None if refresh else store.complete_plans(built.key)
             if existing is None:
-                result = pipeline.run_built(built, progress=beat.progress)
+                # A new batch size of an architecture stored at two others: derived, planned and validated by
+                # measured steps, without a profile (remat.client.derived_trace).
+                derived = None if refresh else derive_trace(store.batch_profiles(built.key), built.key.input_shape[0])
+                if derived is not None:
+                    result = pipeline.run_derived(built, derived, progress=beat.progress)
+                else:
+                    result = pipeline.run_built(built, progress=beat.progress)
         except LeaseLost:
             return "lease lost"
         except DatabaseUnreachable:

@@ -179,3 +179,29 @@ def test_a_database_error_at_the_final_write_retries_the_write_alone(settings: S
     assert _rows(settings) == (0, 0)
     with tasks.plan_store(settings).db.write_session() as session:  # finished: no reaper sends it again
         assert jobs.reap_jobs(session=session, requeue_after_s=0, pending_after_s=0) == []
+
+
+@pytest.mark.slow
+def test_a_job_for_a_new_batch_of_a_stored_architecture_derives_instead_of_profiling(
+        settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from remat.client.derived_trace import derived_batches
+    from remat.client.graph.built_model import build
+
+    def request(batch: int) -> ModelRequest:
+        return ModelRequest(spec="resnet18", batch_size=batch, sample_shape=(3, 8, 8), device="cpu")
+
+    store = tasks.plan_store(settings)
+    for batch in (2, 4):  # two stored profiles, as earlier jobs leave them
+        store.save_trace(pipeline.profile(build(request(batch))))
+
+    def no_profile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled a batch size two stored profiles answer")
+
+    monkeypatch.setattr(pipeline, "profile", no_profile)
+    job_id = _submit(settings, request(6))
+    assert tasks.profile_model(_task(settings), job_id) == "succeeded"
+    job = _job(settings, job_id)
+    trace = store.load_trace(job.result["trace_id"])
+    assert trace is not None and derived_batches(trace) == (2, 4) and trace.metadata["batch_size"] == 6
+    measured = [e for e in job.result["plans"] if e.get("measurement")]
+    assert measured and all(e["measurement"]["measured_peak_bytes"] is not None for e in measured)

@@ -57,7 +57,8 @@ def test_a_limit_that_shrinks_with_the_batch_is_honoured() -> None:
 
 
 def test_nothing_fits_is_an_error_naming_the_figures() -> None:
-    specs = [{"output_bytes": (10**6, 10), "saved_bytes": (10**6, 10)}, {"output_bytes": (0, 10), "saved_bytes": (0, 0)}]
+    specs = [{"output_bytes": (10**6, 10), "saved_bytes": (10**6, 10)},
+             {"output_bytes": (0, 10), "saved_bytes": (0, 0)}]
     fit = fit_batches([profile(2, specs), profile(4, specs)])
     with pytest.raises(MaxBatchError, match=r"^memory: not even batch 1 fits: its best plan \(linear\) needs \d+ "
                                             r"bytes of activations, 1000 are available"):
