@@ -1,0 +1,156 @@
+"""Plans for any batch size from two small profiles (issue 27), measured.
+
+For each model: profile at ``--from`` batch sizes (2 and 4), derive the trace at each ``--at`` batch size
+(remat.client.derived_trace), and compare it field by field with a real profile at that batch (every stage
+field, peak level and graph vertex; times excluded). Then measure a training step at each ``--at`` batch
+with the derived trace's plans (none, linear, chen-sqrt, uniform, the frontier's middle point) and report the
+largest prediction error. With ``--max-batch BYTES``, also: the largest batch the derived plans say fits,
+against the truth found by measured steps (a binary search in which each probed batch is profiled, its least-
+memory plan planned on that real profile and its step measured).
+
+    uv run python benchmarks/any_batch.py --models resnet50,densenet121 --image-size 64 --at 8,16,32
+    uv run python benchmarks/any_batch.py --models resnet50 --image-size 64 --max-batch 200MiB --at ""
+
+Prints markdown rows; CPU, float32, gradients kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from remat.client.budget_spec import parse_budget
+from remat.client.derived_trace import LEVELS, fit_batches
+from remat.client.graph.built_model import build
+from remat.client.planning.max_batch import best_plan, largest_batch
+from remat.client.planning.plans import frontier_plans, make_plan
+from remat.client.request import ModelRequest
+from remat.client.trace import Trace
+from remat.worker import pipeline
+
+MIB = 2**20
+MEASURED = ("none", "linear", "chen-sqrt", "uniform")
+
+
+def _request(model: str, batch: int, sample: tuple[int, ...]) -> ModelRequest:
+    return ModelRequest(spec=model, batch_size=batch, sample_shape=sample, device="cpu", grads="kept")
+
+
+def _leaves(tree: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_leaves(value, f"{path}.{key}" if path else key))
+        return out
+    if isinstance(tree, list):
+        out = {}
+        for i, value in enumerate(tree):
+            out.update(_leaves(value, f"{path}[{i}]"))
+        return out
+    return {path: tree}
+
+
+def differences(derived: Trace, profiled: Trace) -> tuple[int, int, list[str]]:
+    """(fields compared, fields that differ, the first few differences) over everything but times."""
+    skip = ("derived_from", "profiler", "device_name")
+    def kept(tree: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in _leaves(tree).items()
+                if not k.endswith("_ms") and k.split(".")[0].split("[")[0] not in skip}
+
+    a, b = kept(derived.to_dict()), kept(profiled.to_dict())
+    keys = sorted(set(a) | set(b))
+    diff = [f"{k}: {a.get(k)} vs {b.get(k)}" for k in keys if a.get(k, 0) != b.get(k, 0)]
+    return len(keys), len(diff), diff[:5]
+
+
+def measure(model: str, sample: tuple[int, ...], batch: int, trace: Trace, plans: list[Any]) -> dict[str, Any]:
+    built = build(_request(model, batch, sample))
+    return pipeline.validate(built, trace, plans, timing_rounds=1, check_gradients=False)
+
+
+def run_fields_and_predictions(model: str, sample: tuple[int, ...], sources: list[int], targets: list[int]) -> None:
+    started = time.perf_counter()
+    profiles = [pipeline.profile(build(_request(model, b, sample))) for b in sources]
+    fit = fit_batches(profiles)
+    print(f"<!-- {model}: profiles at {sources} in {time.perf_counter() - started:.0f} s; {fit.describe()} -->")
+    for batch in targets:
+        derived = fit.trace_at(batch)
+        profiled = pipeline.profile(build(_request(model, batch, sample)))
+        compared, differing, examples = differences(derived, profiled)
+        levels = sum(len(v) for s in derived.stages for v in s.extra.get(LEVELS, {}).values())
+        plans = [make_plan(derived, a, cost_model="pytorch") for a in MEASURED]
+        front = frontier_plans(derived)
+        plans.append(front[len(front) // 2])
+        measured = measure(model, sample, batch, derived, plans)
+        errors = {p.label: measured[p.label].measured_peak_bytes / p.predicted_peak_bytes - 1 for p in plans}
+        worst = max(errors, key=lambda k: abs(errors[k]))
+        print(f"| {model} | {list(sample)} | {batch} | {compared} ({levels} peak levels) | {differing} | "
+              f"{plans[1].predicted_peak_bytes / MIB:.1f} MiB | {errors[worst]:+.3%} ({worst}) |"
+              + (f" {'; '.join(examples)}" if examples else ""))
+        sys.stdout.flush()
+
+
+def feasible(model: str, sample: tuple[int, ...], batch: int, limit: int) -> tuple[bool, int]:
+    """The truth at ``batch``: a real profile, its least-memory plan, a measured step within ``limit``?"""
+    built = build(_request(model, batch, sample))
+    trace = pipeline.profile(built)
+    plan = best_plan(trace, None)
+    m = pipeline.validate(built, trace, [plan], timing_rounds=1, check_gradients=False)[plan.label]
+    assert m.measured_peak_bytes is not None
+    return m.measured_peak_bytes <= limit, m.measured_peak_bytes
+
+
+def run_max_batch(model: str, sample: tuple[int, ...], sources: list[int], limit: int) -> None:
+    profiles = [pipeline.profile(build(_request(model, b, sample))) for b in sources]
+    answer = largest_batch(fit_batches(profiles), lambda b: limit)
+    ok, measured = feasible(model, sample, answer.batch_size, limit)
+    low, high, probes = answer.batch_size, None, 1
+    if ok:  # search upwards for the truth: the first batch whose measured step is over
+        step = 1
+        while high is None:
+            probes += 1
+            fits, _ = feasible(model, sample, low + step, limit)
+            if fits:
+                low, step = low + step, step * 2
+            else:
+                high = low + step
+        while high - low > 1:
+            probes += 1
+            middle = (low + high) // 2
+            low, high = (middle, high) if feasible(model, sample, middle, limit)[0] else (low, middle)
+    truth = low if ok else None
+    verdict = ("equal" if truth == answer.batch_size else
+               f"answer {truth - answer.batch_size} below" if truth and truth > answer.batch_size else "ABOVE")
+    print(f"| {model} | {list(sample)} | {limit / MIB:.0f} MiB | {answer.batch_size} "
+          f"({answer.plan.predicted_peak_bytes / MIB:.1f} MiB predicted, {measured / MIB:.1f} MiB measured) | "
+          f"{truth} ({probes} measured probes) | {verdict} |")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="resnet50,resnet152,densenet121")
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--sample", default=None, help="a sample shape instead of 3,S,S (vit_b_16: 3,224,224)")
+    parser.add_argument("--from", dest="sources", default="2,4")
+    parser.add_argument("--at", default="8,16,32")
+    parser.add_argument("--max-batch", default=None, metavar="BYTES", help="also answer max-batch at this limit")
+    args = parser.parse_args()
+    sample = (tuple(int(d) for d in args.sample.split(",")) if args.sample
+              else (3, args.image_size, args.image_size))
+    sources = [int(b) for b in args.sources.split(",")]
+    targets = [int(b) for b in args.at.split(",") if b]
+    for model in args.models.split(","):
+        if targets:
+            run_fields_and_predictions(model, sample, sources, targets)
+        if args.max_batch:
+            limit = parse_budget(args.max_batch).bytes
+            assert limit is not None
+            run_max_batch(model, sample, sources, limit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
