@@ -7,6 +7,11 @@ the call; the median of ``--runs`` fresh interpreters. One warm-up run fills the
 
     uv run python benchmarks/checkpoint_start.py                  # the user model of the tests, and resnet18
     uv run python benchmarks/checkpoint_start.py --runs 9
+    uv run python benchmarks/checkpoint_start.py --derived        # the hit of a plan derived at a new batch
+
+With ``--derived`` the store first gets profiles at batch 2 and 4 (two runs of the script on a slice of the
+batch), so the warm-up run at the full batch derives its trace instead of profiling (checked in the store), and
+the timed runs hit that derived plan.
 """
 
 from __future__ import annotations
@@ -57,17 +62,35 @@ def run_child(build: str, cache: str, threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _check_derived(cache: str) -> None:
+    from sqlalchemy import select
+
+    from remat.service.models import TraceRow
+    from remat.service.store import PlanStore
+
+    with PlanStore(f"sqlite:///{cache}/local.sqlite") as store, store.db.read_session() as session:
+        derived = [m for (m,) in session.execute(select(TraceRow.trace_metadata)) if (m or {}).get("derived_from")]
+    if len(derived) != 1:
+        raise SystemExit(f"expected the full batch's trace to be derived, found {len(derived)} derived traces")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--derived", action="store_true", help="time the hit of a plan derived at a new batch size")
     args = parser.parse_args()
     print("| model | import remat.client ms | checkpoint() on a cache hit ms | total added ms | "
           "sqlalchemy/celery/fastapi/httpx loaded |")
     print("|---|---|---|---|---|")
     for label, build in MODELS.items():
         with tempfile.TemporaryDirectory() as cache:
-            run_child(build, cache, args.threads)  # profiles and fills the cache
+            if args.derived:
+                for batch in (2, 4):
+                    run_child(f"{build}\nx = x[:{batch}].contiguous()", cache, args.threads)
+            run_child(build, cache, args.threads)  # profiles (or derives) and fills the cache
+            if args.derived:
+                _check_derived(cache)
             runs = [run_child(build, cache, args.threads) for _ in range(args.runs)]
         imp = statistics.median(r["import_s"] for r in runs) * 1e3
         call = statistics.median(r["call_s"] for r in runs) * 1e3

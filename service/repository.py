@@ -174,7 +174,8 @@ def batch_profiles(*, session: Session, key: PlanKey, include_own: bool = False)
 
     Same architecture, call, precision, mode, gradient convention, device class and torch major.minor (any, for
     a key whose torch version is ``unknown``); an input shape that differs in its first dimension only; no trace
-    that was itself derived.
+    that was itself derived. None at all when the key has a trace of its own (unless ``include_own``): then
+    nothing is to be derived, and a derived trace stored beside it would supersede it.
     """
     arch = session.execute(select(Architecture.id).where(Architecture.hash == key.model_hash)).scalar_one_or_none()
     if arch is None or not key.input_shape:
@@ -186,9 +187,12 @@ def batch_profiles(*, session: Session, key: PlanKey, include_own: bool = False)
         .where(TraceRow.architecture_id == arch, *(getattr(TraceRow, c) == v for c, v in columns.items()))
         .order_by(TraceRow.id.desc()).limit(_BATCH_CANDIDATES)).all()
     chosen: dict[str, int] = {}
+    own = str(key.input_shape[0])
     for trace_id, shape, version, metadata in rows:
         batch, _, rest = shape.partition(",")
-        if (rest != sample or (batch == str(key.input_shape[0]) and not include_own) or batch in chosen
+        if batch == own and rest == sample and not include_own:
+            return []  # the key has a trace of its own: a profile (or one derived before) beats a new derivation
+        if (rest != sample or batch == own and not include_own or batch in chosen
                 or key.torch_version not in (UNKNOWN, _major_minor(version)) or (metadata or {}).get(DERIVED_FROM)):
             continue
         chosen[batch] = trace_id

@@ -67,3 +67,18 @@ def test_one_profile_or_profiles_that_differ_answer_nothing(client: TestClient) 
     _upload(client, 8, model="renamed")  # same key, but the profiles disagree on more than the batch
     assert client.get("/v1/plans/h", params=_query(16)).status_code == 404
     assert client.get("/v1/plans/h", params={"batch_size": 4}).status_code == 422  # no input_shape to take it
+
+
+def test_a_key_with_a_profile_of_its_own_is_never_derived(client: TestClient) -> None:
+    """Whatever read misses for it (a plan the upload deferred, a frontier), no derived trace may be stored beside
+    (and newer than) the real one."""
+    from remat.client.plan_key import PlanKey
+    from remat.service.derived_plans import store_derived
+
+    _upload(client, 2)
+    _upload(client, 4)
+    own = PlanKey.from_dict(_upload(client, 16))
+    state = client.app.state.remat  # type: ignore[attr-defined]
+    assert store_derived(state.db, state.settings, own) is False
+    record = client.get("/v1/plans/h", params=_query(16)).json()
+    assert record["trace"]["derived_from"] == [] and record["derived"] is False
