@@ -247,6 +247,9 @@ def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json
             raise click.ClickException(str(exc)) from None
     if as_json:
         emit_json({**report.to_dict(), "server": client.base_url})
+    elif report.from_store and report.derived_from:
+        print_model_table(report, f"from the service at {client.base_url}, derived from its profiles at batch "
+                                  f"{', '.join(map(str, report.derived_from))}")
     elif report.from_store:
         print_model_table(report, f"from the service at {client.base_url}")
     else:

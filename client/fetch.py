@@ -184,8 +184,10 @@ def _report(request: ModelRequest, key: PlanKey, records: Sequence[Mapping[str, 
     """A ``ModelReport`` from served records: measured figures are those of each plan's newest measurement."""
     plans = [plan_from_record(r, key) for r in records]
     first_trace = records[0].get("trace") or {}
+    derived = first_trace.get("derived_from") or ()
     report = ModelReport(request=request, key=dict(plans[0].extra["key"]), num_stages=plans[0].num_stages,
-                         from_store=from_store, device_name=first_trace.get("device_name"))
+                         from_store=from_store, device_name=first_trace.get("device_name"),
+                         derived_from=tuple(int(b) for b in derived if isinstance(b, int) and not isinstance(b, bool)))
     for record, plan in zip(records, plans, strict=True):
         measured = (record.get("measurements") or [{}])[0]  # the service lists them newest first
         report.rows.append(PlanRow(plan=plan, measured_peak_bytes=measured.get("measured_peak_bytes"),
