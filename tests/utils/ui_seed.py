@@ -72,12 +72,13 @@ def _timeline(peak: int, segments: int, ops: int = 1200) -> dict[str, object]:
     return {"ops": ops, "backward_op": backward, "op_index": index, "bytes": levels, "sample": "aten op"}
 
 
-def _measured(plan: Plan, none_step_ms: float, wobble: float) -> Measurement:
+def _measured(plan: Plan, none_step_ms: float, wobble: float, *, timeline: bool = True) -> Measurement:
     peak = int(plan.predicted_peak_bytes * (1.0 + wobble))
     step = none_step_ms + (plan.recompute_ms or 0.0) * (1.1 + wobble)
     return Measurement(predicted_peak_bytes=plan.predicted_peak_bytes, measured_peak_bytes=peak, step_ms=step,
                        baseline_step_ms=none_step_ms, grad_check_passed=True, device_name="seeded CPU",
-                       torch_version=TORCH, extra={"timeline": _timeline(peak, len(plan.checkpoints) + 1)})
+                       torch_version=TORCH,
+                       extra={"timeline": _timeline(peak, len(plan.checkpoints) + 1)} if timeline else {})
 
 
 @dataclass
@@ -89,10 +90,11 @@ class Seeded:
 
 
 def seed_keys(db: Database, count: int, *, start: int = 0, names: Sequence[str] | None = None,
-              stages: Sequence[int] = (12, 24, 40), into: Seeded | None = None) -> Seeded:
+              stages: Sequence[int] = (12, 24, 40), timelines: bool = True, into: Seeded | None = None) -> Seeded:
     """Store ``count`` architectures (one key each), planned and measured; hashes are 64 hex digits from the
     index (:func:`architecture_hash`), names ``torchvision:<zoo name>`` cycling through :data:`MODELS` unless
-    ``names`` are given."""
+    ``names`` are given. ``timelines=False`` stores measurements without memory timelines (a third of the time
+    a store takes goes to checking their JSON)."""
     out = into or Seeded()
     with db.write_session() as session:
         for i in range(start, start + count):
@@ -101,7 +103,7 @@ def seed_keys(db: Database, count: int, *, start: int = 0, names: Sequence[str] 
             trace = parse_trace({**template.to_dict(), "model_hash": architecture_hash(i), "model": name,
                                  "batch_size": 2, "device_name": "seeded CPU"})
             none_step = sum((s.forward_ms or 0) + (s.backward_ms or 0) for s in trace.stages) * 1.05
-            measured = {p.label: _measured(p, none_step, wobble=0.02 * ((i + k) % 5) - 0.03)
+            measured = {p.label: _measured(p, none_step, wobble=0.02 * ((i + k) % 5) - 0.03, timeline=timelines)
                         for k, p in enumerate([*(p for p in plans if not p.budget_bytes),
                                                *frontier_to_validate(list(plans))])}
             stored = repository.store_profile(session=session, trace=trace, plans=plans, measurements=measured)

@@ -128,12 +128,15 @@ def test_the_architectures_page_lists_every_key_with_its_figures(client: TestCli
 
 def test_every_link_of_every_page_answers(client: TestClient, seeded: Seeded) -> None:
     seen: set[str] = set()
+    shown: set[str] = set()  # a key's page is followed for one chosen plan (each answers alike)
     todo = ["/ui/", "/ui/jobs", "/ui/zoo"]
     while todo:
         url = todo.pop()
-        if url in seen:
+        page = re.sub(r"&algorithm=[^&#]*", "", url)
+        if url in seen or (".svg" not in url and page in shown):
             continue
         seen.add(url)
+        shown.add(page)
         response = client.get(url)
         assert response.status_code == 200, (url, response.status_code, _text(response.text)[:300])
         if response.headers["content-type"].startswith("text/html"):
@@ -156,14 +159,14 @@ def test_search_matches_a_name_substring_or_a_hash_prefix(fresh: Store) -> None:
 
 
 def test_the_architectures_page_is_paginated_and_small(fresh: Store) -> None:
-    seed_keys(fresh.db, PAGE_SIZE + 5, stages=(12,))
+    seed_keys(fresh.db, PAGE_SIZE + 1, stages=(12,), timelines=False)
     client = fresh.client()
     first = client.get("/ui/")
     assert first.text.count('class="key"') == PAGE_SIZE
     assert len(first.content) < 200_000
     assert '/ui/?page=2' in first.text
     second = client.get("/ui/", params={"page": 2})
-    assert second.text.count('class="key"') == 5 and "page 2 of 2" in _text(second.text)
+    assert second.text.count('class="key"') == 1 and "page 2 of 2" in _text(second.text)
     assert client.get("/ui/", params={"page": 0}).status_code == 422
 
 
