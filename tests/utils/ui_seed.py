@@ -90,18 +90,19 @@ class Seeded:
 
 
 def seed_keys(db: Database, count: int, *, start: int = 0, names: Sequence[str] | None = None,
-              stages: Sequence[int] = (12, 24, 40), timelines: bool = True, into: Seeded | None = None) -> Seeded:
+              stages: Sequence[int] = (12, 24, 40), timelines: bool = True, metadata: dict[str, Any] | None = None,
+              into: Seeded | None = None) -> Seeded:
     """Store ``count`` architectures (one key each), planned and measured; hashes are 64 hex digits from the
     index (:func:`architecture_hash`), names ``torchvision:<zoo name>`` cycling through :data:`MODELS` unless
     ``names`` are given. ``timelines=False`` stores measurements without memory timelines (a third of the time
-    a store takes goes to checking their JSON)."""
+    a store takes goes to checking their JSON). ``metadata`` goes into every trace (``inputs``, ``grads``...)."""
     out = into or Seeded()
     with db.write_session() as session:
         for i in range(start, start + count):
             template, plans = _template(stages[i % len(stages)])
             name = names[i - start] if names else f"torchvision:{MODELS[i % len(MODELS)]}"
             trace = parse_trace({**template.to_dict(), "model_hash": architecture_hash(i), "model": name,
-                                 "batch_size": 2, "device_name": "seeded CPU"})
+                                 "batch_size": 2, "device_name": "seeded CPU", **(metadata or {})})
             none_step = sum((s.forward_ms or 0) + (s.backward_ms or 0) for s in trace.stages) * 1.05
             measured = {p.label: _measured(p, none_step, wobble=0.02 * ((i + k) % 5) - 0.03, timeline=timelines)
                         for k, p in enumerate([*(p for p in plans if not p.budget_bytes),

@@ -203,6 +203,28 @@ def test_the_curl_line_fetches_exactly_the_plan(client: TestClient, seeded: Seed
     assert record.json()["plan"]["algorithm"] == "linear"
 
 
+def test_a_key_of_a_call_signature_links_and_fetches_exactly(fresh: Store) -> None:
+    signature = "input_ids: int64[2, 64]; mask=a&b+c%20; use_cache=False"
+    key = seed_keys(fresh.db, 1, stages=(12,), names=["hf:gpt2"], metadata={"inputs": signature,
+                                                                            "input_shape": [2, 64]}).keys[0]
+    assert key.inputs == signature and key.input_shape == (2, 64)
+    client = fresh.client()
+    listing = client.get("/ui/")
+    assert key_url(key) in _links(listing.text)
+    page = client.get(key_url(key))
+    assert page.status_code == 200
+    text = _text(page.text)
+    assert signature in text
+    assert "remat.client.fetch_and_apply(model, inputs, server='http://testserver'" in text
+    assert "remat-client plan hf:gpt2 --batch-size 2 --seq-len 64 " in text
+    curl = re.search(r"curl -s '([^']+)'", text)
+    assert curl is not None
+    record = client.get(curl.group(1).removeprefix("http://testserver"))
+    assert record.status_code == 200 and record.json()["key"]["inputs"] == signature
+    for picture in re.findall(r'src="([^"]+\.svg[^"]*)"', page.text):
+        assert client.get(unescape(picture)).status_code == 200
+
+
 def test_a_long_trace_shows_its_stages_a_page_at_a_time(fresh: Store) -> None:
     key = seed_keys(fresh.db, 1, stages=(250,)).keys[0]
     client = fresh.client()
