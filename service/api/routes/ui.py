@@ -56,12 +56,15 @@ PICTURE_HEADERS = {"Content-Security-Policy": "default-src 'none'", "X-Content-T
                    "Cache-Control": "private, no-cache"}
 
 
-def _page(template: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
-    return HTMLResponse(render(template, **context), status_code=status_code, headers=SECURITY_HEADERS)
+def _page(template: str, **context: Any) -> HTMLResponse:
+    return HTMLResponse(render(template, **context), headers=SECURITY_HEADERS)
 
 
 def _etag(name: Hashable) -> str:
     return '"' + hashlib.sha256(repr(name).encode("utf-8")).hexdigest()[:32] + '"'
+
+
+STATIC_ETAGS = {name: _etag(content) for name, content in STATIC.items()}
 
 
 def _not_modified(request: Request, etag: str) -> bool:
@@ -77,7 +80,7 @@ def front_page() -> HTMLResponse:
 @router.get("/static/{name}")
 def static_file(name: Literal["ui.css", "favicon.svg"], request: Request) -> Response:
     """The stylesheet and the icon, shipped in the package (nothing is fetched from elsewhere)."""
-    etag = _etag(STATIC[name])
+    etag = STATIC_ETAGS[name]
     headers = {"ETag": etag, "Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"}
     if _not_modified(request, etag):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
