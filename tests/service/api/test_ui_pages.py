@@ -21,7 +21,7 @@ from sqlalchemy import update
 
 from remat.client.measurement import Measurement
 from remat.client.planning.planners import PLANNERS
-from remat.service import migrate, repository
+from remat.service import jobs, migrate, repository
 from remat.service.api.app import create_app
 from remat.service.config import ServiceSettings
 from remat.service.db import Database
@@ -304,6 +304,16 @@ def test_jobs_show_state_progress_and_why_they_failed(client: TestClient, seeded
     assert all(re.search(rf"<th scope=\"row\">{re.escape(a)}</th>", succeeded.text) for a in PLANNERS)
     only_failed = _text(client.get("/ui/jobs", params={"state": "failed"}).text)
     assert "measuring linear" not in only_failed and "RuntimeError" in only_failed
+
+
+def test_a_planning_job_reads_as_one(fresh: Store) -> None:
+    with fresh.db.write_session() as session:
+        job, _ = jobs.create_job(session=session, kind="plan", queue="plan",
+                                 request={"trace_id": 7, "algorithms": ["cubic"]}, request_key="plan:7")
+    client = fresh.client()
+    assert "trace 7: cubic" in _text(client.get("/ui/jobs").text)
+    page = client.get(f"/ui/jobs/{job.id}")
+    assert page.status_code == 200 and "trace 7: cubic" in _text(page.text)
 
 
 def test_a_page_of_finished_jobs_does_not_reload(client: TestClient) -> None:
