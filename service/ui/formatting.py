@@ -25,6 +25,8 @@ def percent(value: float | None, signed: bool = False) -> str:
     """``0.452`` → ``45.2%`` (``+45.2%`` when ``signed``)."""
     if value is None:
         return MISSING
+    if abs(value) < 0.0005:  # what rounds to 0.0% is 0.0%, never "-0.0%"
+        value = 0.0
     return f"{value:+.1%}" if signed else f"{value:.1%}"
 
 
