@@ -11,6 +11,7 @@ database that cannot be reached is a 503, not a 500.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -140,13 +141,20 @@ def build_state(settings: ServiceSettings) -> ServiceState:
     return ServiceState(settings=settings, db=db, cache=PlanCache(settings), queue=JobQueue(settings))
 
 
-def _load_zoo_names() -> None:
+def _load_zoo_names(serving: threading.Event) -> None:
     from remat.client.zoo import available_models
 
     try:
         available_models()
     except Exception:  # noqa: BLE001 - a failure here shows up, with its reason, at the first submission
         log.warning("could not load the model zoo's names", exc_info=True)
+    # NOTE [frozen start-up objects]: torchvision brought torch's millions of objects, which live as long as
+    # the process. Left to the collector, every full collection walks them all: a pause of about 250 ms every
+    # few hundred requests that allocate (docs/benchmarks.md, "Web pages"). Frozen, collections skip them
+    # while the app serves; they are unfrozen when it stops, so that the interpreter's last collection frees
+    # what it should (an app in a test process stops long before the process ends).
+    if serving.is_set():
+        gc.freeze()
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -158,8 +166,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         # POST /v1/jobs checks zoo names against torchvision, whose import takes seconds: start it now, off the
         # event loop, so that the first submission does not pay for it.
-        threading.Thread(target=_load_zoo_names, name="zoo-names", daemon=True).start()
+        serving = threading.Event()
+        serving.set()
+        threading.Thread(target=_load_zoo_names, args=(serving,), name="zoo-names", daemon=True).start()
         yield
+        serving.clear()
+        gc.unfreeze()
         state.close()
 
     app = FastAPI(

@@ -73,7 +73,7 @@ def _site(directory: Path, **settings: Any) -> Iterator[Site]:
     # The pages need no model zoo: skip the start-up preload of its names, which imports torch for seconds of
     # this process's CPU while the browser runs.
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(app_module, "_load_zoo_names", lambda: None)
+        patch.setattr(app_module, "_load_zoo_names", lambda serving: None)
         with live_service(directory, **settings) as url:
             yield Site(url=url, db=db, seeded=seeded)
     db.dispose()
