@@ -16,7 +16,10 @@ from remat.client.plan_key import PlanKey
 from remat.client.request import ModelRequest
 from remat.client.trace import Trace
 
-__all__ = ["MaxBatchReport", "ModelReport", "PlanRow", "ProfileResult"]
+__all__ = ["BASELINE_ALGORITHM", "MaxBatchReport", "ModelReport", "PlanRow", "ProfileResult", "Trade"]
+
+BASELINE_ALGORITHM = "none"
+"""The registered planner that checkpoints nothing: what every saving and overhead is measured against."""
 
 
 @dataclass(kw_only=True)
@@ -37,6 +40,30 @@ class PlanRow:
         return cls(plan=plan, measured_peak_bytes=m.measured_peak_bytes if m else None,
                    step_ms=m.step_ms if m else None, grad_check_passed=m.grad_check_passed if m else None,
                    timeline=(m.extra or {}).get("timeline") if m else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Trade:
+    """What one plan trades against no checkpointing, as measured: the one definition of saving, step-time
+    overhead and prediction error for a zoo row (remat.client.zoo_batch) and the service's web pages."""
+
+    saving: float | None
+    """1 - plan's measured peak / no checkpointing's."""
+    overhead: float | None
+    """The plan's measured step time / no checkpointing's, minus 1 (the recompute overhead)."""
+    prediction_error: float | None
+    """(predicted - measured) / measured peak of the plan."""
+
+    @classmethod
+    def of(cls, base: PlanRow | None, chosen: PlanRow | None) -> Trade:
+        """``chosen`` against ``base`` (the ``none`` row); None for each figure a missing measurement hides."""
+        none_peak = base.measured_peak_bytes if base else None
+        peak = chosen.measured_peak_bytes if chosen else None
+        saving = 1 - peak / none_peak if none_peak and peak is not None else None
+        overhead = (chosen.step_ms / base.step_ms - 1
+                    if base and chosen and base.step_ms and chosen.step_ms is not None else None)
+        error = (chosen.plan.predicted_peak_bytes - peak) / peak if chosen and peak else None
+        return cls(saving=saving, overhead=overhead, prediction_error=error)
 
 
 @dataclass(kw_only=True)
@@ -61,7 +88,7 @@ class ModelReport:
         return next((r for r in self.rows if r.plan.algorithm == algorithm), None)
 
     def to_dict(self) -> dict[str, Any]:
-        base = self.row("none")
+        base = self.row(BASELINE_ALGORITHM)
         out: dict[str, Any] = {
             "model": self.request.name, "key": self.key, "num_stages": self.num_stages,
             "from_store": self.from_store, "device_name": self.device_name,

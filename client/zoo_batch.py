@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from remat.client.errors import ModelError, PlanError, UnknownModelError
 from remat.client.job_state import JobState
-from remat.client.report import ModelReport
+from remat.client.report import BASELINE_ALGORITHM, ModelReport, Trade
 from remat.client.request import ModelRequest, default_request
 
 __all__ = ["ROW_STATUSES", "ZOOS", "ZooModel", "ZooRow", "select_models", "select_zoo_models", "zoo_requests"]
@@ -147,19 +147,15 @@ class ZooRow:
     @classmethod
     def from_report(cls, report: ModelReport) -> ZooRow:
         """The row of one model's ``ModelReport``."""
-        base, ref = report.row("none"), report.row(REFERENCE_ALGORITHM)
-        none_peak = base.measured_peak_bytes if base else None
-        ref_peak = ref.measured_peak_bytes if ref else None
-        saving = 1 - ref_peak / none_peak if none_peak and ref_peak is not None else None
-        overhead = (ref.step_ms / base.step_ms - 1 if base and ref and base.step_ms and ref.step_ms is not None
-                    else None)
-        error = ((ref.plan.predicted_peak_bytes - ref_peak) / ref_peak if ref and ref_peak else None)
+        base, ref = report.row(BASELINE_ALGORITHM), report.row(REFERENCE_ALGORITHM)
+        trade = Trade.of(base, ref)
         checks = [r.grad_check_passed for r in report.rows]
         grad_ok = None if any(c is None for c in checks) or not checks else all(checks)
         return cls(model=report.request.name, status="stored" if report.from_store else "planned",
                    input_shape=tuple(report.request.input_shape), num_stages=report.num_stages,
-                   none_peak_bytes=none_peak, linear_peak_bytes=ref_peak, saving=saving, overhead=overhead,
-                   prediction_error=error, grad_check_passed=grad_ok)
+                   none_peak_bytes=base.measured_peak_bytes if base else None,
+                   linear_peak_bytes=ref.measured_peak_bytes if ref else None, saving=trade.saving,
+                   overhead=trade.overhead, prediction_error=trade.prediction_error, grad_check_passed=grad_ok)
 
     @classmethod
     def failed(cls, model: str, reason: str, input_shape: Sequence[int] | None = None) -> ZooRow:

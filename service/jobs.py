@@ -18,19 +18,21 @@ from typing import Any
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session, aliased, defer
 
 from remat.client.job_state import ACTIVE_JOB_STATES, FINISHED_JOB_STATES, JobState
 from remat.service.models import JobRow, utcnow
 from remat.service.records import JobRecord
 
-__all__ = ["Claim", "claim_job", "create_job", "finish_job", "get_job", "heartbeat", "list_jobs", "reap_jobs",
-           "record_send", "release_job", "update_job"]
+__all__ = ["Claim", "claim_job", "create_job", "finish_job", "get_job", "heartbeat", "job_record", "list_jobs",
+           "reap_jobs", "recent_jobs", "record_send", "release_job", "update_job"]
 
 
-def _job(row: JobRow) -> JobRecord:
+def job_record(row: JobRow, *, result: bool = True) -> JobRecord:
+    """The record of a ``jobs`` row; ``result=False`` when the row was read without its result."""
     return JobRecord(id=row.id, kind=row.kind, state=row.state, progress=row.progress, message=row.message,
-                     error=row.error, request=row.request, result=row.result, created_at=row.created_at,
+                     error=row.error, request=row.request, result=row.result if result else None,
+                     created_at=row.created_at,
                      updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at,
                      queue=row.queue, leader_id=row.leader_id, attempts=row.attempts, lease_owner=row.lease_owner,
                      lease_expires_at=row.lease_expires_at, plan_key=row.plan_key)
@@ -80,13 +82,13 @@ def create_job(*, session: Session, request: Mapping[str, Any], kind: str = "pro
                 session.flush()
         except IntegrityError:
             continue  # another submission became the leader between our query and our insert
-        return _job(row), leader is None
+        return job_record(row), leader is None
     raise RuntimeError("jobs: could not record the job after 3 tries (concurrent submissions)")
 
 
 def get_job(*, session: Session, job_id: str) -> JobRecord | None:
     row = session.get(JobRow, job_id)
-    return _job(row) if row is not None else None
+    return job_record(row) if row is not None else None
 
 
 def update_job(*, session: Session, job_id: str, state: str | None = None, progress: float | None = None,
@@ -104,7 +106,7 @@ def update_job(*, session: Session, job_id: str, state: str | None = None, progr
     if row is None:
         return None
     if only_from is not None and row.state not in only_from:
-        return _job(row)
+        return job_record(row)
     now = utcnow()
     if state is not None:
         if state == JobState.RUNNING and row.started_at is None:
@@ -121,7 +123,7 @@ def update_job(*, session: Session, job_id: str, state: str | None = None, progr
         row.enqueued_at = now
     row.updated_at = now
     session.flush()
-    return _job(row)
+    return job_record(row)
 
 
 def list_jobs(*, session: Session, state: str | None = None, limit: int = 50,
@@ -132,7 +134,23 @@ def list_jobs(*, session: Session, state: str | None = None, limit: int = 50,
         stmt = stmt.where(JobRow.state == state)
     total = session.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
     rows = session.execute(stmt.order_by(JobRow.created_at.desc(), JobRow.id).limit(limit).offset(offset))
-    return [_job(r) for r in rows.scalars()], total
+    return [job_record(r) for r in rows.scalars()], total
+
+
+def recent_jobs(*, session: Session, state: str | None = None, limit: int = 50,
+                offset: int = 0) -> tuple[list[JobRecord], bool]:
+    """A page of jobs, newest first, without their results (``result`` is None), and whether more follow.
+
+    For pages that list jobs: a finished job's result holds every plan with its measurements and timelines,
+    tens of kilobytes each, and no count of the whole table is taken (``ix_jobs_created_at`` is walked to
+    the page and one row past it).
+    """
+    stmt = select(JobRow).options(defer(JobRow.result, raiseload=True))
+    if state is not None:
+        stmt = stmt.where(JobRow.state == state)
+    rows = list(session.execute(stmt.order_by(JobRow.created_at.desc(), JobRow.id)
+                                .limit(limit + 1).offset(offset)).scalars())
+    return [job_record(r, result=False) for r in rows[:limit]], len(rows) > limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,26 +203,26 @@ def claim_job(*, session: Session, job_id: str, owner: str, lease_s: float, max_
     if row is None:
         return Claim("missing")
     if row.state in FINISHED_JOB_STATES:
-        return Claim("finished", _job(row))
+        return Claim("finished", job_record(row))
     if row.leader_id is not None:
-        return Claim("follower", _job(row))
+        return Claim("follower", job_record(row))
     now = utcnow()
     if row.state == JobState.RUNNING and row.lease_owner not in (None, owner) and row.lease_expires_at is not None \
             and row.lease_expires_at > now:
-        return Claim("busy", _job(row), (row.lease_expires_at - now).total_seconds())
+        return Claim("busy", job_record(row), (row.lease_expires_at - now).total_seconds())
     if row.attempts >= max_attempts:
         _finish(session, row, state=JobState.FAILED, now=now, result=None, message="gave up",
                 error=f"the worker running this job was lost {row.attempts} times in a row (killed, e.g. by the "
                       f"kernel's out-of-memory killer, or its node went away); not trying again")
         session.flush()
-        return Claim("gave_up", _job(row))
+        return Claim("gave_up", job_record(row))
     row.state, row.attempts, row.lease_owner = JobState.RUNNING, row.attempts + 1, owner
     row.lease_expires_at = now + timedelta(seconds=lease_s)
     row.started_at = row.started_at or now
     row.updated_at = now
     row.message = f"attempt {row.attempts} on {owner}"
     session.flush()
-    return Claim("run", _job(row))
+    return Claim("run", job_record(row))
 
 
 def heartbeat(*, session: Session, job_id: str, owner: str, lease_s: float, progress: float | None = None,
@@ -290,7 +308,7 @@ def reap_jobs(*, session: Session, requeue_after_s: float, pending_after_s: floa
             row = session.get(JobRow, job_id)
             if row is not None:
                 session.refresh(row)
-                out.append(_job(row))
+                out.append(job_record(row))
     return out
 
 

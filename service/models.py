@@ -163,6 +163,8 @@ class PlanRow(Base):
     __table_args__ = (
         UniqueConstraint("architecture_id", "input_shape", "inputs", "dtype", "mode", "grads", "device_class",
                          "torch_version", "algorithm", "budget_bytes", name="uq_plans_key"),
+        # One row per plan key (its ``none`` plan), newest first: the web pages' architectures table.
+        Index("ix_plans_listing", "algorithm", "budget_bytes", "updated_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -271,7 +273,8 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     request: Mapped[dict[str, Any]]
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    """Jobs are listed newest first (``ix_jobs_created_at``)."""
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -292,7 +295,7 @@ class ZooBatchRow(Base):
     request: Mapped[dict[str, Any]]
     """What every model shares: batch_size (or null), input_shape (or null), device, grads, dtype, queue,
     refresh."""
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     jobs: Mapped[list[ZooBatchJobRow]] = relationship(order_by="ZooBatchJobRow.position",
                                                       cascade="all, delete-orphan")
 

@@ -15,8 +15,10 @@ from remat.client.job_state import FINISHED_JOB_STATES, JobState
 from remat.client.measurement import Measurement
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
+from remat.client.report import BASELINE_ALGORITHM, Trade
+from remat.client.report import PlanRow as ReportRow
 
-__all__ = ["JobRecord", "Measurement", "PlanRecord", "StoredPlans", "StoredTrace", "TraceInfo"]
+__all__ = ["JobRecord", "KeySummary", "Measurement", "PlanRecord", "StoredPlans", "StoredTrace", "TraceInfo"]
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -86,12 +88,59 @@ class PlanRecord:
         """A plan of a derived trace that no measured step has validated yet (then it is an ordinary plan)."""
         return bool(self.trace.derived_from) and not self.measurements
 
+    @property
+    def timeline_measurement(self) -> Measurement | None:
+        """The newest measurement that recorded memory over its step; None when every one was stored before
+        timelines were recorded (``GET /v1/plans/{hash}/timeline``'s 404, the web page's missing picture)."""
+        return next((m for m in self.measurements if (m.extra or {}).get("timeline")), None)
+
     def to_dict(self) -> dict[str, Any]:
         return {"plan_id": self.plan_id, "key": self.key.to_dict(), "plan": self.plan.to_dict(),
                 "trace": self.trace.to_dict(), "derived": self.derived,
                 # Timelines are served apart (GET /v1/plans/{hash}/timeline): a plan fetch stays small.
                 "measurements": [m.to_dict(timelines=False) for m in self.measurements],
                 "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at)}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class KeySummary:
+    """One stored plan key at a glance (the web pages' architectures table): its minimum-peak plans, each beside
+    its newest measurement, and what the best of them trades against no checkpointing.
+
+    Built from the one plan and measurement (``client.report.PlanRow``) without the measurements' timelines:
+    a page of summaries reads a few hundred plans, and their timelines would be most of the bytes.
+    """
+
+    key: PlanKey
+    model: str | None
+    """The model name the key's trace recorded."""
+    num_stages: int
+    profiled_at: datetime
+    """When the trace of the key's ``none`` plan was stored."""
+    rows: tuple[ReportRow, ...]
+    """Every registered planner's plan stored for the key (no frontier points), by algorithm."""
+
+    def row(self, algorithm: str) -> ReportRow | None:
+        return next((r for r in self.rows if r.plan.algorithm == algorithm), None)
+
+    @property
+    def baseline(self) -> ReportRow | None:
+        """The ``none`` plan's row: what each saving is measured against."""
+        return self.row(BASELINE_ALGORITHM)
+
+    @property
+    def best(self) -> ReportRow | None:
+        """The checkpointing plan with the lowest measured peak (the faster step on a tie); None when none is
+        measured."""
+        measured = [r for r in self.rows
+                    if r.plan.algorithm != BASELINE_ALGORITHM and r.measured_peak_bytes is not None]
+        return min(measured, default=None, key=lambda r: (
+            r.measured_peak_bytes, r.step_ms if r.step_ms is not None else float("inf"), r.plan.algorithm))
+
+    @property
+    def trade(self) -> Trade:
+        """The best plan against no checkpointing."""
+        return Trade.of(self.baseline, self.best)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select, text
+from sqlalchemy import Select, delete, func, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
 from remat.client.derived_trace import DERIVED_FROM
@@ -42,7 +42,9 @@ from remat.client.errors import InvalidKeyError
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
 from remat.client.plan_key import KEY_FIELDS, UNKNOWN, PlanKey, content_sha256, normalize_torch_version
-from remat.client.trace import STAGE_FIELDS, Trace, parse_trace
+from remat.client.report import BASELINE_ALGORITHM
+from remat.client.report import PlanRow as ReportRow
+from remat.client.trace import STAGE_FIELDS, Stage, Trace, parse_trace
 from remat.service.keys import check_storable, trace_key
 from remat.service.models import (
     NO_BUDGET,
@@ -54,6 +56,7 @@ from remat.service.models import (
     utcnow,
 )
 from remat.service.records import (
+    KeySummary,
     PlanRecord,
     StoredPlans,
     StoredTrace,
@@ -66,6 +69,7 @@ _PLAN_KEY_COLUMNS = [c.name for c in next(c for c in PlanRow.__table__.constrain
 """The columns a plan is unique on (models.py ``uq_plans_key``): what an upsert conflicts on."""
 _COLUMN_OF = {"device": "device_class"}
 """The key fields whose column is named otherwise; ``model_hash`` is the architecture's ``hash``."""
+_ROW_KEY_COLUMNS = tuple(_COLUMN_OF.get(name, name) for name in KEY_FIELDS if name != "model_hash")
 
 
 def _key_columns(key: PlanKey) -> dict[str, Any]:
@@ -289,30 +293,45 @@ def _plan_query(key: PlanKey, *, name: str | None = None) -> Select[Any]:
     return stmt.order_by(PlanRow.updated_at.desc(), PlanRow.id.desc())
 
 
-def _measurements(session: Session, plans: Sequence[PlanRow]) -> dict[int, tuple[Measurement, ...]]:
-    """The latest measurements of each plan whose checkpoints (or dropped vertices) are the plan's current ones."""
+def _measurements(session: Session, plans: Sequence[PlanRow], *, extra: bool = True,
+                  limit: int = MAX_MEASUREMENTS_PER_PLAN) -> dict[int, tuple[Measurement, ...]]:
+    """The latest measurements (at most ``limit``) of each plan whose checkpoints (or dropped vertices) are the
+    plan's current ones. ``extra=False`` leaves the measurements' ``extra`` unread (empty): it holds their
+    timelines, most of a measurement's bytes, which a summary of many plans does not show."""
     if not plans:
         return {}
     current = {p.id: (list(p.checkpoints), p.dropped_vertices) for p in plans}
-    rows = session.execute(select(MeasurementRow).where(MeasurementRow.plan_id.in_(current))
-                           .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc())).scalars()
+    stmt = (select(MeasurementRow).where(MeasurementRow.plan_id.in_(current))
+            .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()))
+    if not extra:
+        stmt = stmt.options(defer(MeasurementRow.extra, raiseload=True))
     by_id = {p.id: p for p in plans}
     out: dict[int, list[Measurement]] = {pid: [] for pid in current}
-    for m in rows:
+    for m in session.execute(stmt).scalars():
         kept = out[m.plan_id]
         ran = (list(m.checkpoints), list(m.dropped_vertices) if m.dropped_vertices is not None else None)
-        if ran == current[m.plan_id] and len(kept) < MAX_MEASUREMENTS_PER_PLAN:
-            kept.append(_measurement(m, by_id[m.plan_id]))
+        if ran == current[m.plan_id] and len(kept) < limit:
+            kept.append(_measurement(m, by_id[m.plan_id], extra=extra))
     return {pid: tuple(ms) for pid, ms in out.items()}
 
 
-def _measurement(m: MeasurementRow, plan: PlanRow) -> Measurement:
-    values = {name: getattr(m, name) for name in STORED_FIELDS}
+def _measurement(m: MeasurementRow, plan: PlanRow, *, extra: bool = True) -> Measurement:
+    values = {name: getattr(m, name) for name in STORED_FIELDS if extra or name != "extra"}
     values["checkpoints"] = tuple(m.checkpoints)
     values["dropped_vertices"] = tuple(m.dropped_vertices) if m.dropped_vertices is not None else None
-    values["extra"] = m.extra or {}
+    values["extra"] = (m.extra or {}) if extra else {}
     return Measurement(**values, id=m.id, created_at=m.created_at, algorithm=plan.algorithm, grads=plan.grads,
                        dtype=plan.dtype, device=plan.device_class)
+
+
+def _plan(plan: PlanRow) -> Plan:
+    """The ``Plan`` a ``plans`` row stores."""
+    return Plan(algorithm=plan.algorithm, cost_model=plan.cost_model, checkpoints=tuple(plan.checkpoints),
+                predicted_peak_bytes=plan.predicted_peak_bytes, baseline_peak_bytes=plan.baseline_peak_bytes,
+                num_stages=plan.num_stages, recompute_ms=plan.recompute_ms, step_ms=plan.step_ms,
+                budget_bytes=plan.budget_bytes or None,
+                dropped_vertices=tuple(plan.dropped_vertices) if plan.dropped_vertices is not None else None,
+                num_vertices=plan.num_vertices, extra=plan.extra or {})
 
 
 def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
@@ -321,13 +340,7 @@ def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
     for plan, trace, arch in rows:
         out.append(PlanRecord(
             plan_id=plan.id, key=_row_key(arch.hash, plan), measurements=measured[plan.id], created_at=plan.created_at,
-            updated_at=plan.updated_at,
-            plan=Plan(algorithm=plan.algorithm, cost_model=plan.cost_model, checkpoints=tuple(plan.checkpoints),
-                      predicted_peak_bytes=plan.predicted_peak_bytes, baseline_peak_bytes=plan.baseline_peak_bytes,
-                      num_stages=plan.num_stages, recompute_ms=plan.recompute_ms, step_ms=plan.step_ms,
-                      budget_bytes=plan.budget_bytes or None,
-                      dropped_vertices=tuple(plan.dropped_vertices) if plan.dropped_vertices is not None else None,
-                      num_vertices=plan.num_vertices, extra=plan.extra or {}),
+            updated_at=plan.updated_at, plan=_plan(plan),
             trace=TraceInfo(trace_id=trace.id, content_sha256=trace.content_sha256, model=arch.name,
                             device_name=trace.device_name, torch_version=trace.torch_version,
                             batch_size=(trace.trace_metadata or {}).get("batch_size"),
@@ -422,6 +435,66 @@ def find_plans_by_hash_prefix(*, session: Session, prefix: str, limit: int = 100
             .where(Architecture.hash.startswith(prefix, autoescape=True))
             .order_by(PlanRow.updated_at.desc(), PlanRow.id.desc()).limit(limit))
     return _records(session, session.execute(stmt).all())
+
+
+def key_summaries(*, session: Session, search: str | None = None, limit: int = 50,
+                  offset: int = 0) -> tuple[list[KeySummary], int]:
+    """A page of stored plan keys, newest planned first, and how many match in all (the web pages'
+    architectures table).
+
+    A key is its ``none`` plan: every stored trace is planned with every registered planner, ``none``
+    included, and ``uq_plans_key`` makes that plan one row per key. ``search`` matches a substring of the
+    model name (case-insensitive) or a prefix of the architecture hash. Three bounded reads: the page (walked
+    in ``ix_plans_listing`` order), the other minimum-peak plans of the page's architectures, and their
+    measurements without timelines.
+    """
+    stmt = (select(PlanRow, Architecture.hash, Architecture.name, TraceRow.created_at)
+            .join(Architecture, PlanRow.architecture_id == Architecture.id)
+            .join(TraceRow, PlanRow.trace_id == TraceRow.id)
+            .where(PlanRow.algorithm == BASELINE_ALGORITHM, PlanRow.budget_bytes == NO_BUDGET))
+    if search:
+        stmt = stmt.where(or_(Architecture.name.icontains(search, autoescape=True),
+                              Architecture.hash.startswith(search, autoescape=True)))
+    total = session.execute(select(func.count()).select_from(stmt.with_only_columns(PlanRow.id).subquery())
+                            ).scalar_one()
+    page = session.execute(stmt.order_by(PlanRow.updated_at.desc(), PlanRow.id.desc())
+                           .limit(limit).offset(offset)).all()
+    if not page:
+        return [], total
+    # The page's other plans, matched to its keys by their key columns (a PlanKey is built per page row only).
+    by_key: dict[tuple[Any, ...], list[PlanRow]] = {_key_signature(plan): [] for plan, *_ in page}
+    for p in session.execute(select(PlanRow).where(PlanRow.architecture_id.in_({r[0].architecture_id for r in page}),
+                                                   PlanRow.budget_bytes == NO_BUDGET)).scalars():
+        by_key.get(_key_signature(p), []).append(p)
+    newest = _measurements(session, [p for plans in by_key.values() for p in plans], extra=False, limit=1)
+    return [KeySummary(key=_row_key(model_hash, plan), model=name, num_stages=plan.num_stages, profiled_at=profiled_at,
+                       rows=tuple(ReportRow.from_measurement(_plan(p), newest[p.id][0] if newest[p.id] else None)
+                                  for p in sorted(by_key[_key_signature(plan)], key=lambda p: p.algorithm)))
+            for plan, model_hash, name, profiled_at in page], total
+
+
+def _key_signature(row: PlanRow) -> tuple[Any, ...]:
+    """The key columns of a ``plans`` row, its architecture's id for the hash: equal exactly when the keys are."""
+    return (row.architecture_id, *(getattr(row, column) for column in _ROW_KEY_COLUMNS))
+
+
+def trace_stages(*, session: Session, trace_id: int, limit: int, offset: int = 0) -> list[Stage]:
+    """The stages ``offset`` to ``offset + limit`` of a stored trace, in order (a trace may have 20,000)."""
+    rows = session.execute(select(TraceStageRow).where(TraceStageRow.trace_id == trace_id)
+                           .order_by(TraceStageRow.position).limit(limit).offset(offset)).scalars()
+    return [Stage(**{name: getattr(s, name) for name in STAGE_FIELDS}, extra=s.extra or {}) for s in rows]
+
+
+def key_version(*, session: Session, key: PlanKey) -> tuple[Any, ...]:
+    """A value that changes whenever ``key``'s plans or their measurements do (a plan replaced, added or
+    deleted, a measurement stored): what a picture drawn from them is cached under. One aggregate read over
+    the key's rows (``uq_plans_key``), none of their content."""
+    stmt = (_plan_query(key).order_by(None)
+            .outerjoin(MeasurementRow, MeasurementRow.plan_id == PlanRow.id)
+            .with_only_columns(func.count(PlanRow.id), func.max(PlanRow.id), func.max(PlanRow.updated_at),
+                               func.count(MeasurementRow.id), func.max(MeasurementRow.id),
+                               maintain_column_froms=False))
+    return tuple(session.execute(stmt).one())
 
 
 def newest_complete(records: Sequence[PlanRecord]) -> list[PlanRecord] | None:

@@ -52,7 +52,7 @@ def require_service(name: str, reachable: bool, detail: str) -> None:
         return
     message = f"{name} is not reachable ({detail})"
     if IN_CI:
-        pytest.fail(f"{message}; CI requires it (.ci/run starts it)")
+        pytest.fail(f"{message}; CI requires it (.ci/run starts or installs it)")
     pytest.skip(message)
 
 

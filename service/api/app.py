@@ -11,16 +11,17 @@ database that cannot be reached is a 503, not a 500.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -29,17 +30,25 @@ from starlette.routing import Match
 
 from remat.client import wire_json
 from remat.client.errors import PlanError, TraceFormatError
+from remat.client.zoo_batch import ZooRow
 from remat.service import migrate
 from remat.service.api.deps import ServiceState
 from remat.service.api.limits import BodySizeLimitMiddleware
-from remat.service.api.routes import health, jobs, measurements, plans, traces, zoo
+from remat.service.api.routes import health, jobs, measurements, plans, traces, ui, zoo
 from remat.service.cache import PlanCache
 from remat.service.celery_client import JobQueue
 from remat.service.config import ServiceSettings, redact_url
 from remat.service.db import Database
 from remat.service.errors import InvalidKeyError
+from remat.service.lru import LruCache
+from remat.service.ui.links import UI_PREFIX
+from remat.service.ui.pages import SECURITY_HEADERS, render_error
+from remat.service.ui.pictures import PictureCache
 
 log = logging.getLogger(__name__)
+
+ZOO_ROWS_KEPT = 4096
+"""Finished zoo jobs whose rows the web pages keep (a batch has at most 500 models)."""
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -64,8 +73,21 @@ def _validation_message(exc: RequestValidationError) -> str:
     return f"{field}: {msg}"
 
 
-async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+def _is_page(request: Request) -> bool:
+    """A web page's request (``/ui/...``): its errors are pages too, not JSON."""
+    path = request.url.path
+    return path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+
+
+def _error_page(status: int, detail: str, headers: Mapping[str, str] | None = None) -> HTMLResponse:
+    return HTMLResponse(render_error(status, detail), status_code=status,
+                        headers={**SECURITY_HEADERS, **(headers or {})})
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
+    if _is_page(request):
+        return _error_page(422, _validation_message(exc))
     return JSONResponse(status_code=422, content={"detail": _validation_message(exc)})
 
 
@@ -75,6 +97,10 @@ _FASTAPI_BODY_ERROR = "There was an error parsing the body"
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     """Name the field in FastAPI's own messages, and list every method of a path in a 405's ``Allow``."""
     assert isinstance(exc, StarletteHTTPException)
+    if _is_page(request):
+        detail = exc.detail if exc.status_code != 404 or exc.detail != "Not Found" else \
+            f"path: no page at {request.url.path}"
+        return _error_page(exc.status_code, str(detail), exc.headers)
     if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:
         return JSONResponse(status_code=400, content={"detail": "body: cannot be decoded as UTF-8 JSON"})
     if exc.status_code == 405:
@@ -94,10 +120,12 @@ async def _on_bad_input(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": str(exc)})
 
 
-async def _on_database_down(_request: Request, exc: Exception) -> JSONResponse:
+async def _on_database_down(request: Request, exc: Exception) -> Response:
     log.warning("remat service: database unavailable: %s", exc)
-    return JSONResponse(status_code=503, headers={"Retry-After": "5"},
-                        content={"detail": f"database: unavailable ({type(exc).__name__})"})
+    detail = f"database: unavailable ({type(exc).__name__})"
+    if _is_page(request):
+        return _error_page(503, detail, {"Retry-After": "5"})
+    return JSONResponse(status_code=503, headers={"Retry-After": "5"}, content={"detail": detail})
 
 
 def build_state(settings: ServiceSettings) -> ServiceState:
@@ -113,13 +141,20 @@ def build_state(settings: ServiceSettings) -> ServiceState:
     return ServiceState(settings=settings, db=db, cache=PlanCache(settings), queue=JobQueue(settings))
 
 
-def _load_zoo_names() -> None:
+def _load_zoo_names(serving: threading.Event) -> None:
     from remat.client.zoo import available_models
 
     try:
         available_models()
     except Exception:  # noqa: BLE001 - a failure here shows up, with its reason, at the first submission
         log.warning("could not load the model zoo's names", exc_info=True)
+    # NOTE [frozen start-up objects]: torchvision brought torch's millions of objects, which live as long as
+    # the process. Left to the collector, every full collection walks them all: a pause of about 250 ms every
+    # few hundred requests that allocate (docs/benchmarks.md, "Web pages"). Frozen, collections skip them
+    # while the app serves; they are unfrozen when it stops, so that the interpreter's last collection frees
+    # what it should (an app in a test process stops long before the process ends).
+    if serving.is_set():
+        gc.freeze()
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -131,8 +166,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         # POST /v1/jobs checks zoo names against torchvision, whose import takes seconds: start it now, off the
         # event loop, so that the first submission does not pay for it.
-        threading.Thread(target=_load_zoo_names, name="zoo-names", daemon=True).start()
+        serving = threading.Event()
+        serving.set()
+        threading.Thread(target=_load_zoo_names, args=(serving,), name="zoo-names", daemon=True).start()
         yield
+        serving.clear()
+        gc.unfreeze()
         state.close()
 
     app = FastAPI(
@@ -150,8 +189,11 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         app.add_exception_handler(bad_input, _on_bad_input)
     for db_down in (OperationalError, InterfaceError, PoolTimeoutError):
         app.add_exception_handler(db_down, _on_database_down)
-    routers = [module.router for module in (health, traces, plans, measurements, jobs, zoo)]
+    routers = [module.router for module in (health, traces, plans, measurements, jobs, zoo, ui)]
+    app.include_router(ui.front)
     for router in routers:
         app.include_router(router)
+    app.state.ui_pictures = PictureCache()
+    app.state.ui_zoo_rows = LruCache[ZooRow | None](ZOO_ROWS_KEPT)
     app.state.api_routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
     return app

@@ -8,6 +8,8 @@ timing says nothing about how much of a guess was right.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 from dataclasses import dataclass
 from typing import Annotated
@@ -55,7 +57,11 @@ CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_c
 
 
 def _matches(credentials: HTTPAuthorizationCredentials, *tokens: SecretStr | None) -> bool:
-    given = credentials.credentials.encode("utf-8")
+    return _token_matches(credentials.credentials, *tokens)
+
+
+def _token_matches(token: str, *tokens: SecretStr | None) -> bool:
+    given = token.encode("utf-8")
     # Compare against every configured token (no early exit) so timing does not tell which one matched.
     results = [hmac.compare_digest(given, t.get_secret_value().encode("utf-8"))
                for t in tokens if t is not None and t.get_secret_value()]
@@ -88,6 +94,42 @@ async def require_reader(state: StateDep, credentials: CredentialsDep) -> None:
         raise _unauthorized("authorization: this server requires a bearer token for reads")
     if not _matches(credentials, settings.read_token, settings.api_token):
         raise _unauthorized("authorization: the bearer token is not valid for reads")
+
+
+PAGE_CHALLENGE = {"WWW-Authenticate": 'Basic realm="remat plan service", charset="UTF-8"'}
+"""What a web page answers a browser without the read token: the browser asks for a user name and password
+once and sends them with every later request to the server, pictures and stylesheet included."""
+
+
+def _page_token(authorization: str | None) -> str | None:
+    """The token in ``Authorization``: a bearer token, or the password of HTTP Basic (any user name)."""
+    scheme, _, value = (authorization or "").strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip() or None
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return decoded.partition(":")[2] or None
+    return None
+
+
+async def require_page_reader(request: Request, state: StateDep) -> None:
+    """The read rule of the JSON routes, for the web pages: open unless ``REMAT_READ_TOKEN_REQUIRED``, then the
+    read or the write token. A browser cannot send a bearer token when it follows a link, so the token is also
+    taken as the password of HTTP Basic authentication, which the 401 asks the browser for."""
+    settings = state.settings
+    if not settings.read_token_required:
+        return
+    token = _page_token(request.headers.get("authorization"))
+    if token is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, headers=PAGE_CHALLENGE,
+                            detail="authorization: this server requires the read token: sign in with any user "
+                                   "name and the token as the password")
+    if not _token_matches(token, settings.read_token, settings.api_token):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, headers=PAGE_CHALLENGE,
+                            detail="authorization: the token is not valid for reads")
 
 
 OPTIONAL_AUTH: dict[str, object] = {"security": [{}]}

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -16,12 +17,18 @@ from remat.service.config import ServiceSettings
 from tests.service.factories import TOKEN, closed_port_url
 
 
+def live_database_url(directory: Path) -> str:
+    """The SQLite file ``live_service(directory)`` serves (seed it before the service starts)."""
+    return f"sqlite:///{directory / 'plans.sqlite'}"
+
+
 @contextmanager
-def live_service(directory: Path) -> Iterator[str]:
-    """The service (a SQLite file in ``directory``, the write token ``TOKEN``, no Redis) at a port the kernel
-    chose, on 127.0.0.1; yields its URL and stops it on exit."""
-    settings = ServiceSettings(database_url=f"sqlite:///{directory / 'plans.sqlite'}", redis_url=None,
-                               broker_url=closed_port_url(), api_token=TOKEN, auto_migrate=True)
+def live_service(directory: Path, **settings_overrides: Any) -> Iterator[str]:
+    """The service (a SQLite file in ``directory``, the write token ``TOKEN``, no Redis, and any other
+    ``ServiceSettings`` given) at a port the kernel chose, on 127.0.0.1; yields its URL and stops it on exit."""
+    settings = ServiceSettings(**{"database_url": live_database_url(directory), "redis_url": None,
+                                  "broker_url": closed_port_url(), "api_token": TOKEN, "auto_migrate": True,
+                                  **settings_overrides})
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -189,7 +189,7 @@ def read_timeline(state: StateDep, key: KeyDep, algorithm: Algorithm = DEFAULT_P
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             detail=f"model_hash: no {algorithm} plan for {key.model_hash} with input_shape "
                                    f"{key.input_shape_text or '()'} and these conventions")
-    measured = next((m for m in record.measurements if (m.extra or {}).get("timeline")), None)
+    measured = record.timeline_measurement
     if measured is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             detail=f"algorithm: the {algorithm} plan's measurements carry no timeline (stored "
