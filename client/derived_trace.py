@@ -42,8 +42,7 @@ from typing import Any
 
 from remat.client import wire_json
 from remat.client.errors import PlanError
-from remat.client.plan_key import content_sha256
-from remat.client.trace import OPTIONAL_STAGE_BYTES, Trace, parse_trace
+from remat.client.trace import OPTIONAL_STAGE_BYTES, Trace, content_sha256, parse_trace
 
 __all__ = ["DERIVED_FROM", "LEVELS", "BatchFit", "BatchFitError", "NotAffine", "derive_at", "derived_batches",
            "fit_batches", "is_derived"]

@@ -25,9 +25,7 @@ Public API::
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from remat.client.errors import InvalidKeyError, PlanError
 from remat.client.precision import normalize_precision
-from remat.client.trace import GRAD_CONVENTIONS, MODES, Trace
+from remat.client.trace import GRAD_CONVENTIONS, MODES, Trace, content_sha256
 
 if TYPE_CHECKING:
     pass
@@ -134,12 +132,6 @@ def _check_choice(value: object, choices: Sequence[str], field: str) -> str:
     if value not in choices:
         raise InvalidKeyError(f"{field}: must be one of {', '.join(choices)}, got {value!r}")
     return str(value)
-
-
-def content_sha256(trace: Trace) -> str:
-    """Digest of a trace's canonical JSON: equal traces, however formatted, have one."""
-    text = json.dumps(trace.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 UNRECORDED = "unrecorded"

@@ -12,6 +12,7 @@ load in well under a second, and every error must be one line that names the fie
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -435,3 +436,13 @@ def make_trace(output_bytes: Sequence[int], saved_bytes: Sequence[int] | None = 
         "stages": [{"name": f"s{i + 1}", "output_bytes": d, "saved_bytes": e}
                    for i, (d, e) in enumerate(zip(output_bytes, saved, strict=True))],
     })
+
+
+def content_sha256(trace: Trace) -> str:
+    """Digest of a trace's canonical JSON: equal traces, however formatted, have one.
+
+    It names a trace's content wherever one trace must be told from another (the database's dedupe, a derived
+    trace's sources), and needs nothing but the trace, so the torch-free planning core may use it.
+    """
+    text = json.dumps(trace.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
