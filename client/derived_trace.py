@@ -45,7 +45,7 @@ from remat.client.errors import PlanError
 from remat.client.trace import OPTIONAL_STAGE_BYTES, Trace, content_sha256, parse_trace
 
 __all__ = ["DERIVED_FROM", "LEVELS", "BatchFit", "BatchFitError", "NotAffine", "derive_at", "derived_batches",
-           "fit_batches", "is_derived"]
+           "fit_batches", "inputs_at_batch", "is_derived"]
 
 LEVELS = "peak_levels"
 """A profiled stage's per-op levels of each peak field (worker/profilers/common.py, NOTE [ peak levels ]): each
@@ -179,6 +179,15 @@ derived batch, like ``input_shape``'s first dimension; every other number must b
 _NUMBER = re.compile(r"(?<![\w.'])(\d+)(?![\w.'])")
 """Integers of a call's signature (``input_ids: int64[2, 256]; use_cache=False``): shapes and integer
 constants, not digits inside names (``int64``) or strings."""
+
+
+def inputs_at_batch(inputs: str, batch: int, other: int) -> str:
+    """A call's signature at batch ``batch`` (a key's ``inputs``) as it reads at batch ``other``: the numbers
+    equal to ``batch`` follow it, as a derived trace's do. How a store finds a key's profiles at other batch
+    sizes (``input_ids: int64[2, 256]`` at 2 is ``input_ids: int64[8, 256]`` at 8); "" stays ""."""
+    pieces = _NUMBER.split(inputs)
+    return "".join(piece if k % 2 == 0 else str(other) if int(piece) == batch else piece
+                   for k, piece in enumerate(pieces))
 
 
 def _joined(inputs: dict[str, Any], batch: int) -> str:

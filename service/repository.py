@@ -37,7 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, defer
 
 from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
-from remat.client.derived_trace import DERIVED_FROM
+from remat.client.derived_trace import DERIVED_FROM, inputs_at_batch
 from remat.client.errors import InvalidKeyError
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
@@ -184,16 +184,19 @@ def batch_profiles(*, session: Session, key: PlanKey, include_own: bool = False)
     arch = session.execute(select(Architecture.id).where(Architecture.hash == key.model_hash)).scalar_one_or_none()
     if arch is None or not key.input_shape:
         return []
-    columns = {c: v for c, v in _key_columns(key).items() if c not in ("input_shape", "torch_version")}
+    columns = {c: v for c, v in _key_columns(key).items() if c not in ("input_shape", "torch_version", "inputs")}
     sample = ",".join(str(d) for d in key.input_shape[1:])
     rows = session.execute(
-        select(TraceRow.id, TraceRow.input_shape, TraceRow.torch_version, TraceRow.trace_metadata)
+        select(TraceRow.id, TraceRow.input_shape, TraceRow.inputs, TraceRow.torch_version, TraceRow.trace_metadata)
         .where(TraceRow.architecture_id == arch, *(getattr(TraceRow, c) == v for c, v in columns.items()))
         .order_by(TraceRow.id.desc()).limit(_BATCH_CANDIDATES)).all()
     chosen: dict[str, int] = {}
     own = str(key.input_shape[0])
-    for trace_id, shape, version, metadata in rows:
+    for trace_id, shape, inputs, version, metadata in rows:
         batch, _, rest = shape.partition(",")
+        # a call of several inputs names its batch in its signature too: the same call at another batch
+        if not batch.isdigit() or inputs_at_batch(inputs or "", int(batch), key.input_shape[0]) != key.inputs:
+            continue
         if batch == own and rest == sample and not include_own:
             return []  # the key has a trace of its own: a profile (or one derived before) beats a new derivation
         if (rest != sample or batch == own and not include_own or batch in chosen

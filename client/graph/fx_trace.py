@@ -183,6 +183,7 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
         directory = cache_dir / "graphs" if cache_dir is not None else None
         cached = export_cache.load_graph(model, key, train=train, directory=directory)
         if cached is not None:
+            _attach_hash_graph(cached, model, call, train, cache_dir)
             return cached
     with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call):
         warnings.simplefilter("ignore")
@@ -206,7 +207,61 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
     gm.meta["remat_pytree"] = (info.in_spec, info.out_spec)
     if key is not None:
         export_cache.store_graph(model, gm, key, directory=cache_dir / "graphs" if cache_dir is not None else None)
+    _attach_hash_graph(gm, model, call, train, cache_dir)
     return gm
+
+
+HASH_BATCH = 2
+"""The batch size whose exported graph names a model called with several inputs (the module docstring of
+``hashing``, "Exported graphs"). Two, not one: export specialises a dimension of size 1."""
+HASH_GRAPH = "remat_hash_graph"
+"""``meta`` entry of an exported graph at another batch size: a function returning the graph the
+architecture hash describes (the export at ``HASH_BATCH``), or None when that call cannot be exported."""
+
+
+def hash_call(model: nn.Module, call: ModelCall) -> ModelCall | None:
+    """``call`` at batch ``HASH_BATCH``: the first ``HASH_BATCH`` rows of every tensor input whose first
+    dimension is the main input's (the batch); None when the call is at that batch already or its batch is
+    smaller (a batch of 1 cannot be told from a broadcast dimension, so such calls keep their own graph)."""
+    import torch.utils._pytree as pytree
+
+    from remat.client.graph.model_call import ModelCall
+
+    main = call.main
+    if main.dim() == 0 or int(main.shape[0]) <= HASH_BATCH:
+        return None
+    batch = int(main.shape[0])
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t[:HASH_BATCH] if t.dim() > 0 and int(t.shape[0]) == batch else t
+
+    args, kwargs = pytree.tree_map_only(torch.Tensor, rows, (call.args, call.kwargs))
+    return ModelCall.bind(model, tuple(args), kwargs)  # bound again: its signature names batch 2
+
+
+def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCall, train: bool,
+                       cache_dir: Path | None) -> None:
+    """Give ``gm`` (exported at the call's batch) the graph its architecture hash describes, exported lazily.
+
+    torch.export writes the batch size into every ``view``/``reshape``/``expand`` of the graph, so a graph's
+    own description names one batch size: profiles of one architecture at batch 2 and 4 would have two hashes,
+    and no trace could be derived for batch 8 from them (remat.client.derived_trace). The hash describes the
+    model's graph at ``HASH_BATCH`` instead, exported (and cached on disk, like any export) only when a hash is
+    asked for. Two architectures share a hash only where their graphs at batch 2 are the same."""
+    small = hash_call(model, call)
+    if small is None:
+        return
+    memo: list[torch.fx.GraphModule | None] = []
+
+    def hash_graph() -> torch.fx.GraphModule | None:
+        if not memo:
+            try:
+                memo.append(export_model(model, small, train=train, cache_dir=cache_dir))
+            except ModelError:
+                memo.append(None)  # not exportable at batch 2: the hash describes the graph at hand
+        return memo[0]
+
+    gm.meta[HASH_GRAPH] = hash_graph
 
 
 def one_line(exc: BaseException) -> str:

@@ -16,6 +16,13 @@ separate field of the plan key), the train/eval flags (also a key field), Python
 iteration order of anything but the model's own ordered registries. The description is serialised with
 sorted keys, so the hash is the same in every process and on every machine with the same torch major.minor
 (fx's graph may change between torch versions, which is why the torch version is part of the plan key).
+
+Exported graphs (calls of several inputs, remat.client.graph.fx_trace.export_model) hold the batch size in
+their shape arguments (``view(x, [4, 64, 768])``). Their hash describes the graph exported at batch 2
+instead (``fx_trace.HASH_BATCH``; the graph's ``meta["remat_hash_graph"]``), so one architecture has one hash
+at every batch size of at least 2 and its profiles at several batch sizes form one family
+(remat.client.derived_trace). A call at batch 1, or one that cannot be exported at batch 2, is described by its
+own graph.
 """
 
 from __future__ import annotations
@@ -130,6 +137,8 @@ def architecture_description(model: nn.Module, *, graph: torch.fx.Graph | torch.
     """The canonical, JSON-serialisable description that ``architecture_hash`` hashes (for debugging:
     diff two descriptions to see why two models hash differently)."""
     owner: nn.Module | None = None
+    if isinstance(graph, torch.fx.GraphModule) and callable(graph.meta.get("remat_hash_graph")):
+        graph = graph.meta["remat_hash_graph"]() or graph  # an export at another batch: describe it at batch 2
     if isinstance(graph, torch.fx.GraphModule):
         if graph.meta.get("remat_train") is False:
             graph = None  # an eval-mode trace (e.g. a chain built with train=False): hash the train one

@@ -170,3 +170,15 @@ def test_a_call_of_several_inputs_has_its_batch_dimensions_carried_in_its_signat
         fit_batches([profile(2, specs, inputs=call(2)),
                      profile(4, specs, inputs=call(4).replace("256]; labels", "128]; labels"))])
 
+
+
+def test_a_call_signature_reads_at_another_batch_by_its_batch_numbers_only() -> None:
+    from remat.client.derived_trace import inputs_at_batch
+
+    text = "input_ids: int64[2, 256]; labels: int64[2, 256]; use_cache=False; scale=0.2; name='x2'"
+    assert inputs_at_batch(text, 2, 8) == \
+        "input_ids: int64[8, 256]; labels: int64[8, 256]; use_cache=False; scale=0.2; name='x2'"
+    assert inputs_at_batch(text, 2, 2) == text
+    assert inputs_at_batch("", 4, 8) == ""
+    # a sequence length that equals the batch follows it too: such a profile is found at no other batch
+    assert inputs_at_batch("input_ids: int64[4, 4]", 4, 8) == "input_ids: int64[8, 8]"

@@ -206,3 +206,53 @@ def test_checkpoint_at_a_batch_never_profiled_runs_no_profile_and_trains_exactly
         losses.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
     assert torch.equal(losses[0][0], losses[1][0])
     assert all(torch.equal(a, b) for a, b in zip(losses[0][1], losses[1][1], strict=True))
+
+
+@pytest.mark.slow
+def test_a_transformer_at_a_batch_never_profiled_is_derived_and_trains_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model called with several inputs (GPT-2: ids, mask, labels), profiled at batch 2 and 4: export writes
+    the batch into its graph, yet the three batch sizes share one architecture hash, so checkpoint() at batch 6
+    derives its plan without a profile, and the model trains bit-equal to the unmodified one, dropout on."""
+    import copy
+
+    import remat.client
+    from remat.client.apply_plan import applied_plan
+    from remat.client.graph.model_call import ModelCall
+    from remat.client.local_plans import LocalPlanCache
+    from remat.client.plan_lookup import build_held_model
+    from tests.utils.tiny_transformers import step, tiny
+
+    def call(batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 512, (batch, 16), generator=torch.Generator().manual_seed(seed))
+        mask = torch.ones_like(ids)
+        mask[0, -1] = 0
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.clone()}
+
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'local.sqlite'}")
+    monkeypatch.setenv("REMAT_PLAN_CACHE_DIR", str(tmp_path / "plans"))
+    for name in ("REMAT_SERVER", "REMAT_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    reference = tiny("gpt2")
+    hashes = set()
+    with PlanStore() as store:  # what checkpoint() keeps after profiling at batch 2 and 4
+        for batch in (2, 4):
+            model = copy.deepcopy(reference)
+            built = build_held_model(model, ModelCall.bind(model, (), call(batch)), grads="none",
+                                     dtype="float32", cache=LocalPlanCache())
+            hashes.add(built.key.model_hash)
+            store.save_trace(pipeline.profile(built))
+    assert len(hashes) == 1
+
+    def no_profile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled a batch size the stored profiles answer")
+
+    monkeypatch.setattr(pipeline, "profile", no_profile)
+    planned = remat.client.checkpoint(copy.deepcopy(reference), **call(6, seed=1))
+    applied = applied_plan(planned)
+    assert applied is not None and applied.checkpoints  # a real plan, not none
+    assert applied.extra["key"]["model_hash"] in hashes
+    assert applied.extra["key"]["input_shape"] == [6, 16]
+    expected, got = step(reference, call(6, seed=2)), step(planned, call(6, seed=2))
+    assert torch.equal(expected[0], got[0])
+    assert all(torch.equal(a, b) for a, b in zip(expected[1], got[1], strict=True))

@@ -128,3 +128,47 @@ def test_plan_key_rejects_bad_fields(change: dict, field: str) -> None:
         PlanKey.from_dict({"model_hash": "ab", "input_shape": [2, 3], **change})
     with pytest.raises(PlanError, match="input_shape"):
         PlanKey.from_dict({"model_hash": "ab"})
+
+
+class _Heads(nn.Module):
+    """Two inputs and a reshape whose shape names the batch, as attention does: export writes the batch
+    size into the graph."""
+
+    def __init__(self, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        y = self.proj(x).reshape(b, t, self.heads, c // self.heads).transpose(1, 2)
+        return (y.softmax(-1) * mask[:, None, :, None]).sum()
+
+
+def _call_hash(model: nn.Module, batch: int, seq: int = 5, cache_dir: object = None) -> str:
+    from remat.client.graph.model_call import ModelCall
+
+    gen = torch.Generator().manual_seed(batch)
+    call = ModelCall.bind(model, (), {"x": torch.randn(batch, seq, 8, generator=gen), "mask": torch.ones(batch, seq)})
+    return architecture_hash(model, graph=trace_model(model, train=True, call=call, cache_dir=cache_dir))
+
+
+def test_an_exported_model_has_one_hash_at_every_batch_size_from_two(tmp_path) -> None:
+    """Profiles of one architecture at batch 2 and 4 must find each other (derived traces), though export
+    writes the batch into every reshape; a batch of 1 keeps its own graph, and other architectures, other
+    sequence lengths and other head counts keep other hashes."""
+    model = _Heads()
+    at_two = _call_hash(model, 2, cache_dir=tmp_path)
+    assert _call_hash(model, 3, cache_dir=tmp_path) == at_two
+    assert _call_hash(model, 7, cache_dir=tmp_path) == at_two
+    assert _call_hash(model, 7) == at_two  # no disk cache: the same description, exported afresh
+    assert _call_hash(model, 1, cache_dir=tmp_path) != at_two
+    assert _call_hash(model, 4, seq=6, cache_dir=tmp_path) != at_two
+    assert _call_hash(_Heads(heads=4), 4, cache_dir=tmp_path) != at_two
+    # what is hashed at batch 7 is the graph at batch 2, not the one at hand
+    from remat.client.graph.model_call import ModelCall
+
+    call = ModelCall.bind(model, (), {"x": torch.randn(7, 5, 8), "mask": torch.ones(7, 5)})
+    gm = trace_model(model, train=True, call=call, cache_dir=tmp_path)
+    assert "7" in str([n.args for n in gm.graph.nodes])
+    assert architecture_hash(model, graph=gm) == at_two
