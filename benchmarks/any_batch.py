@@ -10,6 +10,7 @@ memory plan planned on that real profile and its step measured).
 
     uv run python benchmarks/any_batch.py --models resnet50,densenet121 --image-size 64 --at 8,16,32
     uv run python benchmarks/any_batch.py --models resnet50 --image-size 64 --max-batch 200MiB --at ""
+    uv run python benchmarks/any_batch.py --models hf:gpt2 --seq-len 128 --at 8,16
 
 Prints markdown rows; CPU, float32, gradients kept.
 """
@@ -17,6 +18,7 @@ Prints markdown rows; CPU, float32, gradients kept.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -35,7 +37,14 @@ MEASURED = ("none", "linear", "chen-sqrt", "uniform")
 
 
 def _request(model: str, batch: int, sample: tuple[int, ...]) -> ModelRequest:
-    return ModelRequest(spec=model, batch_size=batch, sample_shape=sample, device="cpu", grads="kept")
+    """An image model at ``sample``; an ``hf:`` token model at sequence length ``sample[0]``."""
+    seq_len = sample[0] if model.startswith("hf:") and len(sample) == 1 else None
+    return ModelRequest(spec=model, batch_size=batch, sample_shape=sample, device="cpu", grads="kept",
+                        seq_len=seq_len, model_kwargs=dict(MODEL_KWARGS))
+
+
+MODEL_KWARGS: dict[str, Any] = {}
+"""``--model-kwargs``: configuration overrides for every model of the run (``{"n_layer": 6}``)."""
 
 
 def _leaves(tree: Any, path: str = "") -> dict[str, Any]:
@@ -137,8 +146,11 @@ def main() -> int:
     parser.add_argument("--from", dest="sources", default="2,4")
     parser.add_argument("--at", default="8,16,32")
     parser.add_argument("--max-batch", default=None, metavar="BYTES", help="also answer max-batch at this limit")
+    parser.add_argument("--seq-len", type=int, default=None, help="hf: token models: tokens per sample")
+    parser.add_argument("--model-kwargs", default="{}", help="JSON configuration overrides, e.g. {\"n_layer\": 6}")
     args = parser.parse_args()
-    sample = (tuple(int(d) for d in args.sample.split(",")) if args.sample
+    MODEL_KWARGS.update(json.loads(args.model_kwargs))
+    sample = ((args.seq_len,) if args.seq_len else tuple(int(d) for d in args.sample.split(",")) if args.sample
               else (3, args.image_size, args.image_size))
     sources = [int(b) for b in args.sources.split(",")]
     targets = [int(b) for b in args.at.split(",") if b]

@@ -232,8 +232,8 @@ def hash_call(model: nn.Module, call: ModelCall) -> ModelCall | None:
         return None
     batch = int(main.shape[0])
 
-    def rows(t: torch.Tensor) -> torch.Tensor:
-        return t[:HASH_BATCH] if t.dim() > 0 and int(t.shape[0]) == batch else t
+    def rows(t: torch.Tensor) -> torch.Tensor:  # copies: a view would keep the whole batch alive
+        return t[:HASH_BATCH].clone() if t.dim() > 0 and int(t.shape[0]) == batch else t
 
     args, kwargs = pytree.tree_map_only(torch.Tensor, rows, (call.args, call.kwargs))
     return ModelCall.bind(model, tuple(args), kwargs)  # bound again: its signature names batch 2
@@ -248,17 +248,20 @@ def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCa
     and no trace could be derived for batch 8 from them (remat.client.derived_trace). The hash describes the
     model's graph at ``HASH_BATCH`` instead, exported (and cached on disk, like any export) only when a hash is
     asked for. Two architectures share a hash only where their graphs at batch 2 are the same."""
-    small = hash_call(model, call)
+    small: ModelCall | None = hash_call(model, call)
     if small is None:
         return
     memo: list[torch.fx.GraphModule | None] = []
 
     def hash_graph() -> torch.fx.GraphModule | None:
+        nonlocal small
         if not memo:
+            assert small is not None
             try:
                 memo.append(export_model(model, small, train=train, cache_dir=cache_dir))
             except ModelError:
                 memo.append(None)  # not exportable at batch 2: the hash describes the graph at hand
+            small = None  # the graph outlives the hash (a chain keeps it): it need not keep two rows of inputs
         return memo[0]
 
     gm.meta[HASH_GRAPH] = hash_graph

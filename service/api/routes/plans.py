@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
+from remat.client.derived_trace import inputs_at_batch
 from remat.client.plan import BUDGET_ALGORITHM
 from remat.client.plan_key import PlanKey, normalize_device, normalize_dtype
 from remat.client.planning.planners import DEFAULT_PLANNER, PLANNERS
@@ -113,7 +114,8 @@ def read_plan(
 
 
 BatchSizeQuery = Annotated[int | None, Query(ge=1, le=2**31 - 1, description="The batch size: replaces "
-                                            "input_shape's first dimension (a plan for any batch size; see read_plan)")]
+                                            "input_shape's first dimension, and the numbers of inputs equal to it "
+                                            "(a plan for any batch size; see read_plan)")]
 
 
 def _at_batch(key: PlanKey, batch_size: int | None) -> PlanKey:
@@ -121,7 +123,9 @@ def _at_batch(key: PlanKey, batch_size: int | None) -> PlanKey:
         return key
     if not key.input_shape:
         raise HTTPException(422, detail="batch_size: needs input_shape (its first dimension is the batch)")
-    return dataclasses.replace(key, input_shape=(batch_size, *key.input_shape[1:]))
+    # a call of several inputs names its batch in its signature too (input_ids: int64[2, 256]): it follows
+    return dataclasses.replace(key, input_shape=(batch_size, *key.input_shape[1:]),
+                               inputs=inputs_at_batch(key.inputs, key.input_shape[0], batch_size))
 
 
 def _read_or_derive(state: StateDep, read: Callable[[Session], Any], key: PlanKey) -> Any:

@@ -82,3 +82,22 @@ def test_a_key_with_a_profile_of_its_own_is_never_derived(client: TestClient) ->
     assert store_derived(state.db, state.settings, own) is False
     record = client.get("/v1/plans/h", params=_query(16)).json()
     assert record["trace"]["derived_from"] == [] and record["derived"] is False
+
+
+def _signature(batch: int) -> str:
+    return f"pixel_values: float32[{batch}, 3, 8, 8]; labels: int64[{batch}]; return_dict=True"
+
+
+def test_a_call_of_several_inputs_is_derived_with_its_signature_at_the_new_batch(client: TestClient) -> None:
+    """A transformer's key names its batch in ``inputs`` as well as in ``input_shape``: the profiles at 2 and 4
+    are found for a query at 32 (asked with the signature at 32, or at 2 with ``batch_size``), and a profile
+    of another call (another constant) is not."""
+    _upload(client, 2, inputs=_signature(2))
+    _upload(client, 4, inputs=_signature(4))
+    record = client.get("/v1/plans/h", params=_query(32, inputs=_signature(32)))
+    assert record.status_code == 200, record.text
+    assert record.json()["derived"] is True and record.json()["key"]["inputs"] == _signature(32)
+    again = client.get("/v1/plans/h", params=_query(2, inputs=_signature(2), batch_size=32))
+    assert again.status_code == 200 and again.json()["plan_id"] == record.json()["plan_id"]
+    other = client.get("/v1/plans/h", params=_query(32, inputs=_signature(32).replace("True", "False")))
+    assert other.status_code == 404, other.text
