@@ -33,6 +33,7 @@ Public API::
     key = pre_key(model, call, train=True)          # None: not cacheable (a hook, unreadable source…)
     gm = load_graph(model, key, train=True)         # the rebuilt GraphModule, or None
     store_graph(model, gm, key)                     # the file's path, or None when the graph is not storable
+    load_hash(key, hash_format) / store_hash(key, hash_format, h)   # an exported model's architecture hash
     graph_cache_dir() -> Path                       # <plan cache dir>/graphs
 """
 
@@ -65,8 +66,8 @@ from remat.client.graph.hashing import canon, module_description
 if TYPE_CHECKING:
     from remat.client.graph.model_call import ModelCall
 
-__all__ = ["GRAPH_FORMAT", "Uncacheable", "decode_graph", "encode_graph", "graph_cache_dir", "load_graph", "pre_key",
-           "store_graph"]
+__all__ = ["GRAPH_FORMAT", "HASH_FORMAT", "Uncacheable", "decode_graph", "encode_graph", "graph_cache_dir",
+           "load_graph", "load_hash", "pre_key", "store_graph", "store_hash"]
 
 logger = logging.getLogger("remat")
 
@@ -486,6 +487,43 @@ def store_graph(model: nn.Module, gm: torch.fx.GraphModule, key: str, *, directo
     except OSError as exc:  # a read-only or full cache directory costs the next start an export, no more
         logger.info("remat: exported graph not cached (%s)", exc)
         return None
+
+
+HASH_FORMAT = "remat-graph-hash/1"
+
+
+def _hash_path(key: str, directory: Path | None) -> Path:
+    return (directory if directory is not None else graph_cache_dir()) / f"{key}.hash.json"
+
+
+def load_hash(key: str, hash_format: str, *, directory: Path | None = None) -> str | None:
+    """The architecture hash stored under ``key`` (the pre-key of the call it was computed for) by
+    :func:`store_hash`, or None (none stored, another hash format, or a malformed file: ignored).
+
+    The hash is a function of what the pre-key covers (the model's code, state, parameters and the call's
+    signature), so a file under the key may answer for it; it spares a start the second graph a batch other
+    than 2 hashes (remat.client.graph.fx_trace, ``HASH_BATCH``)."""
+    try:
+        data = json.loads(_hash_path(key, directory).read_bytes()[:4096])
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if (not isinstance(data, dict) or data.get("format") != HASH_FORMAT or data.get("key") != key
+            or data.get("hash_format") != hash_format):
+        return None
+    value = data.get("architecture_hash")
+    return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) else None
+
+
+def store_hash(key: str, hash_format: str, architecture_hash: str, *, directory: Path | None = None) -> None:
+    """Keep ``architecture_hash`` under ``key`` for :func:`load_hash`; a cache directory that cannot be written
+    costs the next start the hash's own graph, no more."""
+    from remat.client.local_plans import write_json_atomically
+
+    body = {"format": HASH_FORMAT, "key": key, "hash_format": hash_format, "architecture_hash": architecture_hash}
+    try:
+        write_json_atomically(_hash_path(key, directory), body, indent=None)
+    except OSError as exc:
+        logger.debug("remat: architecture hash not cached: %s", exc)
 
 
 def load_graph(model: nn.Module, key: str, *, train: bool,

@@ -183,7 +183,7 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
         directory = cache_dir / "graphs" if cache_dir is not None else None
         cached = export_cache.load_graph(model, key, train=train, directory=directory)
         if cached is not None:
-            _attach_hash_graph(cached, model, call, train, cache_dir)
+            _attach_hash_graph(cached, model, call, train, cache_dir, key)
             return cached
     with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call):
         warnings.simplefilter("ignore")
@@ -207,7 +207,7 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
     gm.meta["remat_pytree"] = (info.in_spec, info.out_spec)
     if key is not None:
         export_cache.store_graph(model, gm, key, directory=cache_dir / "graphs" if cache_dir is not None else None)
-    _attach_hash_graph(gm, model, call, train, cache_dir)
+    _attach_hash_graph(gm, model, call, train, cache_dir, key)
     return gm
 
 
@@ -217,6 +217,9 @@ HASH_BATCH = 2
 HASH_GRAPH = "remat_hash_graph"
 """``meta`` entry of an exported graph at another batch size: a function returning the graph the
 architecture hash describes (the export at ``HASH_BATCH``), or None when that call cannot be exported."""
+ARCHITECTURE_HASH = "remat_architecture_hash"
+"""``meta`` entry beside ``HASH_GRAPH``: a function returning the hash itself, read from the graph cache when
+an earlier start stored it there (``export_cache.load_hash``), so a hit does not rebuild the second graph."""
 
 
 def hash_call(model: nn.Module, call: ModelCall) -> ModelCall | None:
@@ -240,7 +243,7 @@ def hash_call(model: nn.Module, call: ModelCall) -> ModelCall | None:
 
 
 def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCall, train: bool,
-                       cache_dir: Path | None) -> None:
+                       cache_dir: Path | None, key: str | None) -> None:
     """Give ``gm`` (exported at the call's batch) the graph its architecture hash describes, exported lazily.
 
     torch.export writes the batch size into every ``view``/``reshape``/``expand`` of the graph, so a graph's
@@ -265,6 +268,23 @@ def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCa
         return memo[0]
 
     gm.meta[HASH_GRAPH] = hash_graph
+    if key is None:
+        return  # not cacheable: the hash is computed from the graph each time
+    from remat.client.graph import export_cache, hashing
+
+    directory = cache_dir / "graphs" if cache_dir is not None else None
+    known: list[str] = []
+
+    def architecture_hash() -> str:
+        if not known:
+            stored = export_cache.load_hash(key, hashing.ARCH_HASH_FORMAT, directory=directory)
+            if stored is None:
+                stored = hashing.description_hash(hashing.architecture_description(model, graph=gm))
+                export_cache.store_hash(key, hashing.ARCH_HASH_FORMAT, stored, directory=directory)
+            known.append(stored)
+        return known[0]
+
+    gm.meta[ARCHITECTURE_HASH] = architecture_hash
 
 
 def one_line(exc: BaseException) -> str:

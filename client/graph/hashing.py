@@ -19,8 +19,10 @@ sorted keys, so the hash is the same in every process and on every machine with 
 
 Exported graphs (calls of several inputs, remat.client.graph.fx_trace.export_model) hold the batch size in
 their shape arguments (``view(x, [4, 64, 768])``). Their hash describes the graph exported at batch 2
-instead (``fx_trace.HASH_BATCH``; the graph's ``meta["remat_hash_graph"]``), so one architecture has one hash
-at every batch size of at least 2 and its profiles at several batch sizes form one family
+instead (``fx_trace.HASH_BATCH``; the graph's ``meta["remat_hash_graph"]``, and
+``meta["remat_architecture_hash"]`` for the hash itself, kept in the graph cache so a start does not rebuild
+that second graph), so one architecture has one hash at every batch size of at least 2 and its profiles at
+several batch sizes form one family
 (remat.client.derived_trace). A call at batch 1, or one that cannot be exported at batch 2, is described by its
 own graph.
 """
@@ -39,7 +41,8 @@ from torch import nn
 
 from remat.client.errors import ModelError
 
-__all__ = ["ARCH_HASH_FORMAT", "architecture_description", "architecture_hash", "canon", "module_description"]
+__all__ = ["ARCH_HASH_FORMAT", "architecture_description", "architecture_hash", "canon", "description_hash",
+           "module_description"]
 
 ARCH_HASH_FORMAT = "remat-arch/1"
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -173,5 +176,12 @@ def architecture_hash(model: nn.Module, *, graph: torch.fx.Graph | torch.fx.Grap
             result, which is ignored: the hash is always of the train-mode graph); a model fx cannot
             trace is hashed on its modules, parameters and buffers alone.
     """
-    text = json.dumps(architecture_description(model, graph=graph), sort_keys=True, separators=(",", ":"))
+    if isinstance(graph, torch.fx.GraphModule) and callable(graph.meta.get("remat_architecture_hash")):
+        return graph.meta["remat_architecture_hash"]()  # an export at another batch: its hash, maybe from disk
+    return description_hash(architecture_description(model, graph=graph))
+
+
+def description_hash(description: dict) -> str:
+    """Hex sha256 of an ``architecture_description``: what ``architecture_hash`` returns."""
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -172,3 +172,20 @@ def test_an_exported_model_has_one_hash_at_every_batch_size_from_two(tmp_path) -
     gm = trace_model(model, train=True, call=call, cache_dir=tmp_path)
     assert "7" in str([n.args for n in gm.graph.nodes])
     assert architecture_hash(model, graph=gm) == at_two
+
+
+def test_the_hash_at_another_batch_is_kept_in_the_graph_cache_and_a_bad_file_is_ignored(tmp_path) -> None:
+    """A start at batch 7 stores its hash beside the exported graphs, so the next start need not rebuild the
+    graph at batch 2; a file of another format or a malformed one is recomputed and rewritten."""
+    import json
+
+    model = _Heads()
+    at_two = _call_hash(model, 2)
+    assert _call_hash(model, 7, cache_dir=tmp_path) == at_two
+    (stored,) = (tmp_path / "graphs").glob("*.hash.json")
+    assert json.loads(stored.read_text())["architecture_hash"] == at_two
+    for bad in ("{", json.dumps({"format": "other"}), json.dumps({**json.loads(stored.read_text()),
+                                                                  "architecture_hash": "not hex"})):
+        stored.write_text(bad)
+        assert _call_hash(model, 7, cache_dir=tmp_path) == at_two
+    assert json.loads(stored.read_text())["architecture_hash"] == at_two
