@@ -40,6 +40,7 @@ import torch.fx
 from torch import nn
 
 from remat.client.errors import ModelError
+from remat.client.graph.fx_trace import ARCHITECTURE_HASH, HASH_GRAPH
 
 __all__ = ["ARCH_HASH_FORMAT", "architecture_description", "architecture_hash", "canon", "description_hash",
            "module_description"]
@@ -140,8 +141,8 @@ def architecture_description(model: nn.Module, *, graph: torch.fx.Graph | torch.
     """The canonical, JSON-serialisable description that ``architecture_hash`` hashes (for debugging:
     diff two descriptions to see why two models hash differently)."""
     owner: nn.Module | None = None
-    if isinstance(graph, torch.fx.GraphModule) and callable(graph.meta.get("remat_hash_graph")):
-        graph = graph.meta["remat_hash_graph"]() or graph  # an export at another batch: describe it at batch 2
+    if isinstance(graph, torch.fx.GraphModule) and callable(graph.meta.get(HASH_GRAPH)):
+        graph = graph.meta[HASH_GRAPH]() or graph  # an export at another batch: describe it at batch 2
     if isinstance(graph, torch.fx.GraphModule):
         if graph.meta.get("remat_train") is False:
             graph = None  # an eval-mode trace (e.g. a chain built with train=False): hash the train one
@@ -176,8 +177,8 @@ def architecture_hash(model: nn.Module, *, graph: torch.fx.Graph | torch.fx.Grap
             result, which is ignored: the hash is always of the train-mode graph); a model fx cannot
             trace is hashed on its modules, parameters and buffers alone.
     """
-    if isinstance(graph, torch.fx.GraphModule) and callable(graph.meta.get("remat_architecture_hash")):
-        return graph.meta["remat_architecture_hash"]()  # an export at another batch: its hash, maybe from disk
+    if isinstance(graph, torch.fx.GraphModule) and callable(graph.meta.get(ARCHITECTURE_HASH)):
+        return graph.meta[ARCHITECTURE_HASH]()  # an export at another batch: its hash, maybe from disk
     return description_hash(architecture_description(model, graph=graph))
 
 
