@@ -4,6 +4,7 @@ connection stays on loopback (tests/loopback_guard.py)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +13,19 @@ from hypothesis import Phase, settings
 from tests import loopback_guard
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# The suite runs in several pytest-xdist processes (addopts: -n 2). Left alone, torch in each of them, and in
+# every service, worker and CLI process they start, runs a thread per core: twice as many busy threads as cores,
+# whose OpenMP spin-waits slowed CPU-bound tests up to threefold (the README's `plan resnet152` line: 65 s
+# alone, 193 s beside the other process). Each process gets its share of the cores instead, through the
+# environment so that the processes a test starts get it too. Results do not depend on it: a test compares
+# steps run in one process, or in processes started with this same environment.
+_PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+if _PROCESSES > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _PROCESSES)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+    if "torch" in sys.modules:  # imported before this file (a plugin): the variable came too late for it
+        sys.modules["torch"].set_num_threads(_THREADS)
 
 # Mutation runs (benchmarks/mutation_*.toml) pass --hypothesis-profile=mutation: a failing example only has to
 # be found, not shrunk, and shrinking a killed mutant's counterexample would cost most of the run's time.
