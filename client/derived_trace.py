@@ -164,10 +164,7 @@ def _fitted_part(trace: Trace) -> dict[str, Any]:
     for name in _BATCH_FIELDS + _UNTOUCHED_METADATA:
         tree.pop(name, None)
     if tree.get("inputs"):
-        pieces = _NUMBER.split(tree["inputs"])
-        batch = _batch(trace)
-        tree["inputs"] = {"text": pieces[0::2],
-                          "numbers": [_BATCH if int(n) == batch else n for n in pieces[1::2]]}  # text: not fitted
+        tree["inputs"] = _split_inputs(tree["inputs"], _batch(trace))  # text: not fitted
     return tree
 
 
@@ -185,9 +182,13 @@ def inputs_at_batch(inputs: str, batch: int, other: int) -> str:
     """A call's signature at batch ``batch`` (a key's ``inputs``) as it reads at batch ``other``: the numbers
     equal to ``batch`` follow it, as a derived trace's do. How a store finds a key's profiles at other batch
     sizes (``input_ids: int64[2, 256]`` at 2 is ``input_ids: int64[8, 256]`` at 8); "" stays ""."""
+    return _joined(_split_inputs(inputs, batch), other)
+
+
+def _split_inputs(inputs: str, batch: int) -> dict[str, Any]:
+    """A call's signature as its text and its numbers, those equal to ``batch`` marked ``_BATCH``."""
     pieces = _NUMBER.split(inputs)
-    return "".join(piece if k % 2 == 0 else str(other) if int(piece) == batch else piece
-                   for k, piece in enumerate(pieces))
+    return {"text": pieces[0::2], "numbers": [_BATCH if int(n) == batch else n for n in pieces[1::2]]}
 
 
 def _joined(inputs: dict[str, Any], batch: int) -> str:
