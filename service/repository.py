@@ -197,10 +197,12 @@ def batch_profiles(*, session: Session, key: PlanKey, include_own: bool = False)
         # a call of several inputs names its batch in its signature too: the same call at another batch
         if not batch.isdigit() or inputs_at_batch(inputs or "", int(batch), key.input_shape[0]) != key.inputs:
             continue
-        if batch == own and rest == sample and not include_own:
+        if rest != sample:
+            continue
+        if batch == own and not include_own:
             return []  # the key has a trace of its own: a profile (or one derived before) beats a new derivation
-        if (rest != sample or batch == own and not include_own or batch in chosen
-                or key.torch_version not in (UNKNOWN, _major_minor(version)) or (metadata or {}).get(DERIVED_FROM)):
+        if (batch in chosen or key.torch_version not in (UNKNOWN, _major_minor(version))
+                or (metadata or {}).get(DERIVED_FROM)):
             continue
         chosen[batch] = trace_id
         if len(chosen) == MAX_BATCH_PROFILES:

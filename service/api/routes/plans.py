@@ -143,17 +143,17 @@ def _read_budget_plan(state: StateDep, key: PlanKey, budget: int | None) -> Resp
     if budget is None:
         raise HTTPException(422,
                             detail="budget: required with algorithm=budget (bytes of activation memory)")
-    with state.db.read_session() as session:
-        found = repository.find_frontier(session=session, key=key)
-    if not found:
-        store_derived(state.db, state.settings, key)
-    with state.db.read_session() as session:
+    def pick(session: Session) -> tuple[Any, int] | None:  # None: no frontier stored (derived on that miss)
         record, smallest = repository.pick_budget_plan(session=session, key=key, budget_bytes=budget)
-    if smallest is None:
+        return None if smallest is None else (record, smallest)
+
+    picked = _read_or_derive(state, pick, key)
+    if picked is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             detail=f"model_hash: no frontier is stored for {key.model_hash} with input_shape "
                                    f"{key.input_shape_text or '()'} and these conventions; it is computed when a "
                                    f"trace is stored (POST /v1/traces or a profiling job)")
+    record, smallest = picked
     if record is None:
         raise HTTPException(422,
                             detail=f"budget: {budget} bytes is below the smallest feasible peak, {smallest} bytes")
