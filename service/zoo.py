@@ -154,7 +154,7 @@ def recent_batches(*, session: Session, limit: int = 50, offset: int = 0) -> tup
     """A page of zoo batches, newest first, and whether more follow: two bounded reads (the page, walked in
     ``ix_zoo_batches_created_at`` order to one row past it, and its jobs' states counted per batch)."""
     rows = list(session.execute(select(ZooBatchRow).order_by(ZooBatchRow.created_at.desc(), ZooBatchRow.id)
-                                .limit(limit + 1).offset(offset)).scalars())[:limit + 1]
+                                .limit(limit + 1).offset(offset)).scalars())
     page = rows[:limit]
     counts = {row.id: dict.fromkeys((state.value for state in JobState), 0) for row in page}
     if page:
