@@ -175,8 +175,11 @@ def print_model_table(report: Any, source: str | None = None) -> None:
         if base and base.measured_peak_bytes and row.measured_peak_bytes is not None:
             saving = f"{1 - row.measured_peak_bytes / base.measured_peak_bytes:.1%}"
         step = "-" if row.step_ms is None else f"{row.step_ms:.0f} ms"
-        if base and base.step_ms and row.step_ms is not None:
-            step += f" ({row.step_ms / base.step_ms - 1:+.0%})"
+        if base and base.step_ms and row.step_ms is not None and row is not base:
+            from remat.client.report import Trade
+
+            trade = Trade.of(base, row)
+            step += " (within noise)" if trade.within_noise else f" ({row.step_ms / base.step_ms - 1:+.0%})"
         predicted = format_bytes(row.plan.predicted_peak_bytes)
         if row.plan.cost_model != "pytorch":  # not the measured quantity: say which model it is
             predicted += f" ({row.plan.cost_model})"
@@ -184,7 +187,8 @@ def print_model_table(report: Any, source: str | None = None) -> None:
                       saving, step)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
-               "the step time's change against none is the recompute overhead.")
+               "the step time's change against none is the recompute overhead (the least of interleaved rounds; "
+               "within noise: no larger than the rounds' spread).")
     if report.frontier:
         low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes
         measured = sum(1 for r in report.frontier if r.measured_peak_bytes is not None)

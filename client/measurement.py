@@ -44,7 +44,13 @@ class Measurement:
     requested_peak_bytes: int | None = None
     """CUDA: the peak of bytes requested above the pre-step baseline, before the allocator rounds them."""
     step_ms: float | None = None
+    """The step's time: the least over interleaved rounds of every plan measured with it (noise on a shared
+    machine only adds time)."""
     baseline_step_ms: float | None = None
+    step_spread_ms: float | None = None
+    """How far the step's median over those rounds sits above ``step_ms``: a difference between two plans'
+    times smaller than their spreads is within noise. None when timed once."""
+    baseline_step_spread_ms: float | None = None
     device_name: str | None = None
     torch_version: str | None = None
     grad_check_passed: bool | None = None
@@ -60,10 +66,19 @@ class Measurement:
 
     def __post_init__(self) -> None:
         # One JSON type per field, fresh or read back from a database: times and differences are floats.
-        for name in ("step_ms", "baseline_step_ms", "grad_max_abs_diff"):
+        for name in ("step_ms", "baseline_step_ms", "step_spread_ms", "baseline_step_spread_ms", "grad_max_abs_diff"):
             value = getattr(self, name)
             if isinstance(value, int) and not isinstance(value, bool):
                 object.__setattr__(self, name, float(value))
+
+    @property
+    def within_noise(self) -> bool:
+        """The step's difference from the baseline's is no larger than the larger of their spreads: neither
+        faster nor slower by what the measurement can tell apart."""
+        if self.step_ms is None or self.baseline_step_ms is None:
+            return False
+        spread = max(self.step_spread_ms or 0.0, self.baseline_step_spread_ms or 0.0)
+        return abs(self.step_ms - self.baseline_step_ms) <= spread
 
     @property
     def prediction_error(self) -> float | None:

@@ -29,6 +29,8 @@ class PlanRow:
     plan: Plan
     measured_peak_bytes: int | None
     step_ms: float | None
+    step_spread_ms: float | None = None
+    """The step time's spread over its timed rounds (``Measurement.step_spread_ms``)."""
     grad_check_passed: bool | None = None
     """Whether the plan's gradients equalled the unmodified step's (None: not checked)."""
     timeline: dict[str, Any] | None = None
@@ -38,7 +40,8 @@ class PlanRow:
     def from_measurement(cls, plan: Plan, m: Measurement | None) -> PlanRow:
         """The row of ``plan`` measured by ``m`` (None: not measured)."""
         return cls(plan=plan, measured_peak_bytes=m.measured_peak_bytes if m else None,
-                   step_ms=m.step_ms if m else None, grad_check_passed=m.grad_check_passed if m else None,
+                   step_ms=m.step_ms if m else None, step_spread_ms=m.step_spread_ms if m else None,
+                   grad_check_passed=m.grad_check_passed if m else None,
                    timeline=(m.extra or {}).get("timeline") if m else None)
 
 
@@ -53,6 +56,9 @@ class Trade:
     """The plan's measured step time / no checkpointing's, minus 1 (the recompute overhead)."""
     prediction_error: float | None
     """(predicted - measured) / measured peak of the plan."""
+    within_noise: bool = False
+    """The two step times differ by no more than the larger of their spreads: the overhead is not told apart
+    from zero, and tables say so instead of printing a percentage (a checkpointed plan "faster" than none)."""
 
     @classmethod
     def of(cls, base: PlanRow | None, chosen: PlanRow | None) -> Trade:
@@ -63,7 +69,10 @@ class Trade:
         overhead = (chosen.step_ms / base.step_ms - 1
                     if base and chosen and base.step_ms and chosen.step_ms is not None else None)
         error = (chosen.plan.predicted_peak_bytes - peak) / peak if chosen and peak else None
-        return cls(saving=saving, overhead=overhead, prediction_error=error)
+        within = (overhead is not None and base is not None and chosen is not None and chosen is not base
+                  and abs(chosen.step_ms - base.step_ms) <= max(chosen.step_spread_ms or 0.0,  # type: ignore[operator]
+                                                                 base.step_spread_ms or 0.0))
+        return cls(saving=saving, overhead=overhead, prediction_error=error, within_noise=within)
 
 
 @dataclass(kw_only=True)

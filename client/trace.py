@@ -43,7 +43,7 @@ OPTIONAL_STAGE_BYTES = (
     "cast_unsaved_bytes",
 )
 OPTIONAL_STAGE_BOOLS = ("saves_input", "saves_output", "saves_nothing")
-OPTIONAL_STAGE_MS = ("forward_ms", "backward_ms")
+OPTIONAL_STAGE_MS = ("forward_ms", "backward_ms", "recompute_ms")
 #: Every field of a stage, in the order a table of stages lists them (the plan database's columns).
 STAGE_FIELDS = ("name", "output_bytes", "saved_bytes", *OPTIONAL_STAGE_BYTES, *OPTIONAL_STAGE_BOOLS,
                 *OPTIONAL_STAGE_MS)
@@ -66,6 +66,8 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "side_unsaved_bytes": int,
     "side_by_stage": list,
     "side_unsaved_by_stage": list,
+    "checkpoint_ms": (int, float),
+    "timing": dict,
 }
 GRAD_CONVENTIONS = ("none", "kept")
 MODES = ("train", "eval")
@@ -121,7 +123,14 @@ class Stage:
     cast_unsaved_bytes: int = 0
     """The part of ``cast_bytes`` that no stage saves for backward (alive only in the forward's cache)."""
     forward_ms: float | None = None
+    """Time of the stage's forward with grad enabled, timed inside a whole forward pass (the context a
+    recompute runs in): the least of several rounds. None when not profiled."""
     backward_ms: float | None = None
+    recompute_ms: float | None = None
+    """What re-running this stage under a non-reentrant checkpoint adds to a training step: its recompute in
+    backward and the saving and unpacking of its tensors through the checkpoint's hooks, measured in real
+    steps (NOTE [ timing a plan ] in remat.worker.profilers.step_timing). None when not measured; then
+    ``forward_ms`` stands in for it."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Fields a profiler recorded that the planners do not use; kept so that a round trip loses nothing."""
 
@@ -225,6 +234,13 @@ class Trace:
         """The part of :attr:`side_bytes` no stage saves for backward (metadata ``side_unsaved_bytes``): gone
         once the forward returns, unless a checkpointed segment holds it as an input for its recompute."""
         return int(self.metadata.get("side_unsaved_bytes") or 0)
+
+    @property
+    def checkpoint_ms(self) -> float:
+        """Fixed time one checkpointed segment adds to a step whatever it re-runs (metadata ``checkpoint_ms``:
+        the checkpoint's frame, RNG and buffer bookkeeping, its early stop); 0 when not measured."""
+        value = self.metadata.get("checkpoint_ms")
+        return float(value) if value is not None else 0.0
 
     @property
     def has_times(self) -> bool:
@@ -386,6 +402,10 @@ def parse_trace(obj: Any) -> Trace:
     for name in ("side_bytes", "side_unsaved_bytes"):
         if metadata.get(name) is not None:
             _nonneg_int(metadata, name, "", required=True)
+    checkpoint_ms = metadata.get("checkpoint_ms")
+    if checkpoint_ms is not None and (isinstance(checkpoint_ms, bool) or not math.isfinite(checkpoint_ms)
+                                      or checkpoint_ms < 0):
+        raise TraceFormatError(f"checkpoint_ms: must be a number of milliseconds ≥ 0, got {checkpoint_ms!r}")
     if int(metadata.get("side_unsaved_bytes") or 0) > int(metadata.get("side_bytes") or 0):
         raise TraceFormatError("side_unsaved_bytes: must not exceed side_bytes")
     for name, total in (("side_by_stage", "side_bytes"), ("side_unsaved_by_stage", "side_unsaved_bytes")):

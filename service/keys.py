@@ -194,6 +194,8 @@ def check_storable(trace: Trace) -> None:
     """
     if trace.input_bytes > MAX_FIELD_BYTES:
         raise TraceRejectedError(f"input_bytes: more than {MAX_FIELD_BYTES} bytes is not plausible")
+    if trace.checkpoint_ms > MAX_FIELD_MS:
+        raise TraceRejectedError(f"checkpoint_ms: more than {MAX_FIELD_MS:g} ms is not plausible")
     byte_fields = ("output_bytes", "saved_bytes", *OPTIONAL_STAGE_BYTES)
     for i, stage in enumerate(trace.stages):
         for name in byte_fields:

@@ -153,6 +153,7 @@ class TraceStageRow(Base):
     saves_nothing: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     forward_ms: Mapped[float | None] = mapped_column(Float)
     backward_ms: Mapped[float | None] = mapped_column(Float)
+    recompute_ms: Mapped[float | None] = mapped_column(Float)
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
@@ -222,6 +223,8 @@ class MeasurementRow(Base):
     requested_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     step_ms: Mapped[float | None] = mapped_column(Float)
     baseline_step_ms: Mapped[float | None] = mapped_column(Float)
+    step_spread_ms: Mapped[float | None] = mapped_column(Float)
+    baseline_step_spread_ms: Mapped[float | None] = mapped_column(Float)
     device_name: Mapped[str | None] = mapped_column(String(200))
     torch_version: Mapped[str | None] = mapped_column(String(64))
     grad_check_passed: Mapped[bool | None] = mapped_column(Boolean)

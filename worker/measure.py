@@ -40,7 +40,8 @@ from remat.worker.model_output import AUX_LOSS_WEIGHT, output_tensors, own_loss
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
 
-__all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "time_plans"]
+__all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "time_plans",
+           "time_plans_spread"]
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -212,7 +213,8 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
             added, so one dict holds predicted and measured.
         algorithm: the planner name to report.
         baseline: also measure the no-checkpoint step (``baseline_*`` fields).
-        timing_repeats: unmetered timed steps per configuration (the fastest is reported).
+        timing_repeats: timed steps per configuration (the fastest is reported); with a baseline and more than
+            one, the plan and the baseline are timed in interleaved rounds and their spreads reported.
         loss_fn: the loss applied to the network output; default :func:`make_loss`.
         precision: the step's precision (``remat.client.precision``); default from the input's dtype and the
             caller's autocast state.
@@ -233,10 +235,18 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
         model.train(train)
         if loss_fn is None:
             loss_fn = _default_loss(chain, x, precision)
+        interleaved = baseline and timing_repeats > 1
+        repeats = 1 if interleaved else timing_repeats
         plan = _measure_one(chain, model, x, loss_fn, checkpoints, backend=backend, grads=grads,
-                            timing_repeats=timing_repeats, precision=precision)
+                            timing_repeats=repeats, precision=precision)
         base = (_measure_one(chain, model, x, loss_fn, (), backend=backend, grads=grads,
-                             timing_repeats=timing_repeats, precision=precision) if baseline else None)
+                             timing_repeats=repeats, precision=precision) if baseline else None)
+    spreads: tuple[float | None, float | None] = (None, None)
+    if base is not None and interleaved:  # the two steps' times from the same interleaved rounds
+        (plan["step_ms"], spread), (base["step_ms"], base_spread) = time_plans_spread(
+            model, x, [checkpoints, ()], grads=grads, device=device, chain=chain, train=train,
+            rounds=timing_repeats, loss_fn=loss_fn, precision=precision)
+        spreads = (spread, base_spread)
     extra: dict[str, Any] = {}
     if "timeline" in plan:
         extra["timeline"] = plan["timeline"]
@@ -258,7 +268,8 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
         baseline_measured_peak_bytes=base["activation_bytes"] if base else None,
         absolute_peak_bytes=plan["absolute_peak_bytes"], measured_reserved_bytes=plan.get("reserved_peak_bytes"),
         requested_peak_bytes=plan.get("requested_activation_bytes"), step_ms=plan["step_ms"],
-        baseline_step_ms=base["step_ms"] if base else None, device_name=backend.device_name,
+        baseline_step_ms=base["step_ms"] if base else None, step_spread_ms=spreads[0],
+        baseline_step_spread_ms=spreads[1], device_name=backend.device_name,
         torch_version=torch.__version__, grads=grads, dtype=precision, device=backend.device.type, extra=extra)
 
 
@@ -321,22 +332,45 @@ def time_plans(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Se
                grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
                train: bool = True, rounds: int = 3, loss_fn: LossFn | None = None,
                precision: str | None = None, runners: Sequence[StageChainLike] | None = None) -> list[float]:
-    """Step time of several plans, interleaved: ``rounds`` rounds each run every plan once; fastest kept.
+    """Step time of several plans, the least of interleaved rounds: :func:`time_plans_spread`'s times."""
+    return [t for t, _ in time_plans_spread(model, example_input, plans, grads=grads, device=device, chain=chain,
+                                            train=train, rounds=rounds, loss_fn=loss_fn, precision=precision,
+                                            runners=runners)]
+
+
+ROUNDS_BUDGET_S = 60.0
+"""Seconds of timed rounds after which no further round starts once two have run: validating a frontier at a
+large batch on CPU, where a step takes seconds, stays within minutes."""
+
+
+def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Sequence[int]], *,
+                      grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
+                      train: bool = True, rounds: int = 3, loss_fn: LossFn | None = None,
+                      precision: str | None = None, runners: Sequence[StageChainLike] | None = None,
+                      budget_s: float = ROUNDS_BUDGET_S) -> list[tuple[float, float]]:
+    """(step time, spread) of several plans, interleaved: up to ``rounds`` rounds each run every plan once.
     ``runners`` as for :func:`gradient_check`.
 
     Why interleaved: on a shared or throttling machine a slow minute would otherwise land on whichever plan
-    was being timed, and time overheads (plan / no checkpointing) would be noise. Each round runs the
-    plans in the given order after one warm-up step each.
+    was being timed, and time overheads (plan / no checkpointing) would be noise. Why the least: noise (another
+    process on the core, the host) only adds time, so the least of the rounds is the step's own time, and the
+    median of the rounds above it says how noisy they were (the spread; 0 for one round). Measured on a
+    2-core VM, ResNet-152 at batch 1, 64², five copies of the same plan in 9 rounds: least 126–131 ms, medians
+    136–166 ms. Each round runs the plans in the given order after one warm-up step each; no round starts past
+    ``budget_s`` once two have run.
 
     Returns:
-        Milliseconds per plan, in the order given.
+        (milliseconds, spread in milliseconds) per plan, in the order given.
     """
+    import statistics
+    import time
+
     backend = backend_for(device)
     x = example_input.to(backend.device)
     precision = _precision(model, x, precision)
     if chain is None:
         chain = build_chain(model, x, train=train)
-    best = [float("inf")] * len(plans)
+    times: list[list[float]] = [[] for _ in plans]
     with preserved_state(model, devices=backend.rng_devices):
         model.train(train)
         if loss_fn is None:
@@ -345,12 +379,15 @@ def time_plans(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Se
         for checkpoints, runner in zip(plans, run_by, strict=True):
             set_grad_convention(model, grads)
             _step(runner, x, loss_fn, tuple(checkpoints), precision)
-        for _ in range(max(rounds, 1)):
+        started = time.perf_counter()
+        done = 0
+        while done < max(rounds, 1) and (done < 2 or time.perf_counter() - started < budget_s):
             for i, checkpoints in enumerate(plans):
                 set_grad_convention(model, grads)
                 ms = backend.time_ms(lambda cps=tuple(checkpoints), r=run_by[i]: _step(r, x, loss_fn, cps, precision))
-                best[i] = min(best[i], ms)
-    return best
+                times[i].append(ms)
+            done += 1
+    return [(min(t), statistics.median(t) - min(t)) for t in times]
 
 
 def measure_plan(model: nn.Module, example_input: torch.Tensor, algorithm: str, *, grads: str = "none",

@@ -39,7 +39,8 @@ from remat.client.trace import Trace
 __all__ = ["ProfileResult", "graph_planned", "measure_algorithm", "plans_for", "profile", "run", "run_built",
            "run_derived", "validate"]
 
-TIMING_ROUNDS = 2
+TIMING_ROUNDS = 5
+"""Interleaved rounds of timed steps per validation (``measure.time_plans_spread``: fewer past its time budget)."""
 
 
 def _silent(message: str, fraction: float) -> None:
@@ -158,7 +159,7 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
     Each measurement's baseline fields are those of the ``none`` plan when it is among ``plans``. Keyed by
     :attr:`Plan.label <remat.client.plan.Plan.label>` (the algorithm, and the budget of a frontier plan).
     """
-    from remat.worker.measure import gradient_check, measure_step, time_plans
+    from remat.worker.measure import gradient_check, measure_step, time_plans_spread
 
     say = progress or _silent
     request = built.request
@@ -183,8 +184,8 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
             say("checking gradients", start + (end - start) * len(plans) / steps)
             checks = gradient_check(built.model, built.example, cut_points, runners=runners, **common)
         say("timing every plan", start + (end - start) * (len(plans) + 1) / steps)
-        times = time_plans(built.model, built.example, cut_points, rounds=timing_rounds, runners=runners,
-                           **common)
+        times = time_plans_spread(built.model, built.example, cut_points, rounds=timing_rounds, runners=runners,
+                                  **common)
     except RuntimeError as exc:
         guard_memory(request, exc)
         raise
@@ -193,9 +194,11 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
     for k, plan in enumerate(plans):
         passed, diff = checks[k] if checks is not None else (None, None)
         out[plan.label] = replace(
-            out[plan.label], step_ms=times[k], grad_check_passed=passed, grad_max_abs_diff=diff,
+            out[plan.label], step_ms=times[k][0], step_spread_ms=times[k][1] if timing_rounds > 1 else None,
+            grad_check_passed=passed, grad_max_abs_diff=diff,
             baseline_measured_peak_bytes=out["none"].measured_peak_bytes if base_k is not None else None,
-            baseline_step_ms=times[base_k] if base_k is not None else None)
+            baseline_step_ms=times[base_k][0] if base_k is not None else None,
+            baseline_step_spread_ms=times[base_k][1] if base_k is not None and timing_rounds > 1 else None)
     return out
 
 

@@ -671,22 +671,15 @@ def _recomputed_backward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_i
     return max(peak, 0)
 
 
-def _time_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
-               model: nn.Module, backend: Backend, grads: str, repeats: int,
-               amp: AmpContext) -> tuple[float, float | None]:
-    """Fastest forward and backward time of the isolated pass over ``repeats`` runs, without the meter."""
-    fwd: list[float] = []
+def _time_backward(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
+                   model: nn.Module, backend: Backend, grads: str, repeats: int, amp: AmpContext) -> float:
+    """Fastest backward time of the isolated pass over ``repeats`` runs, without the meter. (Forward times are
+    taken inside a whole pass instead: NOTE [ timing a plan ].)"""
     bwd: list[float] = []
-    holder: dict[str, torch.Tensor] = {}
-
-    def forward() -> None:
-        with torch.enable_grad(), amp():
-            holder["y"] = stage(_stage_input(x_in, []))
-
     for _ in range(repeats):
         set_grad_convention(model, grads)
-        fwd.append(backend.time_ms(forward))
-        y = holder.pop("y")
+        with torch.enable_grad(), amp():
+            y = stage(_stage_input(x_in, []))
         if any_requires_grad(y):
             with torch.enable_grad():
                 loss = seeded_sum(y, ones)
@@ -694,7 +687,50 @@ def _time_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor
             bwd.append(backend.time_ms(loss.backward))
             del loss
         x_in.grad = None
-    return min(fwd), (min(bwd) if bwd else 0.0)
+    return min(bwd) if bwd else 0.0
+
+
+def _add_times(obj: dict[str, Any], chain: StageChainLike, model: nn.Module, x0: Any, backend: Backend,
+               grads: str, amp: AmpContext) -> None:
+    """Every stage's ``forward_ms`` and ``recompute_ms``, the trace's ``checkpoint_ms`` and ``timing``, from
+    whole forward passes and training steps (NOTE [ timing a plan ])."""
+    from remat.worker.profilers.step_timing import time_stages
+
+    n = chain.num_stages
+    extra = getattr(chain, "_extra_inputs", None) or None
+
+    def step(checkpoints: Sequence[int]) -> None:
+        set_grad_convention(model, grads)
+        with torch.enable_grad():
+            with amp():
+                out = (chain.run(x0, checkpoints, extra=extra)  # type: ignore[call-arg]  # StageChain's
+                       if extra else chain.run(x0, checkpoints))
+                fold = getattr(chain, "fold_output", None)
+                out = training_outputs(fold(out) if fold is not None else out)
+                loss = sum(t.float().sum() for t in output_tensors(out))
+                del out
+            if loss.requires_grad:
+                loss.backward()
+
+    def forward_context() -> contextlib.AbstractContextManager[Any]:
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(amp())
+        return stack
+
+    times = time_stages([stage_callable(chain, i) for i in range(1, n + 1)], x0, step, backend.time_ms,
+                        forward_context)
+    for k, stage_obj in enumerate(obj["stages"]):
+        stage_obj["forward_ms"] = times.forward_ms[k]
+        stage_obj.setdefault("backward_ms", 0.0)
+        if times.recompute_ms is not None:
+            stage_obj["recompute_ms"] = times.recompute_ms[k]
+    if times.checkpoint_ms is not None:
+        obj["checkpoint_ms"] = times.checkpoint_ms
+    obj["timing"] = times.summary
+    for p in model.parameters():
+        p.grad = None
+    backend.synchronize()
 
 
 def _shared_users(chain: StageChainLike, n: int, backend: Backend) -> dict[int, tuple[list[int], int]]:
@@ -847,8 +883,7 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
             _clear_side_grads(chain)
             grad_strides = layouts[0] if layouts else None
             if timing_repeats > 0:
-                m.forward_ms, m.backward_ms = _time_pass(stage, x_in, ones, model, backend, grads, timing_repeats,
-                                                         amp)
+                m.backward_ms = _time_backward(stage, x_in, ones, model, backend, grads, timing_repeats, amp)
                 _clear_side_grads(chain)
             measures[i - 1] = m
             del x_in, ones
@@ -883,8 +918,7 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
             }
             if m.levels:
                 stage_obj["peak_levels"] = m.levels
-            if m.forward_ms is not None:
-                stage_obj["forward_ms"] = m.forward_ms
+            if m.backward_ms is not None:
                 stage_obj["backward_ms"] = m.backward_ms
             if not rec.packed[i]:
                 stage_obj["saves_nothing"] = True
@@ -906,4 +940,7 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
             obj["side_by_stage"] = rec.side_by_stage
             obj["side_unsaved_bytes"] = sum(rec.side_unsaved_by_stage)
             obj["side_unsaved_by_stage"] = rec.side_unsaved_by_stage
+        if timing_repeats > 0:
+            del rec, measures  # the pass's activations: the timed steps need the memory a real step has
+            _add_times(obj, chain, model, x0, backend, grads, amp)
     return parse_trace(obj)
