@@ -124,7 +124,9 @@ def in_target(estimate: float, measured: float) -> bool:
 
 
 def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[str, Any]:
-    request = ModelRequest(spec=name, batch_size=batch, sample_shape=(3, hw, hw))
+    # torchvision's ViTs take their image size as an argument (they train at 224² otherwise).
+    kwargs = {"image_size": hw} if name.startswith("vit_") else {}
+    request = ModelRequest(spec=name, batch_size=batch, sample_shape=(3, hw, hw), model_kwargs=kwargs)
     built = built_model.build(request)
     started = time.perf_counter()
     idle = pipeline.profile(built)

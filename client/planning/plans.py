@@ -20,7 +20,12 @@ comparable with the peak a validation step measures (the classic model counts no
 
 
 def step_ms(trace: Trace) -> float | None:
-    """Forward plus backward time of one step without checkpointing, when the trace has both times."""
+    """Time of one step without checkpointing: the profiler's measured step (``timing.step_ms``), else the sum
+    of the stages' forward and backward times when the trace has both."""
+    timing = trace.metadata.get("timing")
+    measured = timing.get("step_ms") if isinstance(timing, dict) else None
+    if isinstance(measured, int | float) and not isinstance(measured, bool) and measured > 0:
+        return float(measured)
     if not trace.has_times or any(s.backward_ms is None for s in trace.stages):
         return None
     return sum((s.forward_ms or 0.0) + (s.backward_ms or 0.0) for s in trace.stages)

@@ -270,6 +270,26 @@ def test_a_graph_plan_for_another_op_graph_is_refused_at_the_first_training_call
         model(torch.randn(2, 4))
 
 
+def test_a_recompute_stopping_early_costs_no_traceback(resnet: nn.Module,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ early stop through fx ]: every checkpointed segment's recompute ends in an exception; unwinding
+    it through a stage must not extract a traceback (fx's ``GraphModule.__call__`` did, reading source files)."""
+    import traceback
+
+    model, _ = _applied_resnet(resnet)
+    x = torch.randn(SHAPE)
+    extracted: list[int] = []
+    extract = traceback.StackSummary.extract
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        extracted.append(1)
+        return extract(*args, **kwargs)
+
+    monkeypatch.setattr(traceback.StackSummary, "extract", counting)
+    model(x).square().mean().backward()  # three checkpointed segments, three early stops
+    assert extracted == []
+
+
 def _counted(call: Any, calls: list[int]) -> Any:
     """``call``, appending to ``calls`` each time it runs."""
 

@@ -1,0 +1,54 @@
+"""Step times within noise: a plan is never shown faster (or slower) than ``none`` by less than the spread its
+timed rounds measured (remat.client.measurement, remat.client.report, the CLI table)."""
+
+from __future__ import annotations
+
+import pytest
+
+from remat.client.cli_common import print_model_table
+from remat.client.measurement import Measurement
+from remat.client.plan import Plan
+from remat.client.report import PlanRow, Trade
+
+
+def _plan(algorithm: str, checkpoints: tuple[int, ...] = ()) -> Plan:
+    return Plan(algorithm=algorithm, checkpoints=checkpoints, predicted_peak_bytes=100, baseline_peak_bytes=200,
+                cost_model="pytorch", num_stages=4)
+
+
+def _row(algorithm: str, step: float, spread: float | None) -> PlanRow:
+    m = Measurement(algorithm=algorithm, measured_peak_bytes=100, step_ms=step, step_spread_ms=spread)
+    return PlanRow.from_measurement(_plan(algorithm, (2,) if algorithm != "none" else ()), m)
+
+
+@pytest.mark.parametrize(("step", "spread", "within"), [
+    (95.0, 6.0, True),    # 5 ms faster, spread 6: not told apart
+    (95.0, 4.0, False),   # faster beyond the spread: shown as it was measured
+    (112.0, 13.0, True),
+    (112.0, None, False),  # timed once: no spread, the percentage
+])
+def test_a_difference_within_the_spread_is_within_noise(step: float, spread: float | None, within: bool) -> None:
+    base = _row("none", 100.0, 1.0)
+    trade = Trade.of(base, _row("linear", step, spread))
+    assert trade.within_noise is within
+    assert trade.overhead == pytest.approx(step / 100.0 - 1)
+    assert Trade.of(base, base).within_noise is False
+    m = Measurement(step_ms=step, baseline_step_ms=100.0, step_spread_ms=spread, baseline_step_spread_ms=1.0)
+    assert m.within_noise is within
+
+
+def test_the_table_says_within_noise_instead_of_a_faster_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    class Report:
+        request = type("R", (), {"name": "toy", "input_shape": (1, 3), "dtype": "float32", "device": "cpu",
+                                 "grads": "none"})()
+        device_name, num_stages, from_store, frontier = "cpu", 4, True, ()
+        rows = [_row("none", 100.0, 8.0), _row("linear", 96.0, 2.0), _row("checkmate", 130.0, 2.0)]
+
+        def row(self, name: str) -> PlanRow | None:
+            return next((r for r in self.rows if r.plan.algorithm == name), None)
+
+    print_model_table(Report())
+    out = capsys.readouterr().out
+    linear = next(line for line in out.splitlines() if "linear" in line)
+    assert "within noise" in linear and "-4%" not in linear
+    assert "+30%" in next(line for line in out.splitlines() if "checkmate" in line)

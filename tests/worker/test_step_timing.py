@@ -1,0 +1,93 @@
+"""The profiler's step timing (remat.worker.profilers.step_timing) on a synthetic clock, and on a real model.
+
+The synthetic clock is the oracle: a machine whose stage forwards take known times, on which a checkpointed
+step costs ``ratio`` times the forward of what it re-runs plus a fixed time per segment, and on which some rounds
+are slowed by a noisy neighbour (noise only adds time). The estimator must recover the machine's figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from remat.client.planning.recompute_time import recompute_ms
+from remat.worker.profilers import profile
+from remat.worker.profilers.step_timing import time_stages
+from tests.worker.torch_models import SequentialChain, small_resnet
+
+FORWARD = [2.0, 5.0, 1.0, 4.0, 3.0]
+STEP = 40.0
+RATIO = 1.6
+SEGMENT = 0.5
+
+
+class Machine:
+    """Times of a synthetic model; ``slow`` rounds add ``noise`` ms to everything timed in them."""
+
+    def __init__(self, slow: Sequence[int] = (), noise: float = 0.0) -> None:
+        self.slow, self.noise = set(slow), noise
+        self.ran: float = 0.0
+        self.round = -1  # warm-up steps come before the first round
+
+    def stage(self, i: int) -> Callable[[Any], Any]:
+        def run(x: Any) -> Any:
+            if i == 0:  # every round starts with a whole forward pass
+                self.round += 1
+            self.ran = FORWARD[i]
+            return x
+
+        return run
+
+    def step(self, checkpoints: Sequence[int]) -> None:
+        last = max(checkpoints, default=0)
+        self.ran = STEP + RATIO * sum(FORWARD[:last]) + SEGMENT * len(checkpoints)
+
+    def timer(self, fn: Callable[[], Any]) -> float:
+        fn()
+        return self.ran + (self.noise if self.round in self.slow else 0.0)
+
+
+def _time(machine: Machine, **kwargs: Any) -> Any:
+    return time_stages([machine.stage(i) for i in range(len(FORWARD))], None, machine.step, machine.timer,
+                       contextlib.nullcontext, **kwargs)
+
+
+def test_recovers_the_recompute_ratio_and_the_cost_of_a_segment() -> None:
+    times = _time(Machine())
+    assert times.forward_ms == FORWARD
+    assert times.checkpoint_ms == pytest.approx(SEGMENT)
+    assert times.recompute_ms == pytest.approx([RATIO * f for f in FORWARD])
+    assert times.summary["rounds"] == 7 and times.summary["step_ms"] == STEP  # all rounds fit the budget
+
+
+def test_a_noisy_round_does_not_move_the_estimate() -> None:
+    quiet = _time(Machine())
+    noisy = _time(Machine(slow=(0, 2), noise=30.0), min_rounds=4, max_rounds=4)
+    assert noisy.recompute_ms == pytest.approx(quiet.recompute_ms)
+    assert noisy.checkpoint_ms == pytest.approx(quiet.checkpoint_ms)
+    assert noisy.summary["step_spread_ms"] > 0 and quiet.summary["step_spread_ms"] == 0
+
+
+def test_an_overhead_lost_in_noise_falls_back_to_forward_times() -> None:
+    machine = Machine()
+    machine.step = lambda checkpoints: setattr(machine, "ran", STEP)  # type: ignore[method-assign]
+    times = _time(machine)
+    assert times.recompute_ms == FORWARD and times.summary["recompute_to_forward"] is None
+    assert times.checkpoint_ms == 0.0
+
+
+def test_a_profiled_trace_prices_stages_and_segments() -> None:
+    model = small_resnet(width=4, blocks=1)
+    trace = profile(model, torch.randn(2, 3, 16, 16), device="cpu", grads="none", chain=SequentialChain(model),
+                    timing_repeats=1)
+    timing = trace.metadata["timing"]
+    assert timing["rounds"] >= 3 and timing["step_ms"] > 0
+    assert all(s.recompute_ms is not None and s.forward_ms is not None for s in trace.stages)
+    n = trace.num_stages
+    stage_part = sum(s.recompute_ms for s in trace.stages[:2])  # type: ignore[misc]
+    assert recompute_ms(trace, (1, 2)) == pytest.approx(stage_part + 2 * trace.checkpoint_ms, abs=1e-6)
+    assert recompute_ms(trace, ()) == 0.0 and n >= 3
