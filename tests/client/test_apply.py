@@ -290,6 +290,25 @@ def test_a_recompute_stopping_early_costs_no_traceback(resnet: nn.Module,
     assert extracted == []
 
 
+def test_a_compiled_applied_model_runs_its_plan(resnet: nn.Module) -> None:
+    """NOTE [ torch.compile keeps the plan ]: under torch.compile the training forward is the plan's
+    checkpointed chain (stages recomputed, gradients and buffers bit-equal), with one warning."""
+    torch._dynamo.reset()
+    model, ref = _applied_resnet(resnet)
+    chain = applied_chain(model)
+    assert chain is not None
+    calls: list[int] = []
+    for st in chain._stages:
+        st.call = _counted(st.call, calls)
+    compiled = torch.compile(model)
+    x = torch.randn(SHAPE)
+    with pytest.warns(RuntimeWarning, match="torch.compile"):
+        loss = _step(compiled, x)
+    assert torch.equal(loss, _step(ref, x))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+    assert len(calls) == 14 + 10  # as in test_resnet_step_is_bit_identical: the checkpointed path ran
+
+
 def _counted(call: Any, calls: list[int]) -> Any:
     """``call``, appending to ``calls`` each time it runs."""
 
