@@ -117,6 +117,62 @@ def pick_plans(trace: Any, count: int) -> list[Plan]:
     return front
 
 
+def allocator_peak_mib(fn: Any) -> float:
+    """Peak of the CPU allocator's bytes above their level when ``fn`` starts, from the profiler's allocation
+    events: the one meter that sees what compiled (inductor) code allocates, as eager code's."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    allocations: list[tuple[int, int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            allocations.append((node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.total_allocated))
+        stack.extend(node.children)
+    allocations.sort()
+    start = allocations[0][2] - allocations[0][1]
+    return (max(total for _, _, total in allocations) - start) / 2**20
+
+
+def compiled_rows(built: Any, plan: Plan, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+    """(allocator peak MiB, least step ms of ``args.rounds``) eager and compiled, unmodified and with ``plan``
+    applied; gradients kept allocated (zeroed in place) so that the peak is the step's activations."""
+    import copy
+
+    from remat.client.apply_plan import apply
+
+    x = built.example
+    out: dict[str, tuple[float, float]] = {}
+    for label, applied, compiled in (("eager none", False, False), ("eager linear", True, False),
+                                     ("compiled none", False, True), ("compiled linear", True, True)):
+        torch._dynamo.reset()
+        model = copy.deepcopy(built.model).train()
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        if applied:
+            apply(model, plan, key=built.key, strict=False)
+        run = torch.compile(model) if compiled else model
+
+        def step(model: torch.nn.Module = model, run: Any = run) -> None:
+            for p in model.parameters():
+                p.grad.zero_()  # type: ignore[union-attr]
+            run(x).sum().backward()
+
+        step()
+        step()
+        peak = allocator_peak_mib(step)
+        times = []
+        for _ in range(args.rounds):
+            started = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - started) * 1e3)
+        out[label] = (peak, min(times))
+    return out
+
+
 def in_target(estimate: float, measured: float) -> bool:
     if measured < SMALL_OVERHEAD_MS:
         return abs(estimate - measured) <= SMALL_TOLERANCE_MS
@@ -126,7 +182,8 @@ def in_target(estimate: float, measured: float) -> bool:
 def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[str, Any]:
     # torchvision's ViTs take their image size as an argument (they train at 224² otherwise).
     kwargs = {"image_size": hw} if name.startswith("vit_") else {}
-    request = ModelRequest(spec=name, batch_size=batch, sample_shape=(3, hw, hw), model_kwargs=kwargs)
+    request = ModelRequest(spec=name, batch_size=batch, sample_shape=(3, hw, hw), model_kwargs=kwargs,
+                           grads=args.grads)
     built = built_model.build(request)
     started = time.perf_counter()
     idle = pipeline.profile(built)
@@ -140,6 +197,12 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
     times = time_plans_spread(built.model, built.example, cuts, runners=runners, rounds=args.rounds,
                               budget_s=args.budget)
     unmodified, none = times[0], times[1]
+    noisy_times = None
+    if args.noisy_measure:
+        with neighbour():
+            noisy_times = time_plans_spread(built.model, built.example, cuts[: 2 + len(plans)],
+                                            runners=runners[: 2 + len(plans)], rounds=args.rounds,
+                                            budget_s=args.budget)
     rows = []
     for k, plan in enumerate(plans):
         applied, handwritten = times[2 + k], times[2 + len(plans) + k]
@@ -151,9 +214,15 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
                      "overhead": overhead, "spread": max(applied[1], none[1]),
                      "hand_overhead": handwritten[0] - none[0], "applied_vs_hand": applied[0] / handwritten[0],
                      "in_target": in_target(est_a, overhead), "in_target_noisy": in_target(est_b, overhead)})
+        if noisy_times is not None:
+            noisy_overhead = noisy_times[2 + k][0] - noisy_times[1][0]
+            rows[-1].update(noisy_overhead=noisy_overhead, noisy_spread=max(noisy_times[2 + k][1], noisy_times[1][1]),
+                            in_target_noisy_vs_noisy=in_target(est_b, noisy_overhead))
     same_frontier = ({p.checkpoints for p in frontier_plans(idle)} == {p.checkpoints for p in frontier_plans(noisy)})
     rho = spearman([r["estimate_idle"] for r in rows], [r["estimate_noisy"] for r in rows]) if len(rows) > 1 else 1.0
+    compiled = compiled_rows(built, make_plan(idle, "linear"), args) if args.compiled else None
     return {"model": name, "batch": batch, "hw": hw, "stages": idle.num_stages, "profile_s": profile_s,
+            "compiled": compiled,
             "unmodified": unmodified, "none": none, "rows": rows, "spearman": rho, "same_frontier": same_frontier,
             "checkpoint_ms": (idle.checkpoint_ms, noisy.checkpoint_ms),
             "step_idle": idle.metadata.get("timing", {}).get("step_ms"),
@@ -170,11 +239,29 @@ def print_result(r: dict[str, Any]) -> None:
     print("| plan | checkpoints | last | predicted peak MiB | estimate idle ms | estimate noisy ms | measured "
           "overhead ms (spread) | in target idle / noisy | hand-written overhead ms | applied / hand |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    if not r["rows"]:
+        print("| (the frontier is the no-checkpoint plan alone: no checkpoint lowers the predicted peak) |"
+              + " |" * 9)
     for row in r["rows"]:
         print(f"| {row['plan']} | {row['k']} | {row['last']} | {row['peak_mib']:.1f} | {row['estimate_idle']:.1f} | "
               f"{row['estimate_noisy']:.1f} | {row['overhead']:.1f} ({row['spread']:.1f}) | "
               f"{'yes' if row['in_target'] else 'no'} / {'yes' if row['in_target_noisy'] else 'no'} | "
               f"{row['hand_overhead']:.1f} | {row['applied_vs_hand']:.3f} |")
+    if r["rows"] and "noisy_overhead" in r["rows"][0]:
+        print("\nBeside the neighbour, the noisy profile's estimate against the overhead measured there too:\n")
+        print("| plan | estimate noisy ms | overhead measured beside the neighbour ms (spread) | in target |")
+        print("|---|---:|---:|---|")
+        for row in r["rows"]:
+            print(f"| {row['plan']} | {row['estimate_noisy']:.1f} | {row['noisy_overhead']:.1f} "
+                  f"({row['noisy_spread']:.1f}) | {'yes' if row['in_target_noisy_vs_noisy'] else 'no'} |")
+        print()
+    if r["compiled"]:
+        c = r["compiled"]
+        print(f"\ntorch.compile, linear plan: allocator peak above the step's start / step time — eager unmodified "
+              f"{c['eager none'][0]:.1f} MiB / {c['eager none'][1]:.1f} ms, eager applied "
+              f"{c['eager linear'][0]:.1f} MiB / {c['eager linear'][1]:.1f} ms, compiled unmodified "
+              f"{c['compiled none'][0]:.1f} MiB / {c['compiled none'][1]:.1f} ms, compiled applied "
+              f"{c['compiled linear'][0]:.1f} MiB / {c['compiled linear'][1]:.1f} ms\n")
     sys.stdout.flush()
 
 
@@ -185,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--plans", type=int, default=6, help="frontier plans per model (and linear)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--budget", type=float, default=240.0, help="seconds of timed rounds after two")
+    parser.add_argument("--grads", choices=("none", "kept"), default="none")
+    parser.add_argument("--noisy-measure", action="store_true",
+                        help="also time the plans beside the neighbour (the noisy profile's own conditions)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="torch.compile rows for the linear plan: step time and allocator peak")
     args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for size in args.sizes.split(","):
