@@ -110,7 +110,7 @@ def pick_plans(trace: Any, count: int) -> list[Plan]:
     front = sorted({p.checkpoints: p for p in frontier_plans(trace) if p.checkpoints}.values(),
                    key=lambda p: p.predicted_peak_bytes)
     if len(front) > count:
-        front = [front[round(i * (len(front) - 1) / (count - 1))] for i in range(count)]
+        front = [front[round(i * (len(front) - 1) / (count - 1))] for i in range(count)] if count > 1 else []
     linear = make_plan(trace, "linear")
     if linear.checkpoints and all(p.checkpoints != linear.checkpoints for p in front):
         front.append(linear)
