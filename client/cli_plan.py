@@ -31,6 +31,7 @@ from remat.client.cli_common import (
     run_with_progress,
 )
 from remat.client.errors import RematError
+from remat.client.measurement import Measurement
 from remat.client.plan import COST_MODELS, Plan
 from remat.client.trace import Trace, load_trace
 
@@ -315,11 +316,13 @@ def measure_command(model: str, algorithm: str, batch_size: int | None, input_sh
         emit_json(result)
         return
     for name in ("algorithm", "grads", "predicted_peak_bytes", "measured_peak_bytes", "baseline_measured_peak_bytes",
-                 "step_ms", "baseline_step_ms"):
+                 "step_ms", "step_spread_ms", "baseline_step_ms", "baseline_step_spread_ms"):
         value = result.get(name)
         shown = format_bytes(value) if name.endswith("_bytes") else (f"{value:.1f}" if isinstance(value, float)
                                                                       else value)
         click.echo(f"{name:>30}: {shown}")
+    if result.get("step_ms") is not None and Measurement.from_dict(result).within_noise:
+        click.echo(f"{'overhead':>30}: within noise (no larger than the rounds' spread)")
 
 
 MAX_CHECKPOINTS_FILE_BYTES = 16 * 2**20

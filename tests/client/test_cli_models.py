@@ -129,15 +129,23 @@ def test_autocast_precision_reaches_the_trace_and_the_measured_step(capsys) -> N
     assert result["predicted_peak_bytes"] == pytest.approx(result["measured_peak_bytes"], rel=0.005)
 
 
+def test_measure_command_prints_spreads(capsys) -> None:
+    code, out, err = run_cli(capsys, "measure", *SMALL, "--algorithm", "linear")
+    assert code == 0, err
+    assert "step_spread_ms" in out and "baseline_step_spread_ms" in out
+
+
 def test_measure_command_json(capsys) -> None:
     code, out, err = run_cli(capsys, "measure", *SMALL, "--algorithm", "linear", "--json")
     assert code == 0, err
     result = json.loads(out)
     for field in ("algorithm", "predicted_peak_bytes", "measured_peak_bytes", "baseline_measured_peak_bytes",
                   "activation_measured_bytes", "baseline_activation_measured_bytes", "step_ms",
-                  "baseline_step_ms", "grads"):
+                  "baseline_step_ms", "step_spread_ms", "baseline_step_spread_ms", "grads"):
         assert field in result
     assert result["algorithm"] == "linear" and result["grads"] == "none"
+    # Timed in interleaved rounds: the least, with the median's distance above it.
+    assert result["step_spread_ms"] >= 0 and result["baseline_step_spread_ms"] >= 0
     assert result["measured_peak_bytes"] <= result["baseline_measured_peak_bytes"]
 
 
