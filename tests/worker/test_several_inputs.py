@@ -32,3 +32,13 @@ def test_predicted_peaks_match_measured_ones(arch: str, grads: str) -> None:
                                 baseline=False)
         error = abs(measured.predicted_peak_bytes - measured.measured_peak_bytes) / measured.measured_peak_bytes
         assert error < 0.01, (arch, algorithm, measured.predicted_peak_bytes, measured.measured_peak_bytes)
+
+
+def test_a_call_of_several_inputs_is_timed_in_real_steps() -> None:
+    """The profiler's timed steps (NOTE [ timing a plan ]) run the chain with the call's other inputs bound."""
+    model = tiny("gpt2")
+    call = ModelCall.bind(model, (), batch())
+    chain = build_stage_chain(model, call)
+    trace = profile(model, call, chain=chain, grads="none", timing_repeats=1)
+    assert trace.metadata["timing"]["rounds"] >= 3 and trace.metadata["timing"]["step_ms"] > 0
+    assert all(s.recompute_ms is not None for s in trace.stages)

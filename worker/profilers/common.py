@@ -697,20 +697,10 @@ def _add_times(obj: dict[str, Any], chain: StageChainLike, model: nn.Module, x0:
     from remat.worker.profilers.step_timing import time_stages
 
     n = chain.num_stages
-    extra = getattr(chain, "_extra_inputs", None) or None
 
     def step(checkpoints: Sequence[int]) -> None:
         set_grad_convention(model, grads)
-        with torch.enable_grad():
-            with amp():
-                out = (chain.run(x0, checkpoints, extra=extra)  # type: ignore[call-arg]  # StageChain's
-                       if extra else chain.run(x0, checkpoints))
-                fold = getattr(chain, "fold_output", None)
-                out = training_outputs(fold(out) if fold is not None else out)
-                loss = sum(t.float().sum() for t in output_tensors(out))
-                del out
-            if loss.requires_grad:
-                loss.backward()
+        _train_step(chain, x0, checkpoints, amp)
 
     def forward_context() -> contextlib.AbstractContextManager[Any]:
         stack = contextlib.ExitStack()
@@ -793,19 +783,26 @@ def _warm_up(chain: StageChainLike, model: nn.Module, x0: torch.Tensor, backend:
     (cuBLAS workspaces of the forward and of the autograd device thread, cuDNN handles) exists before the
     first baseline, as it does before a measured step (which also follows a warm-up step). Without it, the
     first stage to use such a library books the library's memory in its own peaks."""
+    _train_step(chain, x0, (), amp)
+    for p in model.parameters():
+        p.grad = None
+    backend.synchronize()
+
+
+def _train_step(chain: StageChainLike, x0: Any, checkpoints: Sequence[int], amp: AmpContext) -> None:
+    """One training step of the chain with ``checkpoints``: forward under ``amp``, the seeded sum of every
+    floating output as the loss, backward. A call's other inputs are those bound to the chain."""
+    extra = getattr(chain, "_extra_inputs", None) or None
     with torch.enable_grad():
         with amp():
-            out = chain.run(x0, extra=getattr(chain, "_extra_inputs", None) or None)
+            out = (chain.run(x0, checkpoints, extra=extra)  # type: ignore[call-arg]  # StageChain's
+                   if extra else chain.run(x0, checkpoints))
             fold = getattr(chain, "fold_output", None)
             out = training_outputs(fold(out) if fold is not None else out)
             loss = sum(t.float().sum() for t in output_tensors(out))
             del out
         if loss.requires_grad:
             loss.backward()
-    del loss
-    for p in model.parameters():
-        p.grad = None
-    backend.synchronize()
 
 
 def _metadata(model: nn.Module, x0: torch.Tensor, backend: Backend, *, precision: str, grads: str, train: bool,
