@@ -91,3 +91,22 @@ def test_a_profiled_trace_prices_stages_and_segments() -> None:
     stage_part = sum(s.recompute_ms for s in trace.stages[:2])  # type: ignore[misc]
     assert recompute_ms(trace, (1, 2)) == pytest.approx(stage_part + 2 * trace.checkpoint_ms, abs=1e-6)
     assert recompute_ms(trace, ()) == 0.0 and n >= 3
+
+
+def test_slow_steps_keep_to_one_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of tens of seconds (a large batch on CPU): the rounds stop at ROUNDS_LIMIT_S, past the first."""
+    from remat.worker.profilers import step_timing
+
+    machine = Machine()
+    clock = [0.0]
+
+    def timer(fn: Callable[[], Any]) -> float:
+        ms = Machine.timer(machine, fn) * 1000  # every time a thousand times longer: steps of 40 s
+        clock[0] += ms / 1e3
+        return ms
+
+    monkeypatch.setattr(step_timing, "perf_counter", lambda: clock[0])
+    times = time_stages([machine.stage(i) for i in range(len(FORWARD))], None, machine.step, timer,
+                        contextlib.nullcontext)
+    assert times.summary["rounds"] == 1
+    assert times.checkpoint_ms == pytest.approx(SEGMENT * 1000)

@@ -27,20 +27,23 @@ the no-checkpoint step) is recorded beside it.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
-__all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "StageTimes", "time_stages"]
+__all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "ROUNDS_LIMIT_S", "StageTimes", "time_stages"]
 
 MIN_ROUNDS = 3
-"""Rounds always run: the least of three is what the spread of a busy 2-core machine needs at least."""
+"""Rounds run unless they pass :data:`ROUNDS_LIMIT_S`: the least of three is what the spread of a busy 2-core
+machine needs at least."""
 MAX_ROUNDS = 7
 """Rounds run while they fit :data:`ROUNDS_BUDGET_S`."""
 ROUNDS_BUDGET_S = 30.0
-"""Seconds of timing after which no further round starts (past :data:`MIN_ROUNDS`): a profile at a large batch
-on CPU, whose step takes seconds, keeps to three rounds."""
+"""Seconds of timing after which no further round starts past :data:`MIN_ROUNDS`."""
+ROUNDS_LIMIT_S = 120.0
+"""Seconds of timing after which no round starts but the first: a profile whose step takes tens of seconds (a
+large batch on CPU) adds minutes, not a quarter of an hour, to its job (worker task time limits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +84,17 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
         step(checkpoints)
     per_stage: list[list[float]] = [[] for _ in range(n)]
     steps: dict[str, list[float]] = {name: [] for name in plans}
-    started = time.perf_counter()
+    started = perf_counter()
     rounds = 0
-    while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - started < budget_s):
+    def another_round() -> bool:
+        elapsed = perf_counter() - started
+        if rounds == 0:
+            return True
+        if rounds >= max_rounds or elapsed >= ROUNDS_LIMIT_S:
+            return False
+        return rounds < min_rounds or elapsed < budget_s
+
+    while another_round():
         with forward_context():
             x = x0
             for i, stage in enumerate(stages):
