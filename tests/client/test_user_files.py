@@ -10,6 +10,7 @@ import resource
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,9 +75,19 @@ def fifo(tmp_path: Path) -> Iterator[tuple[Path, list[int]]]:
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     yield path, written
-    if writer.is_alive():  # the reader never opened it: open it here so that the writer ends
-        with path.open("rb") as f:
-            f.read()
+    # The writer may still be waiting for a reader, writing, or just ending on a broken pipe. A blocking open
+    # here hung the suite when the writer ended between a liveness check and the open (no writer left to
+    # pair with): open without blocking and drain until the writer is gone.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + 10
+        while writer.is_alive() and time.monotonic() < deadline:
+            try:
+                os.read(fd, 2**20)
+            except BlockingIOError:
+                time.sleep(0.01)
+    finally:
+        os.close(fd)
     writer.join(timeout=10)
 
 
