@@ -57,7 +57,7 @@ def profile(model: nn.Module, example_input: torch.Tensor, *, device: torch.devi
         chain: a stage chain of ``model`` built beforehand; by default
             ``remat.client.graph.stage_graph.build_stage_chain(model, example_input, train=train)``.
         model_name, model_hash: recorded in the trace metadata.
-        timing_repeats: unmetered timing runs per stage (0: no times).
+        timing_repeats: unmetered timing runs per stage, and the timed rounds of whole steps above 0 (0: no times).
         precision: ``float32``, ``bfloat16``… or ``autocast_bfloat16`` (remat.client.precision); default
             from the input's dtype and the caller's autocast state.
 

@@ -487,7 +487,6 @@ class _StageMeasure:
     recomputed_backward_peak: int = 0
     backward_peak: int = 0
     grads_born: dict[int, int] | None = None
-    forward_ms: float | None = None
     backward_ms: float | None = None
     levels: dict[str, list[int]] = field(default_factory=dict)
     """NOTE [ peak levels ]: per peak field, the level (bytes above the field's own zero) after every aten op of
@@ -837,8 +836,9 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         grads: gradient convention, ``none`` (set to None between steps) or ``kept`` (allocated).
         train: profile in train mode (BatchNorm batch statistics, dropout) or eval mode.
         model_name, model_hash: copied into the trace metadata.
-        timing_repeats: unmetered runs per stage for ``forward_ms``/``backward_ms`` (the fastest is kept);
-            0 leaves times out.
+        timing_repeats: unmetered runs per stage for ``backward_ms`` (the fastest is kept); above 0, also
+            ``forward_ms``, ``recompute_ms`` and ``checkpoint_ms`` from timed rounds of whole passes and steps
+            (NOTE [ timing a plan ]); 0 leaves times out.
         precision: the step's precision (``remat.client.precision``); an autocast one runs every forward
             under ``torch.autocast`` and every backward outside it. Default: read from the input's dtype
             and the autocast state of the caller.
