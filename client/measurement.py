@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-__all__ = ["CONTEXT_FIELDS", "STORED_FIELDS", "Measurement"]
+__all__ = ["CONTEXT_FIELDS", "STORED_FIELDS", "Measurement", "within_noise"]
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -73,12 +73,8 @@ class Measurement:
 
     @property
     def within_noise(self) -> bool:
-        """The step's difference from the baseline's is no larger than the larger of their spreads: neither
-        faster nor slower by what the measurement can tell apart."""
-        if self.step_ms is None or self.baseline_step_ms is None:
-            return False
-        spread = max(self.step_spread_ms or 0.0, self.baseline_step_spread_ms or 0.0)
-        return abs(self.step_ms - self.baseline_step_ms) <= spread
+        """The step and its baseline are within noise (:func:`within_noise`)."""
+        return within_noise(self.step_ms, self.step_spread_ms, self.baseline_step_ms, self.baseline_step_spread_ms)
 
     @property
     def prediction_error(self) -> float | None:
@@ -115,6 +111,15 @@ class Measurement:
             if values.get(name) is not None:
                 values[name] = tuple(values[name])
         return cls(**values)
+
+
+def within_noise(step_ms: float | None, spread_ms: float | None, baseline_ms: float | None,
+                 baseline_spread_ms: float | None) -> bool:
+    """Two step times differ by no more than the larger of their spreads: neither is faster or slower by what
+    the measurement can tell apart (False when either time is missing; a missing spread counts as 0)."""
+    if step_ms is None or baseline_ms is None:
+        return False
+    return abs(step_ms - baseline_ms) <= max(spread_ms or 0.0, baseline_spread_ms or 0.0)
 
 
 TIMELINE_KEYS = ("timeline", "baseline_timeline")

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from remat.client.measurement import Measurement
+from remat.client.measurement import Measurement, within_noise
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey
 from remat.client.request import ModelRequest
@@ -69,9 +69,9 @@ class Trade:
         overhead = (chosen.step_ms / base.step_ms - 1
                     if base and chosen and base.step_ms and chosen.step_ms is not None else None)
         error = (chosen.plan.predicted_peak_bytes - peak) / peak if chosen and peak else None
-        within = (overhead is not None and base is not None and chosen is not None and chosen is not base
-                  and abs(chosen.step_ms - base.step_ms) <= max(chosen.step_spread_ms or 0.0,  # type: ignore[operator]
-                                                                 base.step_spread_ms or 0.0))
+        within = (overhead is not None and chosen is not base
+                  and within_noise(chosen.step_ms if chosen else None, chosen.step_spread_ms if chosen else None,
+                                   base.step_ms if base else None, base.step_spread_ms if base else None))
         return cls(saving=saving, overhead=overhead, prediction_error=error, within_noise=within)
 
 

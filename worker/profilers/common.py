@@ -711,7 +711,6 @@ def _add_times(obj: dict[str, Any], chain: StageChainLike, model: nn.Module, x0:
                         forward_context)
     for k, stage_obj in enumerate(obj["stages"]):
         stage_obj["forward_ms"] = times.forward_ms[k]
-        stage_obj.setdefault("backward_ms", 0.0)
         if times.recompute_ms is not None:
             stage_obj["recompute_ms"] = times.recompute_ms[k]
     if times.checkpoint_ms is not None:
