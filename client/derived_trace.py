@@ -18,8 +18,8 @@ How each value is carried over (every leaf of the trace's JSON, extras included)
   the end segment is exact while the same term stays on top and low once a steeper term overtakes it, which
   only a profile at a larger batch can show. A derived trace's plans are therefore validated by a measured
   step before they count as ordinary plans.
-- **times** (``*_ms``): the least-squares line over every profile, never below zero (timings are noisy; a
-  piecewise line through noise would be worse).
+- **times** (``*_ms``): the least-squares line over every profile, never falling with the batch and never
+  below zero (timings are noisy; a piecewise line through noise would be worse).
 - **the batch itself**: ``batch_size`` and the first dimension of ``input_shape`` are set.
 - **everything else** (names, flags, the graph's edges, hashes, precision...) must be equal in every
   profile; a difference is refused, naming the field, since the profiles then do not describe one model.
@@ -300,7 +300,7 @@ def _carry(trees: Sequence[Any], batches: Sequence[int], batch: int, path: Path)
             return first
         is_time = isinstance(path[-1], str) and path[-1].endswith("_ms")
         if is_time or not all(isinstance(t, int) for t in trees):
-            return _least_squares(batches, trees, batch)
+            return _least_squares(batches, trees, batch, rising=is_time)
         return _piecewise(batches, trees, batch)
     if any(t != first for t in trees):
         shown = ", ".join(f"{b}: {t!r}" for b, t in zip(batches, trees, strict=True))
@@ -319,11 +319,17 @@ def _piecewise(batches: Sequence[int], values: Sequence[int], batch: int) -> int
     return max(0, value) if min(values) >= 0 else value
 
 
-def _least_squares(batches: Sequence[int], values: Sequence[float], batch: int) -> float:
+def _least_squares(batches: Sequence[int], values: Sequence[float], batch: int, *, rising: bool = False) -> float:
+    """The least-squares line through the points at ``batch``, never below zero. ``rising`` (times): its slope
+    is at least zero, since more samples never take less time. Two noisy profiles whose larger batch happened
+    to time faster would otherwise extrapolate every stage's time to zero at a larger batch (seen in CI: all
+    of a ResNet-18's recompute costs at batch 6, from profiles at 3 and 4, and a frontier of one point)."""
     n = len(batches)
     mean_b, mean_v = sum(batches) / n, sum(values) / n
     var = sum((b - mean_b) ** 2 for b in batches)
     slope = sum((b - mean_b) * (v - mean_v) for b, v in zip(batches, values, strict=True)) / var
+    if rising:
+        slope = max(slope, 0.0)
     return max(0.0, mean_v + slope * (batch - mean_b))
 
 

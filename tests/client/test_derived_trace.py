@@ -71,6 +71,23 @@ def test_two_profiles_give_the_trace_at_any_batch(specs: list[dict[str, Any]], p
         assert got.forward_ms == pytest.approx(want.forward_ms) and got.backward_ms == pytest.approx(want.backward_ms)
 
 
+def test_times_that_happened_to_fall_with_the_batch_do_not_extrapolate_to_zero() -> None:
+    """Noise made the larger profile faster: its times are held at their mean, never driven to zero, and the
+    profiler's timing summary (the same keys and types in every profile) is fitted like any time."""
+    spec = [{"output_bytes": (0, 64), "saved_bytes": (0, 64)}] * 3
+    small, large = profile(3, spec), profile(4, spec)
+    slower = {"rounds": 3, "step_ms": 12.0, "recompute_to_forward": 1.7}
+    faster = {"rounds": 7, "step_ms": 9.0, "recompute_to_forward": 1.0}
+    stages_small = [{**s.to_dict(), "forward_ms": 2.0, "recompute_ms": 3.4} for s in small.stages]
+    stages_large = [{**s.to_dict(), "forward_ms": 1.0, "recompute_ms": 1.0} for s in large.stages]
+    fit = fit_batches([parse_trace({**small.to_dict(), "stages": stages_small, "timing": slower}),
+                       parse_trace({**large.to_dict(), "stages": stages_large, "timing": faster})])
+    derived = fit.trace_at(8)
+    assert [s.forward_ms for s in derived.stages] == pytest.approx([1.5] * 3)
+    assert [s.recompute_ms for s in derived.stages] == pytest.approx([2.2] * 3)
+    assert derived.metadata["timing"]["step_ms"] == pytest.approx(10.5)
+
+
 def test_a_peak_whose_dominant_term_changes_past_the_profiles_is_derived_from_its_levels() -> None:
     # A weight gradient (1 MiB, constant) dominates at batch 2 and 4; an activation term overtakes it at 65.
     specs = [{"output_bytes": (0, 4096), "saved_bytes": (0, 4096),

@@ -129,11 +129,9 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
         checkpoint_ms = max(0.0, (all_segments - one) / (n - 2))
     rerun = one - checkpoint_ms
     rerun_forward = sum(forward_ms[: n - 1])
-    if rerun > 0 and rerun_forward > 0:
-        ratio = rerun / rerun_forward
-        summary["recompute_to_forward"] = ratio
-    else:  # the overhead was lost in the noise: the forward time is the best estimate there is
-        ratio = 1.0
-        summary["recompute_to_forward"] = None
+    # Where the overhead was lost in the noise, the forward time is the best estimate there is. The ratio used
+    # is recorded either way: one type in every profile, which a trace derived from several requires.
+    ratio = rerun / rerun_forward if rerun > 0 and rerun_forward > 0 else 1.0
+    summary["recompute_to_forward"] = ratio
     recompute_ms = [f * ratio for f in forward_ms]
     return StageTimes(forward_ms, recompute_ms, checkpoint_ms if n >= 3 else None, summary)
