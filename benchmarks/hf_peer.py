@@ -2,7 +2,8 @@
 
 For each model of ``remat-client zoo hf`` (its configuration sizes; the vocabulary is 8,000) this builds the
 model from its configuration (random weights), profiles it once and measures, with the worker's measured
-step (the CPU live-storage meter, gradients kept, float32), four ways to train the same batch:
+step (the CPU live-storage meter, or the caching allocator with ``--device cuda``; gradients kept; float32 or
+``--dtype autocast_bfloat16``), four ways to train the same batch:
 
 - ``none``: the model's own forward, nothing checkpointed;
 - ``hf``: ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})``,
@@ -67,11 +68,12 @@ class HfForward:
 def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     [entry] = [m for m in hf_zoo() if m.name == name]
     request = ModelRequest(spec=entry.spec, batch_size=args.batch_size, sample_shape=(args.seq_len,),
-                           seq_len=args.seq_len, grads="kept", model_kwargs=entry.model_kwargs)
+                           seq_len=args.seq_len, grads="kept", model_kwargs=entry.model_kwargs,
+                           device=args.device, dtype=args.dtype)
     built = build(request)
     model, call, chain = built.model, built.example, built.chain
     trace = pipeline.profile(built, timing_repeats=1)
-    common = {"grads": "kept", "precision": "float32"}
+    common = {"grads": "kept", "precision": args.dtype, "device": args.device}
     hf = HfForward(model, checkpointing=True)
     hf_peak = measure_step(model, call, (), chain=hf, baseline=False, **common).measured_peak_bytes
     linear = make_plan(trace, "linear", cost_model="pytorch")
@@ -109,10 +111,13 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--candidates", type=int, default=4, help="frontier plans under hf's peak to measure")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (then peaks from the caching allocator)")
+    parser.add_argument("--dtype", default="float32", help="the step's precision, e.g. autocast_bfloat16")
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
-    print(f"CPU, float32, gradients kept, batch {args.batch_size}, sequence {args.seq_len}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}", file=sys.stderr)
+    where = (torch.cuda.get_device_name() if args.device.startswith("cuda")
+             else f"CPU, {torch.get_num_threads()} threads")
+    print(f"{where}, {args.dtype}, gradients kept, batch {args.batch_size}, sequence {args.seq_len}, "
+          f"torch {torch.__version__}", file=sys.stderr)
     print("| model | mode | activation peak | predicted | step | vs none | largest gradient difference |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):

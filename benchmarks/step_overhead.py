@@ -15,6 +15,16 @@ For each model and size:
 
     uv run python benchmarks/step_overhead.py --models resnet50,resnet152,densenet121,vit_b_16 --sizes 1x64,4x128
 
+On CUDA (``--device cuda``, ``--dtype autocast_bfloat16``) the same table is timed with device events, each
+plan's peak is measured with the caching allocator, ``--budget-fractions`` adds the budget plans the issue's
+targets name (``0.5``: the least-recompute plan within half of the no-checkpoint peak), ``--variants`` adds
+diagnostic runners for the ``linear`` plan (hand-written without RNG preservation, remat without its
+BatchNorm restore) and ``--torch-profile DIR`` writes where one step's time goes (host vs device, kernels,
+launches, synchronisations) for the unmodified model and the ``linear`` plan, applied and hand-written:
+
+    python benchmarks/step_overhead.py --device cuda --grads kept --models resnet152 --sizes 16x224 \
+        --plans 0 --budget-fractions 0.5 --skip-noisy --variants --torch-profile out/
+
 docs/benchmarks.md ("Step time") holds the figures.
 """
 
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -31,13 +42,15 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from remat.client.budget_spec import BudgetInfeasibleError
 from remat.client.graph import built_model
 from remat.client.plan import Plan
-from remat.client.planning.plans import frontier_plans, make_plan
+from remat.client.planning.plans import frontier_plans, make_budget_plan, make_plan
 from remat.client.planning.recompute_time import recompute_ms
+from remat.client.precision import autocast_context
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
-from remat.worker.measure import time_plans_spread
+from remat.worker.measure import measure_step, time_plans_spread
 
 TOLERANCE = 0.25
 SMALL_OVERHEAD_MS = 12.0
@@ -47,17 +60,37 @@ SMALL_TOLERANCE_MS = 3.0
 class HandWritten:
     """The chain's stages under plain non-reentrant ``torch.utils.checkpoint``, segment by segment."""
 
-    def __init__(self, chain: Any) -> None:
+    def __init__(self, chain: Any, *, preserve_rng_state: bool = True) -> None:
         self.chain = chain
+        self.preserve_rng_state = preserve_rng_state
 
     def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
         n = self.chain.num_stages
         bounds = (0, *sorted(checkpoints), n)
         env: dict[str, Any] = {}
         for k in range(len(bounds) - 2):
-            x, new = checkpoint(self.chain._segment, bounds[k] + 1, bounds[k + 1], x, dict(env), use_reentrant=False)
+            x, new = checkpoint(self.chain._segment, bounds[k] + 1, bounds[k + 1], x, dict(env), use_reentrant=False,
+                                preserve_rng_state=self.preserve_rng_state)
             env.update(new)
         return self.chain._run_stages(bounds[-2] + 1, n, x, env)
+
+
+class WithoutRestore:
+    """remat's chain with its BatchNorm buffer restore switched off (a diagnostic: what the restore costs).
+    The context function is bound when a segment's forward runs, so patching it during ``run`` suffices."""
+
+    def __init__(self, chain: Any) -> None:
+        self.chain = chain
+
+    def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
+        from remat.client.graph import stage_chain
+
+        original = stage_chain.recompute_contexts
+        stage_chain.recompute_contexts = lambda slots: (contextlib.nullcontext(), contextlib.nullcontext())
+        try:
+            return self.chain.run(x, checkpoints)
+        finally:
+            stage_chain.recompute_contexts = original
 
 
 class Unmodified:
@@ -137,17 +170,32 @@ def allocator_peak_mib(fn: Any) -> float:
     return (max(total for _, _, total in allocations) - start) / 2**20
 
 
+def cuda_peak_mib(fn: Any) -> float:
+    """The caching allocator's peak during ``fn`` above what was allocated when it started."""
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - start) / 2**20
+
+
 def compiled_rows(built: Any, plan: Plan, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     """(allocator peak MiB, least step ms of ``args.rounds``) eager and compiled, unmodified and with ``plan``
-    applied; gradients kept allocated (zeroed in place) so that the peak is the step's activations."""
+    applied; gradients kept allocated (zeroed in place) so that the peak is the step's activations. With
+    ``--compiled applied`` the compiled unmodified model (minutes of inductor on a deep model) is left out."""
     import copy
 
     from remat.client.apply_plan import apply
 
     x = built.example
+    cuda = x.device.type == "cuda"
     out: dict[str, tuple[float, float]] = {}
-    for label, applied, compiled in (("eager none", False, False), ("eager linear", True, False),
-                                     ("compiled none", False, True), ("compiled linear", True, True)):
+    modes = [("eager none", False, False), ("eager linear", True, False), ("compiled none", False, True),
+             ("compiled linear", True, True)]
+    if args.compiled == "applied":
+        modes = [m for m in modes if m[0] != "compiled none"]
+    for label, applied, compiled in modes:
         torch._dynamo.reset()
         model = copy.deepcopy(built.model).train()
         for p in model.parameters():
@@ -159,17 +207,24 @@ def compiled_rows(built: Any, plan: Plan, args: argparse.Namespace) -> dict[str,
         def step(model: torch.nn.Module = model, run: Any = run) -> None:
             for p in model.parameters():
                 p.grad.zero_()  # type: ignore[union-attr]
-            run(x).sum().backward()
+            with autocast_context(args.dtype, x.device.type):
+                loss = run(x).float().sum()
+            loss.backward()
 
         step()
         step()
-        peak = allocator_peak_mib(step)
+        peak = cuda_peak_mib(step) if cuda else allocator_peak_mib(step)
         times = []
         for _ in range(args.rounds):
+            if cuda:
+                torch.cuda.synchronize()
             started = time.perf_counter()
             step()
+            if cuda:
+                torch.cuda.synchronize()
             times.append((time.perf_counter() - started) * 1e3)
         out[label] = (peak, min(times))
+        del model, run
     return out
 
 
@@ -179,50 +234,152 @@ def in_target(estimate: float, measured: float) -> bool:
     return abs(estimate - measured) <= TOLERANCE * measured
 
 
+def where_time_goes(built: Any, runners: dict[str, tuple[Any, Sequence[int]]], args: argparse.Namespace,
+                    out_dir: str) -> dict[str, dict[str, float]]:
+    """One profiled training step per runner (after a warm one): wall time, the device's busy time (the union
+    of its kernels' and copies' intervals), kernel count, launches, and the host's synchronisations; the
+    top host ops by self time go to ``out_dir``. A step whose wall time far exceeds its device-busy time is
+    host-bound: its cost is launches and Python, not arithmetic."""
+    import os
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from remat.worker.measure import make_loss
+
+    x = built.example
+    cuda = x.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.no_grad(), autocast_context(args.dtype, x.device.type):
+        loss_fn = make_loss(built.chain.run(x))
+    os.makedirs(out_dir, exist_ok=True)
+    summary: dict[str, dict[str, float]] = {}
+    for label, (runner, cps) in runners.items():
+        def step(runner: Any = runner, cps: Sequence[int] = cps) -> None:
+            for p in built.model.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+            with autocast_context(args.dtype, x.device.type):
+                loss = loss_fn(runner.run(x, cps))
+            loss.backward()
+            if cuda:
+                torch.cuda.synchronize()
+
+        step()
+        step()
+        started = time.perf_counter()
+        with profile(activities=activities) as prof:
+            step()
+        wall = (time.perf_counter() - started) * 1e3
+        events = prof.events()
+        device = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+        busy, cursor = 0.0, float("-inf")
+        for start, end in device:
+            if end > cursor:
+                busy += end - max(start, cursor)
+                cursor = end
+        host = [e for e in events if e.device_type == DeviceType.CPU]
+        syncs = [e for e in host if "Synchronize" in e.name or "Memcpy" in e.name or e.name == "aten::item"
+                 or e.name == "aten::_local_scalar_dense"]
+        summary[label] = {
+            "wall_ms": wall, "device_busy_ms": busy / 1e3, "device_ops": float(len(device)),
+            "launches": float(sum(1 for e in host if "LaunchKernel" in e.name or e.name.startswith("cuLaunch"))),
+            "syncs": float(len(syncs)), "sync_ms": sum(e.cpu_time_total for e in syncs) / 1e3,
+            "aten_ops": float(sum(1 for e in host if e.name.startswith("aten::"))),
+        }
+        safe = "".join(c if c.isalnum() else "_" for c in label)
+        with open(os.path.join(out_dir, f"{built.request.name}_{x.shape[0]}_{args.dtype}_{safe}.txt"), "w") as f:
+            f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+            if cuda:
+                f.write("\n")
+                f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15))
+    return summary
+
+
 def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[str, Any]:
     # torchvision's ViTs take their image size as an argument (they train at 224² otherwise).
     kwargs = {"image_size": hw} if name.startswith("vit_") else {}
     request = ModelRequest(spec=name, batch_size=batch, sample_shape=(3, hw, hw), model_kwargs=kwargs,
-                           grads=args.grads)
+                           grads=args.grads, device=args.device, dtype=args.dtype)
     built = built_model.build(request)
     started = time.perf_counter()
     idle = pipeline.profile(built)
     profile_s = time.perf_counter() - started
-    with neighbour():
-        noisy = pipeline.profile(built)
+    if args.skip_noisy:
+        noisy = idle
+    else:
+        with neighbour():
+            noisy = pipeline.profile(built)
     plans = pick_plans(idle, args.plans)
+    none_peak = make_plan(idle, "none").predicted_peak_bytes
+    names: dict[tuple[int, ...], str] = {}
+    for fraction in (float(f) for f in args.budget_fractions.split(",") if f):
+        try:
+            plan = make_budget_plan(idle, max(1, int(none_peak * fraction)))
+        except BudgetInfeasibleError as exc:
+            print(f"{name}: no budget plan at {fraction:.0%}: {exc}")
+            continue
+        if plan.checkpoints and all(p.checkpoints != plan.checkpoints for p in plans):
+            plans.append(plan)
+        names.setdefault(plan.checkpoints, f"budget {fraction:.0%} ({plan.label})")
     chain, hand, plain = built.chain, HandWritten(built.chain), Unmodified(built.model)
     runners = [plain, chain] + [chain] * len(plans) + [hand] * len(plans)
     cuts = [(), ()] + [p.checkpoints for p in plans] * 2
+    linear = make_plan(idle, "linear")
+    variants = {"hand-written, no RNG preservation": HandWritten(chain, preserve_rng_state=False),
+                "remat, no BatchNorm restore": WithoutRestore(chain)} if args.variants and linear.checkpoints else {}
+    runners += list(variants.values())
+    cuts += [linear.checkpoints] * len(variants)
+    common = {"grads": args.grads, "device": args.device, "precision": args.dtype}
     times = time_plans_spread(built.model, built.example, cuts, runners=runners, rounds=args.rounds,
-                              budget_s=args.budget)
+                              budget_s=args.budget, **common)
     unmodified, none = times[0], times[1]
     noisy_times = None
     if args.noisy_measure:
         with neighbour():
             noisy_times = time_plans_spread(built.model, built.example, cuts[: 2 + len(plans)],
                                             runners=runners[: 2 + len(plans)], rounds=args.rounds,
-                                            budget_s=args.budget)
+                                            budget_s=args.budget, **common)
+    cuda = args.device.startswith("cuda")
+
+    def peak_mib(runner: Any, cps: Sequence[int]) -> float:
+        return measure_step(built.model, built.example, cps, chain=runner, baseline=False,
+                            **common).measured_peak_bytes / 2**20
+
     rows = []
     for k, plan in enumerate(plans):
         applied, handwritten = times[2 + k], times[2 + len(plans) + k]
         overhead = applied[0] - none[0]
         est_a = plan.recompute_ms or 0.0
         est_b = recompute_ms(noisy, plan.checkpoints) or 0.0
-        rows.append({"plan": plan.label, "k": len(plan.checkpoints), "last": max(plan.checkpoints),
+        rows.append({"plan": names.get(plan.checkpoints, plan.label), "k": len(plan.checkpoints),
+                     "last": max(plan.checkpoints),
                      "peak_mib": plan.predicted_peak_bytes / 2**20, "estimate_idle": est_a, "estimate_noisy": est_b,
                      "overhead": overhead, "spread": max(applied[1], none[1]),
                      "hand_overhead": handwritten[0] - none[0], "applied_vs_hand": applied[0] / handwritten[0],
-                     "in_target": in_target(est_a, overhead), "in_target_noisy": in_target(est_b, overhead)})
+                     "in_target": in_target(est_a, overhead), "in_target_noisy": in_target(est_b, overhead),
+                     "step_ms": applied[0], "hand_ms": handwritten[0]})
+        if cuda:
+            rows[-1].update(measured_mib=peak_mib(chain, plan.checkpoints),
+                            hand_measured_mib=peak_mib(hand, plan.checkpoints))
         if noisy_times is not None:
             noisy_overhead = noisy_times[2 + k][0] - noisy_times[1][0]
             rows[-1].update(noisy_overhead=noisy_overhead, noisy_spread=max(noisy_times[2 + k][1], noisy_times[1][1]),
                             in_target_noisy_vs_noisy=in_target(est_b, noisy_overhead))
+    variant_rows = {label: times[2 + 2 * len(plans) + i] for i, label in enumerate(variants)}
     same_frontier = ({p.checkpoints for p in frontier_plans(idle)} == {p.checkpoints for p in frontier_plans(noisy)})
     rho = spearman([r["estimate_idle"] for r in rows], [r["estimate_noisy"] for r in rows]) if len(rows) > 1 else 1.0
-    compiled = compiled_rows(built, make_plan(idle, "linear"), args) if args.compiled else None
+    profiled = None
+    if args.torch_profile and linear.checkpoints:
+        profiled = where_time_goes(built, {"unmodified": (plain, ()), "remat none": (chain, ()),
+                                           "remat linear": (chain, linear.checkpoints),
+                                           "hand-written linear": (hand, linear.checkpoints),
+                                           **{label: (r, linear.checkpoints) for label, r in variants.items()}},
+                                   args, args.torch_profile)
+    compiled = compiled_rows(built, linear, args) if args.compiled else None
     return {"model": name, "batch": batch, "hw": hw, "stages": idle.num_stages, "profile_s": profile_s,
-            "compiled": compiled,
+            "compiled": compiled, "variants": variant_rows, "profiled": profiled, "dtype": args.dtype,
+            "none_mib": peak_mib(chain, ()) if cuda else None, "none_predicted_mib": none_peak / 2**20,
             "unmodified": unmodified, "none": none, "rows": rows, "spearman": rho, "same_frontier": same_frontier,
             "checkpoint_ms": (idle.checkpoint_ms, noisy.checkpoint_ms),
             "step_idle": idle.metadata.get("timing", {}).get("step_ms"),
@@ -255,13 +412,29 @@ def print_result(r: dict[str, Any]) -> None:
             print(f"| {row['plan']} | {row['estimate_noisy']:.1f} | {row['noisy_overhead']:.1f} "
                   f"({row['noisy_spread']:.1f}) | {'yes' if row['in_target_noisy_vs_noisy'] else 'no'} |")
         print()
+    if r["none_mib"] is not None:
+        unmodified = r["unmodified"][0]
+        print(f"\nOn the device ({r['dtype']}): none {r['none_mib']:.0f} MiB measured "
+              f"({r['none_predicted_mib']:.0f} predicted), unmodified step {unmodified:.1f} ms\n")
+        print("| plan | measured MiB (predicted) | cut | step ms | vs unmodified | hand-written step ms (MiB) "
+              "| applied / hand |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for row in r["rows"]:
+            print(f"| {row['plan']} | {row['measured_mib']:.0f} ({row['peak_mib']:.0f}) | "
+                  f"{1 - row['measured_mib'] / r['none_mib']:.1%} | {row['step_ms']:.1f} | "
+                  f"{row['step_ms'] / unmodified - 1:+.1%} | {row['hand_ms']:.1f} ({row['hand_measured_mib']:.0f}) | "
+                  f"{row['applied_vs_hand']:.3f} |")
+    for label, (ms, spread) in r["variants"].items():
+        print(f"variant, linear plan: {label}: {ms:.1f} ms ± {spread:.1f}")
+    if r["profiled"]:
+        print("\n| one profiled step | wall ms | device busy ms | device ops | launches | aten ops | syncs (ms) |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for label, v in r["profiled"].items():
+            print(f"| {label} | {v['wall_ms']:.1f} | {v['device_busy_ms']:.1f} | {v['device_ops']:.0f} | "
+                  f"{v['launches']:.0f} | {v['aten_ops']:.0f} | {v['syncs']:.0f} ({v['sync_ms']:.1f}) |")
     if r["compiled"]:
-        c = r["compiled"]
-        print(f"\ntorch.compile, linear plan: allocator peak above the step's start / step time — eager unmodified "
-              f"{c['eager none'][0]:.1f} MiB / {c['eager none'][1]:.1f} ms, eager applied "
-              f"{c['eager linear'][0]:.1f} MiB / {c['eager linear'][1]:.1f} ms, compiled unmodified "
-              f"{c['compiled none'][0]:.1f} MiB / {c['compiled none'][1]:.1f} ms, compiled applied "
-              f"{c['compiled linear'][0]:.1f} MiB / {c['compiled linear'][1]:.1f} ms\n")
+        print("\ntorch.compile, linear plan: allocator peak above the step's start / step time — "
+              + ", ".join(f"{label} {peak:.1f} MiB / {ms:.1f} ms" for label, (peak, ms) in r["compiled"].items()))
     sys.stdout.flush()
 
 
@@ -275,15 +448,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--grads", choices=("none", "kept"), default="none")
     parser.add_argument("--noisy-measure", action="store_true",
                         help="also time the plans beside the neighbour (the noisy profile's own conditions)")
-    parser.add_argument("--compiled", action="store_true",
-                        help="torch.compile rows for the linear plan: step time and allocator peak")
+    parser.add_argument("--compiled", nargs="?", const="all", choices=("all", "applied"),
+                        help="torch.compile rows for the linear plan: step time and allocator peak (applied: "
+                             "leave out compiling the unmodified model)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32",
+                        help="the step's precision(s), comma-separated, e.g. float32,autocast_bfloat16")
+    parser.add_argument("--budget-fractions", default="",
+                        help="also the budget plans at these shares of the no-checkpoint peak, e.g. 0.5")
+    parser.add_argument("--skip-noisy", action="store_true", help="no profile beside a neighbour process")
+    parser.add_argument("--variants", action="store_true",
+                        help="diagnostic runners for linear: no RNG preservation, no BatchNorm restore")
+    parser.add_argument("--torch-profile", metavar="DIR", help="where one step's time goes, per runner")
+    parser.add_argument("--json", metavar="FILE", help="also write every result as JSON lines")
     args = parser.parse_args(argv)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for size in args.sizes.split(","):
-        batch, hw = (int(v) for v in size.split("x"))
-        for name in args.models.split(","):
-            print_result(run_one(name, batch, hw, args))
-
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
+    for dtype in args.dtype.split(","):
+        args.dtype = dtype
+        print(f"torch {torch.__version__}, {where}, {dtype}, grads {args.grads}")
+        for size in args.sizes.split(","):
+            batch, hw = (int(v) for v in size.split("x"))
+            for name in args.models.split(","):
+                result = run_one(name, batch, hw, args)
+                print_result(result)
+                if args.json:
+                    with open(args.json, "a") as f:
+                        f.write(json.dumps(result, default=str) + "\n")
 
 if __name__ == "__main__":
     main()
