@@ -23,6 +23,7 @@ docs/benchmarks.md ("remat against Hugging Face's gradient checkpointing") holds
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -68,7 +69,8 @@ class HfForward:
 def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     [entry] = [m for m in hf_zoo() if m.name == name]
     request = ModelRequest(spec=entry.spec, batch_size=args.batch_size, sample_shape=(args.seq_len,),
-                           seq_len=args.seq_len, grads="kept", model_kwargs=entry.model_kwargs,
+                           seq_len=args.seq_len, grads="kept",
+                           model_kwargs={**entry.model_kwargs, **json.loads(args.model_kwargs)},
                            device=args.device, dtype=args.dtype)
     built = build(request)
     model, call, chain = built.model, built.example, built.chain
@@ -111,6 +113,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--candidates", type=int, default=4, help="frontier plans under hf's peak to measure")
+    parser.add_argument("--model-kwargs", default="{}",
+                        help='configuration overrides for every model, JSON: {"attention_probs_dropout_prob": 0}')
     parser.add_argument("--device", default="cpu", help="cpu or cuda (then peaks from the caching allocator)")
     parser.add_argument("--dtype", default="float32", help="the step's precision, e.g. autocast_bfloat16")
     args = parser.parse_args()

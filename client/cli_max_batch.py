@@ -111,12 +111,17 @@ def _print(report: Any) -> None:
                f"measured {format_bytes(m.measured_peak_bytes)} of {format_bytes(report.limit_bytes)}{step}")
     if plan.recompute_overhead is not None:  # a share: profiled stage times scale with the batch, not their noise
         click.echo(f"  recompute estimated at {plan.recompute_overhead:.0%} of the step")
-    if report.next_plan is not None:
-        over = report.next_plan.predicted_peak_bytes - report.next_limit_bytes
+    over = (report.next_plan.predicted_peak_bytes - report.next_limit_bytes if report.next_plan is not None
+            else None)
+    if over is not None and over > 0:
         click.echo(f"  batch {report.batch_size + 1} does not fit: its best plan ({report.next_plan.algorithm}) is "
                    f"predicted at {format_bytes(report.next_plan.predicted_peak_bytes)}, {over:,} bytes over "
                    f"{format_bytes(report.next_limit_bytes)}")
+    elif report.out_of_memory_batch is not None:
+        click.echo(f"  batch {report.out_of_memory_batch} was predicted to fit but its step ran out of device memory "
+                   f"(the caching allocator's fragmentation is outside the prediction); batches between "
+                   f"{report.batch_size + 1} and {report.out_of_memory_batch - 1} were not measured")
     if report.stepped_back:
-        click.echo(f"  {report.stepped_back} larger batch(es) predicted to fit measured over the limit and were "
-                   f"given up")
+        click.echo(f"  {report.stepped_back} step(s) back from a larger batch predicted to fit, whose step measured "
+                   f"over the limit or ran out of device memory")
     click.echo(f"  derived from {report.fit_summary}")

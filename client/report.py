@@ -177,8 +177,11 @@ class MaxBatchReport:
     fit_summary: str
     """What the fit says of the profiles (remat.client.derived_trace.BatchFit.describe)."""
     stepped_back: int = 0
-    """Batches given up because their measured step exceeded the limit the prediction met (0: none)."""
+    """Steps back from a batch predicted to fit whose step measured over the limit or ran out of memory."""
     overhead: float | None = None
+    out_of_memory_batch: int | None = None
+    """The least batch whose verifying step ran out of device memory (None: none did). Then ``next_plan`` may
+    be predicted to fit: the caching allocator's fragmentation is outside the prediction."""
 
     def to_dict(self) -> dict[str, Any]:
         m = self.measured
@@ -193,4 +196,4 @@ class MaxBatchReport:
                     "predicted_peak_bytes": self.next_plan.predicted_peak_bytes,
                     "limit_bytes": self.next_limit_bytes},
                 "profiled_batches": list(self.profiled_batches), "fit": self.fit_summary,
-                "stepped_back": self.stepped_back}
+                "stepped_back": self.stepped_back, "out_of_memory_batch": self.out_of_memory_batch}

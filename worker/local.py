@@ -196,7 +196,22 @@ DEFAULT_PROFILE_BATCHES = (2, 4)
 """The batch sizes ``max-batch`` profiles (or finds stored) to derive every other one from: small, so that
 profiling never needs the memory whose limit is in question."""
 MAX_STEP_BACKS = 3
-"""Batches ``max-batch`` gives up, one at a time, when the measured step exceeds a limit the prediction met."""
+"""Steps ``max-batch`` takes back when the measured step exceeds a limit the prediction met: one batch at a time
+when it measured over, ``OOM_STEP_BACK`` of the batch when the device ran out of memory."""
+OOM_STEP_BACK = 0.03
+"""The share of the batch given up when the verifying step runs out of CUDA memory: the allocator's
+fragmentation grows with the batch, so one sample back would rarely be enough."""
+
+
+def _release_device_memory(device: str) -> None:
+    """Free what the last verifying step left cached, so that the next (smaller) batch starts from an empty
+    allocator, not from a fragmented one."""
+    import gc
+
+    from remat.worker.profilers import backend_for
+
+    gc.collect()
+    backend_for(device).empty_cache()
 
 
 def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | None = None,
@@ -213,7 +228,7 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
 
     from remat.client.budget_spec import BudgetError
     from remat.client.derived_trace import fit_batches
-    from remat.client.graph.built_model import build, fit_bytes_for
+    from remat.client.graph.built_model import OutOfMemoryProfiling, build, fit_bytes_for
     from remat.client.planning.max_batch import MaxBatchError, best_plan, largest_batch
     from remat.worker import pipeline
 
@@ -255,30 +270,41 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
     answer = largest_batch(fit, limit_at, overhead=overhead)
     batch, plan, trace = answer.batch_size, answer.plan, answer.trace
     stepped_back = 0
+    out_of_memory_batch = None
     while True:
         say(f"measuring batch {batch} with {plan.algorithm}", 0.5)
         at_batch = replaced(request, batch_size=batch)
-        built = build(at_batch)
-        measured = pipeline.validate(built, trace, [plan], timing_rounds=1, check_gradients=False)[plan.label]
-        del built
-        if measured.measured_peak_bytes is None or measured.measured_peak_bytes <= limit_at(batch):
+        try:
+            built = build(at_batch, probe_batch=smallest)
+            measured = pipeline.validate(built, trace, [plan], timing_rounds=1, check_gradients=False)[plan.label]
+            over = measured.measured_peak_bytes is not None and measured.measured_peak_bytes > limit_at(batch)
+            why = f"measured {measured.measured_peak_bytes} bytes, over the {limit_at(batch)}"
+        except OutOfMemoryProfiling:
+            # Under ``fit`` the prediction is of allocated bytes; the caching allocator also needs room for
+            # its own rounding and fragmentation, which the last few percent of a device may not have.
+            measured, over, why = None, True, "ran out of device memory"
+            out_of_memory_batch = batch
+        built = None
+        _release_device_memory(request.device)
+        if not over:
             break
         if stepped_back == MAX_STEP_BACKS or batch == 1:
-            raise MaxBatchError(f"memory: batch {batch}'s step measured {measured.measured_peak_bytes} bytes, over "
-                                f"the {limit_at(batch)} its prediction ({plan.predicted_peak_bytes}) met, "
-                                f"{stepped_back} batches back from {answer.batch_size}; the profiles do not "
-                                f"predict this model's larger batches")
+            raise MaxBatchError(f"memory: batch {batch}'s step {why} its prediction "
+                                f"({plan.predicted_peak_bytes} bytes) met, {stepped_back} steps back from "
+                                f"{answer.batch_size}; the profiles do not predict this model's larger batches")
         stepped_back += 1
-        batch -= 1
+        batch = batch - 1 if measured is not None else max(1, int(batch * (1 - OOM_STEP_BACK)))
         trace = fit.trace_at(batch)
         plan = best_plan(trace, overhead)
+    assert measured is not None
     say("done", 1.0)
     return MaxBatchReport(request=replaced(request, batch_size=batch), batch_size=batch, plan=plan,
                           limit_bytes=limit_at(batch), measured=measured,
                           next_plan=answer.next_plan if not stepped_back else best_plan(fit.trace_at(batch + 1),
                                                                                           overhead),
                           next_limit_bytes=limit_at(batch + 1), profiled_batches=fit.batches,
-                          fit_summary=fit.describe(), stepped_back=stepped_back, overhead=overhead)
+                          fit_summary=fit.describe(), stepped_back=stepped_back, overhead=overhead,
+                          out_of_memory_batch=out_of_memory_batch)
 
 
 def plan_zoo(requests: Iterable[ModelRequest], *, refresh: bool = False,

@@ -90,8 +90,13 @@ def _input_hint(request: ModelRequest, message: str) -> str:
     return ""
 
 
-def build(request: ModelRequest) -> BuiltModel:
+def build(request: ModelRequest, *, probe_batch: int | None = None) -> BuiltModel:
     """The model (random weights), an example batch and its stage chain on the requested device, and its key.
+
+    ``probe_batch``: cut the chain on that many samples of a one-tensor example instead of the whole batch,
+    for a chain that only runs plans (a measured step): the stage structure does not depend on the batch, and
+    the probe keeps every value of its forward alive, which at the largest batch that fits with
+    checkpointing is more than the device holds. A chain to profile needs the full probe (the default).
 
     Raises:
         ModelError: unknown model, no CUDA device, or a model that cannot run on or be cut at this input.
@@ -117,6 +122,8 @@ def build(request: ModelRequest) -> BuiltModel:
         guard_memory(request, exc)
         raise ModelError(f"{request.name} cannot be built on {request.device}: "
                          f"{(str(exc).splitlines() or [''])[0]}") from None
+    if probe_batch is not None and isinstance(example, torch.Tensor) and example.shape[0] > probe_batch:
+        return build_from_model(request, model, example, probe=example[:probe_batch])
     return build_from_model(request, model, example)
 
 

@@ -256,3 +256,37 @@ def test_a_transformer_at_a_batch_never_profiled_is_derived_and_trains_exactly(
     expected, got = step(reference, call(6, seed=2)), step(planned, call(6, seed=2))
     assert torch.equal(expected[0], got[0])
     assert all(torch.equal(a, b) for a, b in zip(expected[1], got[1], strict=True))
+
+
+def test_max_batch_steps_back_when_the_verifying_step_runs_out_of_device_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A device whose allocator cannot hold what the prediction says fits (fragmentation, measured on the H100
+    at batch 2,558 of ResNet-152): the step's out-of-memory error is a step back, not the command's failure,
+    and the answer is a batch whose step really ran."""
+    from remat.client.graph.built_model import OutOfMemoryProfiling
+
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'store.sqlite'}")
+    args = ("max-batch", "resnet18", "--input-shape", "3,16,16", "--grads", "kept", "--memory", str(12 * 2**20))
+    code, out, err = run_cli(capsys, *args, "--json")
+    assert code == 0, err
+    unconstrained = json.loads(out)["batch_size"]
+    room = unconstrained - 3  # the device runs out of memory above this batch
+    validate = pipeline.validate
+    ran: list[int] = []
+
+    def fragmented(built, *a, **k):  # type: ignore[no-untyped-def]
+        ran.append(built.request.batch_size)
+        if built.request.batch_size > room:
+            raise OutOfMemoryProfiling(f"out of memory profiling at batch {built.request.batch_size}")
+        return validate(built, *a, **k)
+
+    monkeypatch.setattr(pipeline, "validate", fragmented)
+    code, out, err = run_cli(capsys, *args, "--json")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert answer["batch_size"] <= room and answer["measured_peak_bytes"] is not None
+    assert answer["out_of_memory_batch"] > room and answer["stepped_back"] >= 1
+    assert ran[0] == unconstrained and ran[-1] == answer["batch_size"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    assert f"batch {answer['out_of_memory_batch']} was predicted to fit but its step ran out of device memory" in out
