@@ -154,6 +154,12 @@ class StageChain:
         raise ModelError(f"the model has no attribute {name!r} any more (was it changed after planning?)")
 
     def _run_stages(self, lo: int, hi: int, x: Any, env: dict[str, Any]) -> Any:
+        return self._run_handed(lo, hi, [x], env)
+
+    def _run_handed(self, lo: int, hi: int, handed: list[Any], env: dict[str, Any]) -> Any:
+        """Stages ``lo..hi`` on the value the caller hands over in ``handed`` (emptied here), so that once the
+        first stage is done nothing of this call keeps that value alive (NOTE [ the last segment's input ])."""
+        x = handed.pop()
         for st in self._stages[lo - 1 : hi]:
             out = st.call(x, *(self._resolve(spec, env) for spec in st.inputs))
             x = out[0]
@@ -233,7 +239,9 @@ class StageChain:
         for k in range(len(bounds) - 1):
             lo, hi = bounds[k] + 1, bounds[k + 1]
             if k == len(bounds) - 2:
-                return self._run_stages(lo, hi, x, env)
+                handed = [x]
+                del x  # NOTE [ the last segment's input ]
+                return self._run_handed(lo, hi, handed, env)
             slots = tuple(dict.fromkeys(s for st in self._stages[lo - 1 : hi] for s in st.slots))
             # The env is copied: checkpoint keeps its arguments for the recompute, which must see the
             # values as they were at this point, not as later segments extend them.
@@ -256,6 +264,14 @@ class StageChain:
         return x, {k: v for k, v in local.items() if k not in env}
 
 
+# NOTE [ the last segment's input ]
+# The last segment runs without checkpoint, so its input x_a must die as soon as its first stage is done unless
+# a stage saves it: the cost model charges it only then (``drop_input``). A local name in ``run`` that still
+# held x_a kept it alive through the whole last segment's forward: measured on GPT-2 under bf16 autocast,
+# where the head casts its input (saving the copy, not x_a) and the loss upcasts the bf16 logits (saving
+# nothing of them), a checkpoint at the logits measured 8,192,000 bytes (the logits) over its prediction,
+# +13%, and one at the final norm 786,432 bytes over. ``run`` hands x_a over in a list and forgets it.
+
 # NOTE [BatchNorm running stats under recompute]
 # A checkpointed segment runs its forward twice: once for real and once during backward to rebuild the
 # activations. In train mode BatchNorm updates running_mean/var and num_batches_tracked on *every* forward,
@@ -277,7 +293,7 @@ class StageChain:
 class _RestoreBuffers:
     """Context manager: snapshot buffer values on enter, copy them back in place on exit.
 
-    The snapshot is one flat tensor per (device, dtype) and the restore one ``_foreach_copy_`` per group, not a
+    The snapshot is one flat tensor per group of buffers and the restore one ``_foreach_copy_`` per group, not a
     clone and a copy per buffer: ResNet-152 has 465 BatchNorm buffers, and on a GPU, where a step at moderate
     batch is bound by kernel launches, 930 tiny kernels per recompute were a measurable share of the overhead
     (NOTE [ timing a plan ] in remat.worker.profilers.step_timing). Copies either way, so bit-equal."""
@@ -287,21 +303,32 @@ class _RestoreBuffers:
         self.saved: list[tuple[list[torch.Tensor], torch.Tensor]] = []
 
     def __enter__(self) -> _RestoreBuffers:
-        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        # Grouped by device, dtype and whether the buffers are scalars (BatchNorm's num_batches_tracked): a
+        # group of scalars is stacked and unbound, one of vectors (running_mean, running_var) concatenated and
+        # split, so that no op runs per buffer on the host either; other shapes go flat.
+        groups: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
         for module, name in self.slots:
             buf = module._buffers.get(name)
             if buf is not None:
-                groups.setdefault((buf.device, buf.dtype), []).append(buf)
+                groups.setdefault((buf.device, buf.dtype, buf.dim() == 0), []).append(buf)
         with torch.no_grad():
-            for bufs in groups.values():
-                self.saved.append((bufs, torch.cat([b.detach().reshape(-1) for b in bufs])))
+            for (_, _, scalars), bufs in groups.items():
+                if scalars:
+                    flat = torch.stack(bufs)
+                else:
+                    flat = torch.cat([b if b.dim() == 1 else b.reshape(-1) for b in bufs])
+                self.saved.append((bufs, flat))
         return self
 
     def __exit__(self, *exc: object) -> None:
         with torch.no_grad():
             for bufs, flat in reversed(self.saved):
-                parts = flat.split([b.numel() for b in bufs])
-                torch._foreach_copy_(bufs, [part.view(b.shape) for part, b in zip(parts, bufs, strict=True)])
+                if bufs[0].dim() == 0:
+                    parts = list(flat.unbind())
+                else:
+                    parts = [part if part.shape == b.shape else part.view(b.shape)
+                             for part, b in zip(flat.split([b.numel() for b in bufs]), bufs, strict=True)]
+                torch._foreach_copy_(bufs, parts)
         self.saved.clear()
 
 

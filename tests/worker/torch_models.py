@@ -58,8 +58,17 @@ class SequentialChain:
                 x = checkpoint(segment, x, use_reentrant=False, preserve_rng_state=True,
                                context_fn=lambda mods=mods: (contextlib.nullcontext(), _swap_bn_buffers(mods)))
             else:
-                x = segment(x)
+                handed = [x]
+                del x  # as StageChain.run: nothing here keeps the last segment's input alive past its first stage
+                return _run_handed(mods, handed)
         return x
+
+
+def _run_handed(mods: list[nn.Module], handed: list[torch.Tensor]) -> torch.Tensor:
+    h = handed.pop()
+    for m in mods:
+        h = m(h)
+    return h
 
 
 class BasicBlock(nn.Module):
