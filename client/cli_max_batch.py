@@ -70,7 +70,7 @@ def max_batch_command(model: str, batch_size: int | None, input_shape: str | Non
     \b
     Example:
       remat-client max-batch resnet152 --input-shape 3,128,128 --memory 2GiB --grads kept
-      remat-client max-batch resnet152 --device cuda --input-shape 3,224,224 --memory fit --overhead 25%
+      remat-client max-batch resnet152 --device cuda --input-shape 3,224,224 --memory fit --grads kept
     """
     from remat.client.budget_spec import BudgetError, parse_budget
     from remat.client.local_planner import local_planner
@@ -87,6 +87,13 @@ def max_batch_command(model: str, batch_size: int | None, input_shape: str | Non
     except BudgetError as exc:
         fail_input(f"--memory: {str(exc).removeprefix('budget: ')}")
     overhead = _overhead(overhead_text)
+    if overhead is not None and device == "cuda":
+        # Measured on an H100: stage times profiled at batch 2 and 4 are kernel-launch bound, nearly constant
+        # in the batch, so their lines put ResNet-152's recompute at 944% of the step at batch 2,481
+        # (docs/benchmarks.md, "The largest batch that fits"). A choice by that share would be noise.
+        fail_input("--overhead: on cuda the stage times of small-batch profiles do not extrapolate to the "
+                   "largest batch (launch-bound); max-batch gives the least-memory plan, then `plan --budget` "
+                   "picks the fastest that fits at that batch")
     batches = _batches(profile_batches)
     request = model_request(model, batches[0], input_shape, device, grads, dtype, model_kwargs, seq_len)
     try:
@@ -109,7 +116,10 @@ def _print(report: Any) -> None:
     step = f"; step {m.step_ms:.0f} ms" if m.step_ms is not None else ""
     click.echo(f"  plan {plan.algorithm}, checkpoints {kept}: predicted {format_bytes(plan.predicted_peak_bytes)}, "
                f"measured {format_bytes(m.measured_peak_bytes)} of {format_bytes(report.limit_bytes)}{step}")
-    if plan.recompute_overhead is not None:  # a share: profiled stage times scale with the batch, not their noise
+    if report.request.device == "cuda":
+        click.echo(f"  recompute not estimated: stage times profiled at batch "
+                   f"{', '.join(map(str, report.profiled_batches))} on cuda are launch-bound and do not extrapolate")
+    elif plan.recompute_overhead is not None:  # a share: profiled stage times scale with the batch, not their noise
         click.echo(f"  recompute estimated at {plan.recompute_overhead:.0%} of the step")
     over = (report.next_plan.predicted_peak_bytes - report.next_limit_bytes if report.next_plan is not None
             else None)

@@ -190,7 +190,8 @@ class MaxBatchReport:
                 "limit_bytes": self.limit_bytes, "overhead": self.overhead,
                 "plan": self.plan.to_dict(), "predicted_peak_bytes": self.plan.predicted_peak_bytes,
                 "measured_peak_bytes": m.measured_peak_bytes, "step_ms": m.step_ms,
-                "recompute_ms": self.plan.recompute_ms,
+                # On cuda the small-batch profiles' stage times do not extrapolate (client/cli_max_batch.py).
+                "recompute_ms": None if self.request.device == "cuda" else self.plan.recompute_ms,
                 "next": None if self.next_plan is None else {
                     "batch_size": self.batch_size + 1, "plan": self.next_plan.to_dict(),
                     "predicted_peak_bytes": self.next_plan.predicted_peak_bytes,

@@ -154,6 +154,7 @@ def test_max_batch_is_the_largest_batch_measured_steps_fit(tmp_path: Path, monke
     (["--memory", "8GiB", "--batch-size", "8"], "--batch-size: max-batch finds the batch size"),
     (["--memory", "8GiB", "--profile-batches", "4"], "--profile-batches: '4' must name two or more"),
     (["--memory", "8GiB", "--overhead", "lots"], "--overhead: 'lots' is not a percentage"),
+    (["--device", "cuda", "--overhead", "25%"], "--overhead: on cuda the stage times of small-batch profiles"),
     (["--memory", "lots"], "--memory: 'lots' is not a size"),
     (["--memory", "fit"], "--memory: fit is the CUDA device's free memory"),
     (["--memory", "1KiB"], "--memory: not even batch 1 fits: its best plan (linear) needs"),
