@@ -116,7 +116,7 @@ def _print(report: Any) -> None:
     step = f"; step {m.step_ms:.0f} ms" if m.step_ms is not None else ""
     click.echo(f"  plan {plan.algorithm}, checkpoints {kept}: predicted {format_bytes(plan.predicted_peak_bytes)}, "
                f"measured {format_bytes(m.measured_peak_bytes)} of {format_bytes(report.limit_bytes)}{step}")
-    if report.request.device == "cuda":
+    if not report.recompute_extrapolates:
         click.echo(f"  recompute not estimated: stage times profiled at batch "
                    f"{', '.join(map(str, report.profiled_batches))} on cuda are launch-bound and do not extrapolate")
     elif plan.recompute_overhead is not None:  # a share: profiled stage times scale with the batch, not their noise
