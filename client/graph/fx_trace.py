@@ -214,6 +214,9 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
 HASH_BATCH = 2
 """The batch size whose exported graph names a model called with several inputs (the module docstring of
 ``hashing``, "Exported graphs"). Two, not one: export specialises a dimension of size 1."""
+HASH_SEQ_LEN = 2
+"""The sequence length of that graph for a token call (integer ids ``(batch, seq_len)``): export writes the
+length into views too, and profiles of one architecture at several lengths form one family as well."""
 HASH_GRAPH = "remat_hash_graph"
 """``meta`` entry of an exported graph at another batch size: a function returning the graph the
 architecture hash describes (the export at ``HASH_BATCH``), or None when that call cannot be exported."""
@@ -223,23 +226,39 @@ an earlier start stored it there (``export_cache.load_hash``), so a hit does not
 
 
 def hash_call(model: nn.Module, call: ModelCall) -> ModelCall | None:
-    """``call`` at batch ``HASH_BATCH``: the first ``HASH_BATCH`` rows of every tensor input whose first
-    dimension is the main input's (the batch); None when the call is at that batch already or its batch is
-    smaller (a batch of 1 cannot be told from a broadcast dimension, so such calls keep their own graph)."""
+    """``call`` at batch ``HASH_BATCH`` and, for a token call, ``HASH_SEQ_LEN`` tokens: the first
+    ``HASH_BATCH`` rows of every tensor input whose first dimension is the main input's (the batch), and of a
+    token call the first ``HASH_SEQ_LEN`` positions of every dimension past the first that is as long as the
+    main input's second (ids, masks, labels, position ids); None when the call is at those sizes already or
+    smaller (a size of 1 cannot be told from a broadcast dimension, so such sizes keep their own graph)."""
     import torch.utils._pytree as pytree
 
     from remat.client.graph.model_call import ModelCall
 
     main = call.main
-    if main.dim() == 0 or int(main.shape[0]) <= HASH_BATCH:
+    if main.dim() == 0:
         return None
     batch = int(main.shape[0])
+    cut_batch = batch > HASH_BATCH
+    is_tokens = main.dim() == 2 and not main.is_floating_point() and not main.is_complex()
+    seq_len = int(main.shape[1]) if is_tokens else 0
+    cut_seq = is_tokens and seq_len > HASH_SEQ_LEN and seq_len != batch
+    if not cut_batch and not cut_seq:
+        return None
 
-    def rows(t: torch.Tensor) -> torch.Tensor:  # copies: a view would keep the whole batch alive
-        return t[:HASH_BATCH].clone() if t.dim() > 0 and int(t.shape[0]) == batch else t
+    def cut(t: torch.Tensor) -> torch.Tensor:  # copies: a view would keep the whole batch alive
+        if t.dim() == 0:
+            return t
+        if cut_batch and int(t.shape[0]) == batch:
+            t = t[:HASH_BATCH]
+        if cut_seq:
+            for dim in range(1, t.dim()):
+                if int(t.shape[dim]) == seq_len:
+                    t = t.narrow(dim, 0, HASH_SEQ_LEN)
+        return t.clone()
 
-    args, kwargs = pytree.tree_map_only(torch.Tensor, rows, (call.args, call.kwargs))
-    return ModelCall.bind(model, tuple(args), kwargs)  # bound again: its signature names batch 2
+    args, kwargs = pytree.tree_map_only(torch.Tensor, cut, (call.args, call.kwargs))
+    return ModelCall.bind(model, tuple(args), kwargs)  # bound again: its signature names the small sizes
 
 
 def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCall, train: bool,

@@ -17,14 +17,14 @@ iteration order of anything but the model's own ordered registries. The descript
 sorted keys, so the hash is the same in every process and on every machine with the same torch major.minor
 (fx's graph may change between torch versions, which is why the torch version is part of the plan key).
 
-Exported graphs (calls of several inputs, remat.client.graph.fx_trace.export_model) hold the batch size in
-their shape arguments (``view(x, [4, 64, 768])``). Their hash describes the graph exported at batch 2
-instead (``fx_trace.HASH_BATCH``; the graph's ``meta["remat_hash_graph"]``, and
-``meta["remat_architecture_hash"]`` for the hash itself, kept in the graph cache so a start does not rebuild
-that second graph), so one architecture has one hash at every batch size of at least 2 and its profiles at
-several batch sizes form one family
-(remat.client.derived_trace). A call at batch 1, or one that cannot be exported at batch 2, is described by its
-own graph.
+Exported graphs (calls of several inputs, remat.client.graph.fx_trace.export_model) hold the batch size, and
+a token model's sequence length, in their shape arguments (``view(x, [4, 64, 768])``). Their hash describes the
+graph exported at batch 2 and, for token ids, 2 tokens instead (``fx_trace.HASH_BATCH``, ``HASH_SEQ_LEN``; the
+graph's ``meta["remat_hash_graph"]``, and ``meta["remat_architecture_hash"]`` for the hash itself, kept in the
+graph cache so a start does not rebuild that second graph), so one architecture has one hash at every batch
+size and sequence length of at least 2 and its profiles at several sizes form one family
+(remat.client.derived_trace). A call at batch 1 (or 1 token), a token call with as many tokens as samples, or
+one that cannot be exported at the small sizes, is described by its own graph at that size.
 """
 
 from __future__ import annotations
