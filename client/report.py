@@ -90,8 +90,10 @@ class ModelReport:
     from_store: bool = False
     device_name: str | None = None
     derived_from: tuple[int, ...] = ()
-    """The batch sizes of the profiles the trace was derived from (remat.client.derived_trace); empty when the
-    model was profiled at this batch size."""
+    """The sizes of the profiles the trace was derived from (remat.client.derived_trace): batch sizes, or
+    sequence lengths where :attr:`derived_along` says so; empty when the model was profiled at this shape."""
+    derived_along: str | None = None
+    """``batch`` or ``seq_len``: what :attr:`derived_from` counts; None for a profile."""
 
     def row(self, algorithm: str) -> PlanRow | None:
         return next((r for r in self.rows if r.plan.algorithm == algorithm), None)
@@ -101,7 +103,7 @@ class ModelReport:
         out: dict[str, Any] = {
             "model": self.request.name, "key": self.key, "num_stages": self.num_stages,
             "from_store": self.from_store, "device_name": self.device_name,
-            "derived_from": list(self.derived_from), "plans": [],
+            "derived_from": list(self.derived_from), "derived_along": self.derived_along, "plans": [],
         }
         for rows, name in ((self.rows, "plans"), (self.frontier, "frontier")):
             if name == "frontier" and not rows:
@@ -175,7 +177,7 @@ class MaxBatchReport:
     profiled_batches: tuple[int, ...]
     """The batch sizes profiled (or found in the store) to derive every other one from."""
     fit_summary: str
-    """What the fit says of the profiles (remat.client.derived_trace.BatchFit.describe)."""
+    """What the fit says of the profiles (remat.client.derived_trace.SizeFit.describe)."""
     stepped_back: int = 0
     """Steps back from a batch predicted to fit whose step measured over the limit or ran out of memory."""
     overhead: float | None = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from remat.client.derived_trace import BatchFit
+from remat.client.derived_trace import SizeFit
 from remat.client.errors import PlanError
 from remat.client.plan import Plan
 from remat.client.planning.plans import STORED_COST_MODEL, frontier_plans, make_plan
@@ -64,7 +64,7 @@ def best_plan(trace: Trace, overhead: float | None) -> Plan:
         trace, "none", cost_model=STORED_COST_MODEL)
 
 
-def largest_batch(fit: BatchFit, limit_at: Callable[[int], int], *, overhead: float | None = None,
+def largest_batch(fit: SizeFit, limit_at: Callable[[int], int], *, overhead: float | None = None,
                   max_batch: int = MAX_BATCH) -> BatchAnswer:
     """The largest batch size whose :func:`best_plan` is predicted within ``limit_at(batch)`` bytes.
 
@@ -86,7 +86,7 @@ def largest_batch(fit: BatchFit, limit_at: Callable[[int], int], *, overhead: fl
         raise MaxBatchError(f"memory: not even batch 1 fits: its best plan ({one.algorithm}) needs "
                             f"{one.predicted_peak_bytes} bytes of activations, {limit_at(1)} are available")
     low = 1  # fits
-    high = max(fit.batches)
+    high = max(fit.sizes)
     while high <= max_batch and fits(high):
         low, high = high, high * 2
     high = min(high, max_batch + 1)  # the first batch known not to fit, or one past the search's end

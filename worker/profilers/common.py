@@ -931,6 +931,9 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         signature = getattr(call, "signature", "")
         if signature:
             obj["inputs"] = signature
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        if isinstance(attention, str):  # a transformers model: what a fit in the sequence length needs to know
+            obj["attention"] = attention  # (remat.client.derived_trace.sequence_degree)
         if any(rec.side_by_stage):
             obj["side_bytes"] = sum(rec.side_by_stage)
             obj["side_by_stage"] = rec.side_by_stage
