@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from remat.client.derived_trace import describe_derivation
 from remat.client.devices import DEVICES
 from remat.client.errors import RematError
 from remat.client.hf_models import DEFAULT_CPU_SEQ_LEN, DEFAULT_CUDA_SEQ_LEN, MAX_SEQ_LEN
@@ -160,7 +161,8 @@ def print_model_table(report: Any, source: str | None = None) -> None:
     req = report.request
     derived = getattr(report, "derived_from", ())
     source = source or ("from the plan store" if report.from_store else
-                        f"derived from profiles at batch {', '.join(map(str, derived))} and measured now" if derived
+                        f"derived from {describe_derivation(getattr(report, 'derived_along', None), derived)} and "
+                        f"measured now" if derived
                         else "profiled and measured now")
     title = (f"{req.name} — input {list(req.input_shape)} {req.dtype}, {req.device}"
              f"{f' ({report.device_name})' if report.device_name else ''}, grads={req.grads}, "

@@ -30,6 +30,7 @@ from remat.client.cli_common import (
     print_model_table,
     run_with_progress,
 )
+from remat.client.derived_trace import describe_derivation
 from remat.client.errors import RematError
 from remat.client.measurement import Measurement
 from remat.client.plan import COST_MODELS, Plan
@@ -249,8 +250,8 @@ def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json
     if as_json:
         emit_json({**report.to_dict(), "server": client.base_url})
     elif report.from_store and report.derived_from:
-        print_model_table(report, f"from the service at {client.base_url}, derived from its profiles at batch "
-                                  f"{', '.join(map(str, report.derived_from))}")
+        print_model_table(report, f"from the service at {client.base_url}, derived from its "
+                                  f"{describe_derivation(report.derived_along, report.derived_from)}")
     elif report.from_store:
         print_model_table(report, f"from the service at {client.base_url}")
     else:

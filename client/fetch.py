@@ -187,7 +187,8 @@ def _report(request: ModelRequest, key: PlanKey, records: Sequence[Mapping[str, 
     derived = first_trace.get("derived_from") or ()
     report = ModelReport(request=request, key=dict(plans[0].extra["key"]), num_stages=plans[0].num_stages,
                          from_store=from_store, device_name=first_trace.get("device_name"),
-                         derived_from=tuple(int(b) for b in derived if isinstance(b, int) and not isinstance(b, bool)))
+                         derived_from=tuple(int(b) for b in derived if isinstance(b, int) and not isinstance(b, bool)),
+                         derived_along=first_trace.get("derived_along") if derived else None)
     for record, plan in zip(records, plans, strict=True):
         measured = (record.get("measurements") or [{}])[0]  # the service lists them newest first
         report.rows.append(PlanRow(plan=plan, measured_peak_bytes=measured.get("measured_peak_bytes"),

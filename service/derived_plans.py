@@ -1,4 +1,5 @@
-"""Plans for a batch size never profiled, derived from stored profiles of the same key at two or more others.
+"""Plans for a batch size (or sequence length) never profiled, derived from stored profiles of the same key at
+others.
 
 A plan read (``GET /v1/plans/{hash}``) or a profiling job that misses its key does not send anyone to profile
 when the store holds profiles of the same architecture, call and conventions at other batch sizes: the trace
@@ -8,13 +9,13 @@ derived plan stays marked (``PlanRecord.derived``) until a measured step of it i
 validation or a ``POST /v1/measurements``; then it is an ordinary plan.
 
 Bounded as an upload is: the profiles were stored under the service's stage and vertex limits, the planners
-are those ``split_algorithms`` runs inline, and the fit reads at most ``repository.MAX_BATCH_PROFILES``
-traces of the key.
+are those ``split_algorithms`` runs inline, and the fit reads at most ``repository.MAX_SIZE_PROFILES``
+traces of the key per family (batch sizes, sequence lengths).
 """
 
 from __future__ import annotations
 
-from remat.client.derived_trace import BatchFitError, derive_at
+from remat.client.derived_trace import SizeFitError, derive_at
 from remat.client.plan import BUDGET_ALGORITHM
 from remat.client.plan_key import PlanKey
 from remat.client.trace import Trace
@@ -27,14 +28,15 @@ __all__ = ["derive_trace", "store_derived"]
 
 
 def derive_trace(db: Database, key: PlanKey) -> Trace | None:
-    """The trace at ``key``'s batch size derived from stored profiles at other batch sizes; None without two."""
+    """The trace at ``key``'s shape derived from stored profiles at other batch sizes (or, for a token model,
+    other sequence lengths); None without enough of them."""
     if not key.input_shape:
         return None
     with db.read_session() as session:
-        profiles = repository.batch_profiles(session=session, key=key)
+        profiles = repository.size_profiles(session=session, key=key)
     try:
-        return derive_at(profiles, key.input_shape[0])
-    except BatchFitError:
+        return derive_at(profiles, key.input_shape, key.inputs)
+    except SizeFitError:
         return None  # profiles that do not line up answer nothing; the read stays a 404
 
 

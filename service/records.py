@@ -61,13 +61,16 @@ class TraceInfo:
     batch_size: int | None
     created_at: datetime
     derived_from: tuple[int, ...] = ()
-    """The batch sizes of the profiles the trace was derived from (remat.client.derived_trace); empty for a
-    profile."""
+    """The sizes of the profiles the trace was derived from (remat.client.derived_trace.derived_sizes): batch
+    sizes, or sequence lengths where :attr:`derived_along` says so; empty for a profile."""
+    derived_along: str | None = None
+    """``batch`` or ``seq_len`` for a derived trace (derived_trace.derived_along); None for a profile."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace_id": self.trace_id, "content_sha256": self.content_sha256, "model": self.model,
                 "device_name": self.device_name, "torch_version": self.torch_version,
                 "batch_size": self.batch_size, "derived_from": list(self.derived_from),
+                "derived_along": self.derived_along,
                 "created_at": _iso(self.created_at)}
 
 

@@ -37,7 +37,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, defer
 
 from remat.client.budget_spec import BudgetInfeasibleError, pick_for_budget
-from remat.client.derived_trace import DERIVED_FROM, inputs_at_batch
+from remat.client.derived_trace import (
+    DERIVED_FROM,
+    derived_along,
+    derived_sizes,
+    inputs_at_batch,
+    inputs_at_length,
+    token_length,
+)
 from remat.client.errors import InvalidKeyError
 from remat.client.measurement import STORED_FIELDS, Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
@@ -165,49 +172,59 @@ def load_trace(*, session: Session, trace_id: int) -> Trace | None:
                         "stages": stages, **({"graph": row.graph} if row.graph is not None else {})})
 
 
-MAX_BATCH_PROFILES = 4
-"""Profiles of a key at other batch sizes that :func:`batch_profiles` returns (the newest per batch size)."""
-_BATCH_CANDIDATES = 64
+MAX_SIZE_PROFILES = 4
+"""Profiles of a key at other sizes that :func:`size_profiles` returns per family (the newest per batch size;
+the newest per sequence length)."""
+_SIZE_CANDIDATES = 64
 """Traces of the architecture read to find them: the newest first, a bounded read however many are stored."""
 
 
-def batch_profiles(*, session: Session, key: PlanKey, include_own: bool = False) -> list[Trace]:
-    """Measured profiles of ``key`` at other batch sizes: the traces a trace at ``key``'s batch can be derived
-    from (remat.client.derived_trace), the newest per batch size, at most MAX_BATCH_PROFILES of them; with
-    ``include_own``, its own batch size's profile too.
+def size_profiles(*, session: Session, key: PlanKey, include_own: bool = False) -> list[Trace]:
+    """Measured profiles of ``key`` at other sizes: the traces a trace at ``key``'s shape can be derived from
+    (remat.client.derived_trace.derive_at). Two families: those at other batch sizes with the key's sample
+    shape, and, for a token model (derived_trace.token_length), those at the key's batch with other sequence
+    lengths; the newest per size, at most MAX_SIZE_PROFILES per family. With ``include_own``, the key's own
+    profile too.
 
     Same architecture, call, precision, mode, gradient convention, device class and torch major.minor (any, for
-    a key whose torch version is ``unknown``); an input shape that differs in its first dimension only; no trace
-    that was itself derived. None at all when the key has a trace of its own (unless ``include_own``): then
-    nothing is to be derived, and a derived trace stored beside it would supersede it.
+    a key whose torch version is ``unknown``); no trace that was itself derived. None at all when the key has a
+    trace of its own (unless ``include_own``): then nothing is to be derived, and a derived trace stored beside
+    it would supersede it.
     """
     arch = session.execute(select(Architecture.id).where(Architecture.hash == key.model_hash)).scalar_one_or_none()
     if arch is None or not key.input_shape:
         return []
     columns = {c: v for c, v in _key_columns(key).items() if c not in ("input_shape", "torch_version", "inputs")}
-    sample = ",".join(str(d) for d in key.input_shape[1:])
+    own_batch, sample = key.input_shape[0], list(key.input_shape[1:])
+    seq_len = token_length(key.input_shape, key.inputs)
     rows = session.execute(
         select(TraceRow.id, TraceRow.input_shape, TraceRow.inputs, TraceRow.torch_version, TraceRow.trace_metadata)
         .where(TraceRow.architecture_id == arch, *(getattr(TraceRow, c) == v for c, v in columns.items()))
-        .order_by(TraceRow.id.desc()).limit(_BATCH_CANDIDATES)).all()
-    chosen: dict[str, int] = {}
-    own = str(key.input_shape[0])
-    for trace_id, shape, inputs, version, metadata in rows:
-        batch, _, rest = shape.partition(",")
-        # a call of several inputs names its batch in its signature too: the same call at another batch
-        if not batch.isdigit() or inputs_at_batch(inputs or "", int(batch), key.input_shape[0]) != key.inputs:
+        .order_by(TraceRow.id.desc()).limit(_SIZE_CANDIDATES)).all()
+    by_batch: dict[int, int] = {}
+    by_length: dict[int, int] = {}
+    for trace_id, shape_text, inputs, version, metadata in rows:
+        shape = [int(d) for d in shape_text.split(",")] if shape_text else []
+        if not shape:
             continue
-        if rest != sample:
+        # a call of several inputs names its sizes in its signature too: the same call at another size
+        same_call_in_batch = (shape[1:] == sample
+                              and inputs_at_batch(inputs or "", shape[0], own_batch) == key.inputs)
+        same_call_in_length = (seq_len is not None and len(shape) == 2 and shape[0] == own_batch
+                               and shape[1] not in (seq_len, own_batch)
+                               and inputs_at_length(inputs or "", shape[1], seq_len) == key.inputs)
+        if not same_call_in_batch and not same_call_in_length:
             continue
-        if batch == own and not include_own:
+        if shape == list(key.input_shape) and not include_own:
             return []  # the key has a trace of its own: a profile (or one derived before) beats a new derivation
-        if (batch in chosen or key.torch_version not in (UNKNOWN, _major_minor(version))
-                or (metadata or {}).get(DERIVED_FROM)):
+        if key.torch_version not in (UNKNOWN, _major_minor(version)) or (metadata or {}).get(DERIVED_FROM):
             continue
-        chosen[batch] = trace_id
-        if len(chosen) == MAX_BATCH_PROFILES:
-            break
-    return [t for t in (load_trace(session=session, trace_id=i) for i in chosen.values()) if t is not None]
+        if same_call_in_batch and len(by_batch) < MAX_SIZE_PROFILES:
+            by_batch.setdefault(shape[0], trace_id)
+        elif same_call_in_length and len(by_length) < MAX_SIZE_PROFILES:
+            by_length.setdefault(shape[1], trace_id)
+    chosen = dict.fromkeys([*by_batch.values(), *by_length.values()])
+    return [t for t in (load_trace(session=session, trace_id=i) for i in chosen) if t is not None]
 
 
 # --- plans ------------------------------------------------------------------------------------------------
@@ -349,8 +366,8 @@ def _records(session: Session, rows: Sequence[Any]) -> list[PlanRecord]:
             trace=TraceInfo(trace_id=trace.id, content_sha256=trace.content_sha256, model=arch.name,
                             device_name=trace.device_name, torch_version=trace.torch_version,
                             batch_size=(trace.trace_metadata or {}).get("batch_size"),
-                            derived_from=tuple(int(p["batch_size"])
-                                               for p in (trace.trace_metadata or {}).get(DERIVED_FROM) or ()),
+                            derived_from=derived_sizes(trace.trace_metadata),
+                            derived_along=derived_along(trace.trace_metadata),
                             created_at=trace.created_at)))
     return out
 

@@ -151,7 +151,10 @@ class TraceInfoOut(BaseModel):
     batch_size: int | None
     created_at: datetime
     derived_from: list[int] = []
-    """Batch sizes of the profiles this trace was derived from (empty: a profile); see ``derived``."""
+    """Sizes of the profiles this trace was derived from (empty: a profile): batch sizes, or sequence lengths
+    where ``derived_along`` is ``seq_len``; see ``derived``."""
+    derived_along: Literal["batch", "seq_len"] | None = None
+    """What ``derived_from`` counts; None for a profile."""
 
 
 class StepTimeline(BaseModel):

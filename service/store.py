@@ -189,10 +189,11 @@ class PlanStore:
         with self.db.read_session() as session:
             return repository.get_plan(session=session, key=key, algorithm=algorithm, budget_bytes=budget_bytes)
 
-    def batch_profiles(self, key: PlanKey, *, include_own: bool = False) -> list[Trace]:
-        """Profiles of ``key`` at other batch sizes, to derive a trace at its batch from (``repository``)."""
+    def size_profiles(self, key: PlanKey, *, include_own: bool = False) -> list[Trace]:
+        """Profiles of ``key`` at other batch sizes or sequence lengths, to derive a trace at its shape from
+        (``repository``)."""
         with self.db.read_session() as session:
-            return repository.batch_profiles(session=session, key=key, include_own=include_own)
+            return repository.size_profiles(session=session, key=key, include_own=include_own)
 
     def load_trace(self, trace_id: int) -> Trace | None:
         with self.db.read_session() as session:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from remat.client.budget_spec import BudgetInfeasibleError, BudgetSpec, pick_for_budget, pick_from_frontier
-from remat.client.derived_trace import derived_batches
+from remat.client.derived_trace import derived_along, derived_sizes, describe_source
 from remat.client.errors import ModelError, RematError
 from remat.client.measurement import Measurement
 from remat.client.plan import BUDGET_ALGORITHM, Plan
@@ -73,11 +73,11 @@ def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None, 
         with open_store() as store:
             complete = store.complete_plans(built.key)
             if complete is None:
-                derived = derive_trace(store.batch_profiles(built.key), built.key.input_shape[0])
+                derived = derive_trace(store.size_profiles(built.key), built.key)
         if complete is not None:
             return report_from_records(request, complete)
     if derived is not None:
-        say(f"deriving from profiles at batch {_batches_of(derived)}", 0.05)
+        say(f"deriving from {describe_source(derived)}", 0.05)
         result = pipeline.run_derived(built, derived, progress=say)
     else:
         result = pipeline.run_built(built, progress=say)
@@ -85,26 +85,23 @@ def profile_and_plan(request: ModelRequest, progress: ProgressFn | None = None, 
         key = store.save_profile(result.trace, result.plans, result.measurements)
     report = ModelReport.from_measured(request, key.to_dict(), list(result.plans), dict(result.measurements),
                                        from_store=False, device_name=result.device_name)
-    report.derived_from = derived_batches(result.trace)
+    report.derived_from = derived_sizes(result.trace)
+    report.derived_along = derived_along(result.trace)
     return report
 
 
-def derive_trace(profiles: Sequence[Trace], batch_size: int) -> Trace | None:
-    """The trace at ``batch_size`` derived from stored profiles at two or more other batch sizes; None when
-    there are fewer, or they do not line up (then the model is profiled at ``batch_size`` instead, with a
-    warning saying why)."""
-    from remat.client.derived_trace import BatchFitError, derive_at
+def derive_trace(profiles: Sequence[Trace], key: PlanKey) -> Trace | None:
+    """The trace at ``key``'s shape derived from stored profiles at other batch sizes (or, for a token model,
+    other sequence lengths); None when there are too few, or they do not line up (then the model is profiled
+    at ``key``'s shape instead, with a warning saying why)."""
+    from remat.client.derived_trace import SizeFitError, derive_at
 
     try:
-        return derive_at(profiles, batch_size)
-    except BatchFitError as exc:
-        warnings.warn(f"remat: profiling at batch {batch_size}: the stored profiles at other batch sizes cannot be "
-                      f"lined up ({exc})", RuntimeWarning, stacklevel=2)
+        return derive_at(profiles, key.input_shape, key.inputs)
+    except SizeFitError as exc:
+        warnings.warn(f"remat: profiling at input shape {list(key.input_shape)}: the stored profiles at other sizes "
+                      f"cannot be lined up ({exc})", RuntimeWarning, stacklevel=2)
         return None
-
-
-def _batches_of(trace: Trace) -> str:
-    return ", ".join(str(b) for b in derived_batches(trace))
 
 
 def budget_report(request: ModelRequest, budget: BudgetSpec, progress: ProgressFn | None = None, *,
@@ -241,7 +238,7 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
             at_batch = replaced(request, batch_size=batch)
             say(f"profile at batch {batch}", 0.3 * k / len(profile_batches))
             built = build(at_batch)
-            stored = [t for t in store.batch_profiles(built.key, include_own=True)
+            stored = [t for t in store.size_profiles(built.key, include_own=True)
                       if t.metadata.get("batch_size") == batch]
             if stored:
                 profiles.append(stored[0])
@@ -251,7 +248,7 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
             profiles.append(trace)
             del built
     fit = fit_batches(profiles)
-    smallest = min(fit.batches)
+    smallest = min(fit.sizes)
     if memory.fit:
         room = fit_bytes_for(replaced(request, batch_size=smallest))
         if room is None:
@@ -302,7 +299,7 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
                           limit_bytes=limit_at(batch), measured=measured,
                           next_plan=answer.next_plan if not stepped_back else best_plan(fit.trace_at(batch + 1),
                                                                                           overhead),
-                          next_limit_bytes=limit_at(batch + 1), profiled_batches=fit.batches,
+                          next_limit_bytes=limit_at(batch + 1), profiled_batches=fit.sizes,
                           fit_summary=fit.describe(), stepped_back=stepped_back, overhead=overhead,
                           out_of_memory_batch=out_of_memory_batch)
 
@@ -370,7 +367,7 @@ def plan_held_model(built: BuiltModel, algorithm: str, progress: ProgressFn | No
     say = progress or _silent
     trace = _derived_from_store(built)
     if trace is not None:  # a batch size never profiled, of a model profiled at two others: no profile runs
-        say(f"deriving from profiles at batch {_batches_of(trace)}", 0.1)
+        say(f"deriving from {describe_source(trace)}", 0.1)
         if built.request.mode == "train" and trace.graph is not None:
             built.op_graph = pipeline.op_graph(built)
     else:
@@ -405,7 +402,7 @@ def _derived_from_store(built: BuiltModel) -> Trace | None:
     except ImportError:
         return None  # a machine with torch alone (a GPU image) has no store
     with PlanStore() as store:
-        return derive_trace(store.batch_profiles(built.key), built.key.input_shape[0])
+        return derive_trace(store.size_profiles(built.key), built.key)
 
 
 def _keep_locally(result: ProfileResult) -> None:

@@ -280,7 +280,7 @@ def profile_model(task: Task, job_id: str) -> str:
             if existing is None:
                 # A new batch size of an architecture stored at two others: derived, planned and validated by
                 # measured steps, without a profile (remat.client.derived_trace).
-                derived = None if refresh else derive_trace(store.batch_profiles(built.key), built.key.input_shape[0])
+                derived = None if refresh else derive_trace(store.size_profiles(built.key), built.key)
                 if derived is not None:
                     result = pipeline.run_derived(built, derived, progress=beat.progress)
                 else:

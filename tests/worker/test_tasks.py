@@ -184,7 +184,7 @@ def test_a_database_error_at_the_final_write_retries_the_write_alone(settings: S
 @pytest.mark.slow
 def test_a_job_for_a_new_batch_of_a_stored_architecture_derives_instead_of_profiling(
         settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch) -> None:
-    from remat.client.derived_trace import derived_batches
+    from remat.client.derived_trace import derived_sizes
     from remat.client.graph.built_model import build
 
     def request(batch: int) -> ModelRequest:
@@ -202,6 +202,31 @@ def test_a_job_for_a_new_batch_of_a_stored_architecture_derives_instead_of_profi
     assert tasks.profile_model(_task(settings), job_id) == "succeeded"
     job = _job(settings, job_id)
     trace = store.load_trace(job.result["trace_id"])
-    assert trace is not None and derived_batches(trace) == (2, 4) and trace.metadata["batch_size"] == 6
+    assert trace is not None and derived_sizes(trace) == (2, 4) and trace.metadata["batch_size"] == 6
     measured = [e for e in job.result["plans"] if e.get("measurement")]
     assert measured and all(e["measurement"]["measured_peak_bytes"] is not None for e in measured)
+
+
+@pytest.mark.slow
+def test_a_job_for_a_new_sequence_length_of_a_stored_token_model_derives_instead_of_profiling(
+        settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from remat.client.derived_trace import derived_along, derived_sizes
+    from remat.client.graph.built_model import build
+
+    def request(seq_len: int) -> ModelRequest:
+        return ModelRequest(spec="hf:gpt2", batch_size=2, sample_shape=(seq_len,), seq_len=seq_len, device="cpu",
+                            model_kwargs={"n_layer": 2, "n_embd": 32, "n_head": 2})
+
+    store = tasks.plan_store(settings)
+    for seq_len in (8, 16, 24):  # three stored lengths, as earlier jobs leave them: attention holds its scores
+        store.save_trace(pipeline.profile(build(request(seq_len))))
+
+    def no_profile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled a sequence length three stored profiles answer")
+
+    monkeypatch.setattr(pipeline, "profile", no_profile)
+    job_id = _submit(settings, request(40))
+    assert tasks.profile_model(_task(settings), job_id) == "succeeded"
+    trace = store.load_trace(_job(settings, job_id).result["trace_id"])
+    assert trace is not None and derived_along(trace) == "seq_len" and derived_sizes(trace) == (8, 16, 24)
+    assert trace.metadata["input_shape"] == [2, 40]

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
-from remat.client.derived_trace import inputs_at_batch
+from remat.client.derived_trace import inputs_at_batch, inputs_at_length, token_length
 from remat.client.plan import BUDGET_ALGORITHM
 from remat.client.plan_key import PlanKey, normalize_device, normalize_dtype
 from remat.client.planning.planners import DEFAULT_PLANNER, PLANNERS
@@ -79,6 +79,7 @@ def read_plan(
     algorithm: Algorithm = DEFAULT_PLANNER,
     budget: Annotated[int | None, Query(ge=1, le=MAX_FIELD_BYTES, description="Bytes; omit for min peak.")] = None,
     batch_size: BatchSizeQuery = None,
+    seq_len: SeqLenQuery = None,
 ) -> Response:
     """The plan for one key, algorithm and budget, with its prediction, provenance and measurements.
 
@@ -90,9 +91,11 @@ def read_plan(
     A key never profiled whose architecture is stored at two or more other batch sizes (same call, precision
     and conventions) is answered from a trace derived at its batch size, stored with its plans on the first
     read; such a plan says ``derived: true`` until a measured step of it is stored. ``batch_size`` replaces
-    ``input_shape``'s first dimension.
+    ``input_shape``'s first dimension. A token model's key (token ids first) is answered likewise at a
+    sequence length never profiled from its profiles at the same batch and enough other lengths (three for
+    attention that holds its scores); ``seq_len`` replaces ``input_shape``'s second dimension.
     """
-    key = _at_batch(key, batch_size)
+    key = _at_size(key, batch_size, seq_len)
     if algorithm == BUDGET_ALGORITHM:
         return _read_budget_plan(state, key, budget)
     name = state.cache.key_name(key, algorithm, budget)
@@ -118,14 +121,26 @@ BatchSizeQuery = Annotated[int | None, Query(ge=1, le=2**31 - 1, description="Th
                                             "(a plan for any batch size; see read_plan)")]
 
 
-def _at_batch(key: PlanKey, batch_size: int | None) -> PlanKey:
-    if batch_size is None:
-        return key
-    if not key.input_shape:
-        raise HTTPException(422, detail="batch_size: needs input_shape (its first dimension is the batch)")
-    # a call of several inputs names its batch in its signature too (input_ids: int64[2, 256]): it follows
-    return dataclasses.replace(key, input_shape=(batch_size, *key.input_shape[1:]),
-                               inputs=inputs_at_batch(key.inputs, key.input_shape[0], batch_size))
+SeqLenQuery = Annotated[int | None, Query(ge=1, le=2**31 - 1, description="The sequence length of a token "
+                                          "model's key: replaces input_shape's second dimension, and the numbers "
+                                          "of inputs equal to it (a plan for any length; see read_plan)")]
+
+
+def _at_size(key: PlanKey, batch_size: int | None, seq_len: int | None) -> PlanKey:
+    if batch_size is not None:
+        if not key.input_shape:
+            raise HTTPException(422, detail="batch_size: needs input_shape (its first dimension is the batch)")
+        # a call of several inputs names its batch in its signature too (input_ids: int64[2, 256]): it follows
+        key = dataclasses.replace(key, input_shape=(batch_size, *key.input_shape[1:]),
+                                  inputs=inputs_at_batch(key.inputs, key.input_shape[0], batch_size))
+    if seq_len is not None:
+        length = token_length(key.input_shape, key.inputs)
+        if length is None:
+            raise HTTPException(422, detail="seq_len: needs a token model's key (input_shape [batch, seq_len] and "
+                                            "inputs that start with integer token ids)")
+        key = dataclasses.replace(key, input_shape=(key.input_shape[0], seq_len),
+                                  inputs=inputs_at_length(key.inputs, length, seq_len))
+    return key
 
 
 def _read_or_derive(state: StateDep, read: Callable[[Session], Any], key: PlanKey) -> Any:
@@ -164,11 +179,12 @@ def _read_budget_plan(state: StateDep, key: PlanKey, budget: int | None) -> Resp
             responses={404: {"model": ErrorOut, "description": "No frontier is stored for this key."},
                        **READ_RESPONSES},
             openapi_extra=OPTIONAL_AUTH)
-def read_frontier(state: StateDep, key: KeyDep, batch_size: BatchSizeQuery = None) -> Response:
+def read_frontier(state: StateDep, key: KeyDep, batch_size: BatchSizeQuery = None,
+                  seq_len: SeqLenQuery = None) -> Response:
     """Every plan not dominated in (predicted peak, estimated recompute time), tightest peak first, with the
     measurements of those a validation step ran: the key's time–memory curve (derived at a batch size never
-    profiled, as ``read_plan`` says)."""
-    key = _at_batch(key, batch_size)
+    profiled, as ``read_plan`` says, and at a sequence length never profiled)."""
+    key = _at_size(key, batch_size, seq_len)
     points = _read_or_derive(state, lambda session: repository.find_frontier(session=session, key=key), key)
     if not points:
         raise HTTPException(status.HTTP_404_NOT_FOUND,

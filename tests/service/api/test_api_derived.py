@@ -101,3 +101,47 @@ def test_a_call_of_several_inputs_is_derived_with_its_signature_at_the_new_batch
     assert again.status_code == 200 and again.json()["plan_id"] == record.json()["plan_id"]
     other = client.get("/v1/plans/h", params=_query(32, inputs=_signature(32).replace("True", "False")))
     assert other.status_code == 404, other.text
+
+
+TOKEN_SPECS: list[dict[str, Any]] = [
+    {"output_bytes": (0, 4096, 0), "saved_bytes": (512, 2048, 64 * (i + 1)),
+     "levels": {"backward_peak_bytes": [(2**20, 0, 0), (0, 8192, 128 * (i + 1))]}} for i in range(4)]
+
+
+def _token_query(batch: int, tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"input_shape": f"{batch},{tokens}", "inputs": f"input_ids: int64[{batch}, {tokens}]; labels: "
+            f"int64[{batch}, {tokens}]", "dtype": "float32", "grads": "none", "device": "cpu", **extra}
+
+
+def test_a_sequence_length_never_profiled_is_planned_from_three_stored_lengths(client: TestClient) -> None:
+    """A token model's profiles at the same batch and 8, 16 and 24 tokens answer a read at 96 tokens (asked with
+    its key, or at 8 with ``seq_len``): the trace's attention holds its scores, so the fit is quadratic; the
+    oracle is the plan of the ground-truth trace at 96."""
+    from tests.client.test_derived_trace import token_profile
+
+    for seq_len in (8, 16):
+        response = client.post("/v1/traces", content=token_profile(seq_len, TOKEN_SPECS).to_json(),
+                               headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code == 201, response.text
+    assert client.get("/v1/plans/t", params=_token_query(2, 96)).status_code == 404  # two lengths: too few
+    client.post("/v1/traces", content=token_profile(24, TOKEN_SPECS).to_json(),
+                headers={**AUTH, "Content-Type": "application/json"})
+    response = client.get("/v1/plans/t", params=_token_query(2, 96))
+    assert response.status_code == 200, response.text
+    record = response.json()
+    truth = make_plan(token_profile(96, TOKEN_SPECS), "linear", cost_model="pytorch")
+    assert record["plan"]["predicted_peak_bytes"] == truth.predicted_peak_bytes
+    assert record["plan"]["checkpoints"] == list(truth.checkpoints)
+    assert record["derived"] is True
+    assert record["trace"]["derived_from"] == [8, 16, 24] and record["trace"]["derived_along"] == "seq_len"
+    again = client.get("/v1/plans/t", params=_token_query(2, 8, seq_len=96))
+    assert again.status_code == 200 and again.json()["plan_id"] == record["plan_id"]
+    frontier = client.get("/v1/plans/t/frontier", params=_token_query(2, 8, seq_len=200))
+    assert frontier.status_code == 200 and frontier.json()["key"]["input_shape"] == [2, 200]
+    assert client.get("/v1/plans/t", params=_token_query(4, 96)).status_code == 404  # another batch: no family
+
+
+def test_seq_len_on_a_key_without_token_ids_is_refused_naming_it(client: TestClient) -> None:
+    response = client.get("/v1/plans/h", params=_query(2, seq_len=64))
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("seq_len: needs a token model's key")
