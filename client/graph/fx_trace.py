@@ -293,13 +293,16 @@ def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCa
 
     directory = cache_dir / "graphs" if cache_dir is not None else None
     known: list[str] = []
+    # A stored hash names the small sizes it was computed at: one stored before token calls were cut to
+    # HASH_SEQ_LEN (the graph at batch 2 and the call's own length) is not read back.
+    cached_as = f"{hashing.ARCH_HASH_FORMAT}; at batch {HASH_BATCH}, {HASH_SEQ_LEN} tokens"
 
     def architecture_hash() -> str:
         if not known:
-            stored = export_cache.load_hash(key, hashing.ARCH_HASH_FORMAT, directory=directory)
+            stored = export_cache.load_hash(key, cached_as, directory=directory)
             if stored is None:
                 stored = hashing.description_hash(hashing.architecture_description(model, graph=gm))
-                export_cache.store_hash(key, hashing.ARCH_HASH_FORMAT, stored, directory=directory)
+                export_cache.store_hash(key, cached_as, stored, directory=directory)
             known.append(stored)
         return known[0]
 
