@@ -121,7 +121,7 @@ def test_plan_at_a_new_length_derives_from_stored_profiles_and_measures_every_pl
     from remat.client.graph.built_model import build
     from remat.client.request import default_request
 
-    kwargs = {"n_layer": 2, "n_embd": 64, "n_head": 4}
+    kwargs = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512}
     with PlanStore() as store:  # as `plan hf:gpt2 --seq-len L` leaves them at three lengths
         for seq_len in PROFILED:
             request = default_request("hf:gpt2", batch_size=2, sample_shape=None, device="cpu", grads="none",

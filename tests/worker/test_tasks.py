@@ -215,7 +215,7 @@ def test_a_job_for_a_new_sequence_length_of_a_stored_token_model_derives_instead
 
     def request(seq_len: int) -> ModelRequest:
         return ModelRequest(spec="hf:gpt2", batch_size=2, sample_shape=(seq_len,), seq_len=seq_len, device="cpu",
-                            model_kwargs={"n_layer": 2, "n_embd": 32, "n_head": 2})
+                            model_kwargs={"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 512})
 
     store = tasks.plan_store(settings)
     for seq_len in (8, 16, 24):  # three stored lengths, as earlier jobs leave them: attention holds its scores
