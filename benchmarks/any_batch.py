@@ -12,6 +12,13 @@ memory plan planned on that real profile and its step measured).
     uv run python benchmarks/any_batch.py --models resnet50 --image-size 64 --max-batch 200MiB --at ""
     uv run python benchmarks/any_batch.py --models hf:gpt2 --seq-len 128 --at 8,16
 
+With ``--along seq_len`` the sizes are a token model's sequence lengths at ``--batch-size`` (issue 27, item 4):
+the trace is fitted in the length with the degree its attention needs (three lengths for attention that holds
+its scores) and compared at the ``--at`` lengths the same way:
+
+    uv run python benchmarks/any_batch.py --models hf:gpt2 --along seq_len --batch-size 2 --from 64,128,192 \
+        --at 256,512
+
 Prints markdown rows; CPU, float32, gradients kept.
 """
 
@@ -24,7 +31,7 @@ import time
 from typing import Any
 
 from remat.client.budget_spec import parse_budget
-from remat.client.derived_trace import LEVELS, fit_batches
+from remat.client.derived_trace import LEVELS, fit_batches, fit_lengths
 from remat.client.graph.built_model import build
 from remat.client.planning.max_batch import best_plan, largest_batch
 from remat.client.planning.plans import frontier_plans, make_plan
@@ -70,8 +77,11 @@ def differences(derived: Trace, profiled: Trace) -> tuple[int, int, list[str]]:
 
     a, b = kept(derived.to_dict()), kept(profiled.to_dict())
     keys = sorted(set(a) | set(b))
-    diff = [f"{k}: {a.get(k)} vs {b.get(k)}" for k in keys if a.get(k, 0) != b.get(k, 0)]
-    return len(keys), len(diff), diff[:5]
+    differing = [k for k in keys if a.get(k, 0) != b.get(k, 0)]
+    differing.sort(key=lambda k: LEVELS in k)  # a stage field first: a level differs where it is not the peak
+    diff = [f"{k}: {a.get(k)} vs {b.get(k)}" for k in differing]
+    fields = sum(1 for k in differing if LEVELS not in k)
+    return len(keys), len(diff), [f"{fields} outside peak levels", *diff[:5]]
 
 
 def measure(model: str, sample: tuple[int, ...], batch: int, trace: Trace, plans: list[Any]) -> dict[str, Any]:
@@ -79,13 +89,18 @@ def measure(model: str, sample: tuple[int, ...], batch: int, trace: Trace, plans
     return pipeline.validate(built, trace, plans, timing_rounds=1, check_gradients=False)
 
 
-def run_fields_and_predictions(model: str, sample: tuple[int, ...], sources: list[int], targets: list[int]) -> None:
+def run_fields_and_predictions(model: str, sample: tuple[int, ...], sources: list[int], targets: list[int],
+                               along: str = "batch", batch_size: int = 2) -> None:
+    def at(size: int) -> tuple[int, tuple[int, ...]]:  # (batch, sample) of the profile at ``size``
+        return (size, sample) if along == "batch" else (batch_size, (size,))
+
     started = time.perf_counter()
-    profiles = [pipeline.profile(build(_request(model, b, sample))) for b in sources]
-    fit = fit_batches(profiles)
+    profiles = [pipeline.profile(build(_request(model, *at(s)))) for s in sources]
+    fit = fit_batches(profiles) if along == "batch" else fit_lengths(profiles)
     print(f"<!-- {model}: profiles at {sources} in {time.perf_counter() - started:.0f} s; {fit.describe()} -->")
-    for batch in targets:
-        derived = fit.trace_at(batch)
+    for size in targets:
+        derived = fit.trace_at(size)
+        batch, sample = at(size)
         profiled = pipeline.profile(build(_request(model, batch, sample)))
         compared, differing, examples = differences(derived, profiled)
         levels = sum(len(v) for s in derived.stages for v in s.extra.get(LEVELS, {}).values())
@@ -148,6 +163,9 @@ def main() -> int:
     parser.add_argument("--max-batch", default=None, metavar="BYTES", help="also answer max-batch at this limit")
     parser.add_argument("--seq-len", type=int, default=None, help="hf: token models: tokens per sample")
     parser.add_argument("--model-kwargs", default="{}", help="JSON configuration overrides, e.g. {\"n_layer\": 6}")
+    parser.add_argument("--along", choices=("batch", "seq_len"), default="batch",
+                        help="the size --from and --at count: batch sizes, or a token model's sequence lengths")
+    parser.add_argument("--batch-size", type=int, default=2, help="with --along seq_len: the batch of every profile")
     args = parser.parse_args()
     MODEL_KWARGS.update(json.loads(args.model_kwargs))
     sample = ((args.seq_len,) if args.seq_len else tuple(int(d) for d in args.sample.split(",")) if args.sample
@@ -156,7 +174,7 @@ def main() -> int:
     targets = [int(b) for b in args.at.split(",") if b]
     for model in args.models.split(","):
         if targets:
-            run_fields_and_predictions(model, sample, sources, targets)
+            run_fields_and_predictions(model, sample, sources, targets, args.along, args.batch_size)
         if args.max_batch:
             limit = parse_budget(args.max_batch).bytes
             assert limit is not None
