@@ -33,14 +33,10 @@ MIB = 2**20
 ALGORITHMS = ("none", "linear", "acg")
 
 
-def their_figure(runner: Any, cuts: tuple[int, ...], x: torch.Tensor) -> tuple[int, int, int]:
-    """(peak − max(start, end), peak above start, end above start) in bytes of one step as Feng & Huang's
-    benchmark runs it: the input requires grad, the loss is ``output.sum()``, one warm-up step first (so the
-    parameters' and the input's gradients exist and accumulate in place)."""
-
-    def step() -> None:
-        runner.run(x, cuts).sum().backward()
-
+def their_quantity(step: Any) -> tuple[int, int, int]:
+    """(peak − max(start, end), peak above start, end above start) in bytes of ``step()`` as Feng & Huang's
+    benchmark measures it, after one warm-up call (so the parameters' and the input's gradients exist and
+    accumulate in place)."""
     step()
     meter = MemoryMeter()
     with meter:
@@ -49,6 +45,12 @@ def their_figure(runner: Any, cuts: tuple[int, ...], x: torch.Tensor) -> tuple[i
         end = meter.current_above_baseline
         peak = meter.peak_above_baseline
     return peak - max(0, end), peak, end
+
+
+def their_figure(runner: Any, cuts: tuple[int, ...], x: torch.Tensor) -> tuple[int, int, int]:
+    """:func:`their_quantity` of one step as Feng & Huang's benchmark runs it: the input requires grad, the
+    loss is ``output.sum()``."""
+    return their_quantity(lambda: runner.run(x, cuts).sum().backward())
 
 
 def run(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
