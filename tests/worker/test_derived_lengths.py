@@ -52,8 +52,11 @@ def _fields(trace: Trace) -> list[dict[str, Any]]:
     return [{k: v for k, v in s.to_dict().items() if k != LEVELS and not k.endswith("_ms")} for s in trace.stages]
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert", "t5"])
+@pytest.mark.parametrize("arch", ["gpt2", "t5"])
 def test_traces_derived_from_three_lengths_equal_the_profiles_at_longer_ones(arch: str, tmp_path: Path) -> None:
+    """A decoder and an encoder–decoder (whose decoder reads the encoder's output at every block). Llama and
+    BERT passed the same comparison when it was written (docs/benchmarks.md, "Any sequence length"); the
+    default run keeps these two for its time."""
     model = tiny(arch)
     profiles = [_profile(model, L, tmp_path) for L in PROFILED]
     assert len({p.metadata["model_hash"] for p in profiles}) == 1  # one family: the hash names no length
