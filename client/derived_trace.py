@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -58,7 +58,7 @@ from remat.client.trace import OPTIONAL_STAGE_BYTES, Trace, content_sha256, pars
 
 __all__ = ["ATTENTION_DEGREE", "DERIVED_FROM", "LEVELS", "OffTheFit", "SizeFit", "SizeFitError", "derive_at",
            "derived_along", "derived_sizes", "describe_derivation", "describe_source", "fit_batches", "fit_lengths",
-           "inputs_at_batch", "inputs_at_length", "is_derived", "sequence_degree", "token_length"]
+           "inputs_at_batch", "inputs_at_length", "inputs_at_size", "is_derived", "sequence_degree", "token_length"]
 
 LEVELS = "peak_levels"
 """A profiled stage's per-op levels of each peak field (worker/profilers/common.py, NOTE [ peak levels ]): each
@@ -171,6 +171,11 @@ class _Dimension:
 
     along: Along
 
+    @property
+    def index(self) -> int:
+        """The size's dimension in ``input_shape``: the batch first, a sample's tokens second."""
+        return 0 if self.along == "batch" else 1
+
     def size(self, trace: Trace) -> int:
         shape = trace.metadata.get("input_shape")
         if not shape:
@@ -191,13 +196,13 @@ class _Dimension:
     def fixed_shape(self, trace: Trace) -> list[int]:
         """What of ``input_shape`` must be equal in every profile (the size's entry zeroed)."""
         shape = list(trace.metadata["input_shape"])
-        shape[0 if self.along == "batch" else 1] = 0
+        shape[self.index] = 0
         return shape
 
     def set(self, tree: dict[str, Any], template: Trace, size: int) -> None:
         """Write ``size`` into a derived trace's JSON, whose size fields :meth:`fitted_part` removed."""
         shape = list(template.metadata["input_shape"])
-        shape[0 if self.along == "batch" else 1] = size
+        shape[self.index] = size
         tree["input_shape"] = shape
         tree["batch_size"] = shape[0]
 
@@ -228,6 +233,9 @@ class SizeFit:
     off_fit: tuple[OffTheFit, ...]
     """Fields whose profiled values are not on one polynomial of :attr:`degree` (empty with degree + 1
     profiles: so many points always are)."""
+    trees: list[dict[str, Any]] = field(repr=False, compare=False)
+    """The profiles' fitted parts, lined up once (:func:`_aligned`): every :meth:`trace_at` carries them over,
+    and a max-batch search asks for dozens of sizes. Read, never changed (:func:`_carry` builds new trees)."""
 
     def trace_at(self, size: int) -> Trace:
         """The trace at ``size``: a profiled one as it is, else derived (module docstring)."""
@@ -236,8 +244,7 @@ class SizeFit:
         if size in self.sizes:
             return self.profiles[self.sizes.index(size)]
         dimension = _Dimension(self.along)
-        trees, _ = _aligned(self.profiles, dimension)
-        derived = _carry(trees, self.sizes, size, (), self.degree)
+        derived = _carry(self.trees, self.sizes, size, (), self.degree)
         if isinstance(derived.get("inputs"), dict):
             derived["inputs"] = _joined(derived["inputs"], size)
         for stage in derived["stages"]:
@@ -325,17 +332,18 @@ _NUMBER = re.compile(r"(?<![\w.'])(\d+)(?![\w.'])")
 constants, not digits inside names (``int64``) or strings."""
 
 
-def inputs_at_batch(inputs: str, batch: int, other: int) -> str:
-    """A call's signature at batch ``batch`` (a key's ``inputs``) as it reads at batch ``other``: the numbers
-    equal to ``batch`` follow it, as a derived trace's do. How a store finds a key's profiles at other batch
-    sizes (``input_ids: int64[2, 256]`` at 2 is ``input_ids: int64[8, 256]`` at 8); "" stays ""."""
-    return _joined(_split_inputs(inputs, batch), other)
+def inputs_at_size(inputs: str, size: int, other: int) -> str:
+    """A call's signature (a key's ``inputs``) at ``size`` as it reads at ``other``: the numbers equal to
+    ``size`` follow it, as a derived trace's do. How a store finds a key's profiles at other batch sizes
+    (``input_ids: int64[2, 256]`` at batch 2 is ``input_ids: int64[8, 256]`` at 8) and a token call's at other
+    lengths (at 256 tokens, ``input_ids: int64[2, 64]`` at 64); "" stays ""."""
+    return _joined(_split_inputs(inputs, size), other)
 
 
-def inputs_at_length(inputs: str, seq_len: int, other: int) -> str:
-    """A token call's signature at ``seq_len`` tokens as it reads at ``other`` tokens: the numbers equal to
-    ``seq_len`` follow it (``input_ids: int64[2, 256]`` at 256 is ``input_ids: int64[2, 64]`` at 64)."""
-    return _joined(_split_inputs(inputs, seq_len), other)
+inputs_at_batch = inputs_at_size
+""":func:`inputs_at_size` of a batch size."""
+inputs_at_length = inputs_at_size
+""":func:`inputs_at_size` of a token call's sequence length."""
 
 
 def _split_inputs(inputs: str, size: int) -> dict[str, Any]:
@@ -397,7 +405,7 @@ def _fit(profiles: Sequence[Trace], dimension: _Dimension, degree: int, why: str
     off_fit = tuple(f for f in _off_fit(trees, sizes, (), degree) if f.field not in by_levels) + unaligned
     _carry(trees, sizes, sizes[-1] * 2, (), degree)  # refuses what differs, before anyone derives
     return SizeFit(along=dimension.along, sizes=sizes, profiles=ordered, degree=degree, why_degree=why,
-                   off_fit=off_fit)
+                   off_fit=off_fit, trees=trees)
 
 
 def _aligned(profiles: Sequence[Trace], dimension: _Dimension) -> tuple[list[dict[str, Any]], tuple[OffTheFit, ...]]:

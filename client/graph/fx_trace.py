@@ -247,15 +247,14 @@ def hash_call(model: nn.Module, call: ModelCall) -> ModelCall | None:
         return None
 
     def cut(t: torch.Tensor) -> torch.Tensor:  # copies: a view would keep the whole batch alive
-        if t.dim() == 0:
-            return t
-        if cut_batch and int(t.shape[0]) == batch:
-            t = t[:HASH_BATCH]
+        small = t
+        if t.dim() > 0 and cut_batch and int(t.shape[0]) == batch:
+            small = small[:HASH_BATCH]
         if cut_seq:
             for dim in range(1, t.dim()):
                 if int(t.shape[dim]) == seq_len:
-                    t = t.narrow(dim, 0, HASH_SEQ_LEN)
-        return t.clone()
+                    small = small.narrow(dim, 0, HASH_SEQ_LEN)
+        return small.clone() if small is not t else t
 
     args, kwargs = pytree.tree_map_only(torch.Tensor, cut, (call.args, call.kwargs))
     return ModelCall.bind(model, tuple(args), kwargs)  # bound again: its signature names the small sizes
