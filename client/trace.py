@@ -66,6 +66,7 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "side_unsaved_bytes": int,
     "side_by_stage": list,
     "side_unsaved_by_stage": list,
+    "side_values": list,
     "checkpoint_ms": (int, float),
     "timing": dict,
 }
@@ -188,6 +189,70 @@ class TraceGraph:
         return {"vertices": [v.to_dict() for v in self.vertices], "edges": [list(e) for e in self.edges]}
 
 
+MAX_SIDE_VALUES = 4096
+"""The most side-value storages a trace may list (``side_values``): a transformer has a handful (masks,
+position tables, an encoder's output), whatever its depth."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SideValue:
+    """One side value's storage (metadata ``side_values``; docs/cost-model.md, "Side values"): what decides
+    how long it lives in a step with a plan applied, which the cost model needs plan by plan."""
+
+    stage: int
+    """The stage that makes it (1-based)."""
+    bytes: int
+    """Its storage's bytes (what ``side_by_stage`` books for it)."""
+    saved_by: tuple[int, ...] = ()
+    """Stages that save it for backward (the maker included when it does): a stage of the last segment holds it
+    until its own backward, a checkpointed one only while its recompute's copy waits for that backward."""
+    grad_bytes: int = 0
+    """Bytes of its gradient, when a later stage's backward sends it one: that buffer lives from the first such
+    backward until the maker's."""
+    grad_from: tuple[int, ...] = ()
+    """The stages whose backward sends it a gradient."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "bytes": self.bytes, "saved_by": list(self.saved_by),
+                "grad_bytes": self.grad_bytes, "grad_from": list(self.grad_from)}
+
+
+def _parse_side_values(given: Any, n: int) -> tuple[SideValue, ...]:
+    """``side_values`` checked: each entry's stages within 1..n, its savers and gradient senders at or after
+    its maker (the maker's own use included), byte counts non-negative integers."""
+    if len(given) > MAX_SIDE_VALUES:
+        raise TraceFormatError(f"side_values: at most {MAX_SIDE_VALUES} entries, got {len(given)}")
+    out = []
+    for k, entry in enumerate(given):
+        where = f"side_values[{k}]"
+        if not isinstance(entry, Mapping):
+            raise TraceFormatError(f"{where}: must be an object, got {entry!r}")
+        unknown = set(entry) - {"stage", "bytes", "saved_by", "grad_bytes", "grad_from"}
+        if unknown:
+            raise TraceFormatError(f"{where}.{sorted(unknown)[0]}: unknown field")
+        stage = entry.get("stage")
+        if isinstance(stage, bool) or not isinstance(stage, int) or not 1 <= stage <= n:
+            raise TraceFormatError(f"{where}.stage: must be a stage number in 1..{n}, got {stage!r}")
+        sizes = {}
+        for name in ("bytes", "grad_bytes"):
+            value = entry.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**50:
+                raise TraceFormatError(f"{where}.{name}: must be a non-negative integer, got {value!r}")
+            sizes[name] = value
+        lists = {}
+        for name, first in (("saved_by", stage), ("grad_from", stage + 1)):
+            value = entry.get(name, [])
+            if (not isinstance(value, list) or len(value) > n
+                    or any(isinstance(i, bool) or not isinstance(i, int) or not first <= i <= n for i in value)):
+                raise TraceFormatError(f"{where}.{name}: must be a list of stage numbers in {first}..{n}")
+            lists[name] = tuple(sorted(set(value)))
+        if sizes["grad_bytes"] and not lists["grad_from"]:
+            raise TraceFormatError(f"{where}.grad_bytes: a gradient needs the stages that send it (grad_from)")
+        out.append(SideValue(stage=stage, bytes=sizes["bytes"], saved_by=lists["saved_by"],
+                             grad_bytes=sizes["grad_bytes"], grad_from=lists["grad_from"]))
+    return tuple(out)
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Trace:
     """A whole ``remat-trace/1`` trace: the stages plus metadata about how they were measured."""
@@ -234,6 +299,12 @@ class Trace:
         """The part of :attr:`side_bytes` no stage saves for backward (metadata ``side_unsaved_bytes``): gone
         once the forward returns, unless a checkpointed segment holds it as an input for its recompute."""
         return int(self.metadata.get("side_unsaved_bytes") or 0)
+
+    @property
+    def side_values(self) -> tuple[SideValue, ...]:
+        """Each side value's storage with its makers, savers and gradient (metadata ``side_values``); empty for
+        a trace that gives only the per-stage sums, which the cost model then prices as resident."""
+        return _parse_side_values(self.metadata.get("side_values") or [], self.num_stages)
 
     @property
     def checkpoint_ms(self) -> float:
@@ -417,6 +488,13 @@ def parse_trace(obj: Any) -> Trace:
             raise TraceFormatError(f"{name}: must be {len(stages)} non-negative integers, one per stage")
         if sum(by_stage) != int(metadata.get(total) or 0):
             raise TraceFormatError(f"{name}: must add up to {total}")
+    if metadata.get("side_values") is not None:
+        values = _parse_side_values(metadata["side_values"], len(stages))
+        booked = [0] * len(stages)
+        for v in values:
+            booked[v.stage - 1] += v.bytes
+        if metadata.get("side_by_stage") is not None and booked != list(metadata["side_by_stage"]):
+            raise TraceFormatError("side_values: their bytes must add up to side_by_stage, stage by stage")
     if metadata.get("grads") not in (None, *GRAD_CONVENTIONS):
         raise TraceFormatError(f"grads: must be one of {', '.join(GRAD_CONVENTIONS)}, got {metadata['grads']!r}")
     if metadata.get("mode") not in (None, *MODES):

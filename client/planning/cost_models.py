@@ -41,6 +41,51 @@ def classic_peak(trace: Trace, checkpoints: Sequence[int]) -> int:
     return trace.side_bytes + kept + max(interior, 0)
 
 
+class SideLifetimes:
+    """How long each side value lives in backward under a plan (trace metadata ``side_values``; NOTE [side value
+    lifetimes]); empty for a trace that gives only the per-stage sums.
+
+    NOTE [side value lifetimes] The executor (``StageChain.run``) hands every checkpointed segment the side
+    values made before it (``dict(env)``), and non-reentrant checkpoint keeps its arguments in the segment's
+    frame until the last of the segment's saved tensors is released in backward. So a side value v made by
+    stage m lives, in backward,
+    - in the last segment (a, n], at stage s: while a frame holds it (a segment with a frame started at or
+      after m: the latest such start p ≥ m) or a stage of the last segment that saves it has not run its
+      backward yet (a saver r with a < r ≤ s);
+    - in a checkpointed segment (a, b], at stage s: its original when m ≤ a (this segment's own frame);
+      otherwise the recompute's copy, which a saver r in [m, s] keeps until its backward;
+    - during a re-run and in forward: every side value made before the stage (the originals, and the re-run's
+      copies, which its stages' environment keeps until the re-run stops).
+    Its gradient, when a later stage's backward sends one (``grad_from``), lives from the last such stage's
+    backward to its maker's, whatever the plan: ``gradients[s]`` sums those alive while stage s runs its
+    backward (for s = the last sender it is inside that stage's own measured peak).
+    Measured on a two-block T5 (benchmarks/side_values.py; tests/worker/test_several_inputs.py): of 54 plans,
+    every one whose peak the side values decide is priced to the byte (docs/cost-model.md, "Side values").
+    """
+
+    __slots__ = ("values", "gradients")
+
+    def __init__(self, trace: Trace) -> None:
+        n = trace.num_stages
+        self.values = trace.side_values
+        self.gradients = [0] * (n + 1)
+        for v in self.values:
+            if v.grad_bytes:
+                for s in range(v.stage, max(v.grad_from)):
+                    self.gradients[s] += v.grad_bytes
+
+    def last_segment(self, a: int, s: int, p: int) -> int:
+        """Side bytes alive at stage s's backward in the last segment (a, n]; p: the latest start of a
+        checkpointed segment with a frame (-1 when none)."""
+        return sum(v.bytes for v in self.values
+                   if v.stage < s and (p >= v.stage or any(a < r <= s for r in v.saved_by)))
+
+    def checkpointed(self, a: int, s: int) -> int:
+        """Side bytes alive at stage s's backward in a checkpointed segment that starts at a."""
+        return sum(v.bytes for v in self.values
+                   if v.stage < s and (v.stage <= a or any(v.stage <= r <= s for r in v.saved_by)))
+
+
 class PytorchTables:
     """Per-stage arrays of the ``pytorch`` cost model, 1-indexed (index 0 is the network input).
 
@@ -89,6 +134,10 @@ class PytorchTables:
       (``trace.side_unsaved_by_stage``) are gone in the last segment's backward unless made before it starts
       (then the checkpointed segments before it hold them): ``back`` leaves them out, ``drop_input[a]`` adds
       those made by stage a back (docs/cost-model.md, "Side values").
+    - side values' lifetimes in backward depend on the plan (:class:`SideLifetimes`): the tables price them as
+      above, which is never below what the plan really holds, so the planners minimise an upper bound there;
+      :func:`pytorch_peak` prices each plan exactly. Their gradients (``sg[s]``: alive from the first backward
+      that sends one to the maker's) do not depend on the plan and are in ``back``, ``back_ck`` and ``delta``.
     """
 
     __slots__ = ("n", "d", "U", "back", "back_ck", "rec", "rec_first", "rec_last", "rec_last_first", "delta",
@@ -126,6 +175,7 @@ class PytorchTables:
         # side_before[s]: side values made before stage s, alive in its every candidate (NOTE above).
         side_before = list(accumulate(trace.side_by_stage, initial=0))
         unsaved_before = list(accumulate(trace.side_unsaved_by_stage, initial=0))
+        sg = SideLifetimes(trace).gradients
         for s in range(1, n + 1):
             st = stages[s - 1]
             side = side_before[s - 1]
@@ -140,15 +190,16 @@ class PytorchTables:
                 bwd = own + st.output_bytes + st.param_grad_bytes
             # The last segment's backward: its unsaved side values die with the forward (no checkpoint frame
             # holds them); those made before it come back through drop_input[a] below.
-            self.back[s] = saved_side + U[s - 1] + bwd + grad_suffix[s]
+            self.back[s] = saved_side + sg[s] + U[s - 1] + bwd + grad_suffix[s]
             # Recomputed stages drop their saved tensors earlier in backward: B° when profiled.
             rb = st.recomputed_backward_peak_bytes
-            self.back_ck[s] = side + U[s - 1] + (max(rb, own + st.output_bytes) if rb else bwd) + grad_suffix[s]
+            self.back_ck[s] = (side + sg[s] + U[s - 1] + (max(rb, own + st.output_bytes) if rb else bwd)
+                               + grad_suffix[s])
             self.rec_first[s] = side + U[s - 1] + fwd
             self.rec[s] = self.rec_first[s] + unsaved_input
             self.rec_last_first[s] = side + U[s - 1] + fwd_last
             self.rec_last[s] = self.rec_last_first[s] + unsaved_input
-            self.delta[s] = st.output_bytes + grad_suffix[s]
+            self.delta[s] = st.output_bytes + grad_suffix[s] + sg[s]  # a re-run at s's backward: sg[s] alive
             # A checkpointed stage's first forward keeps none of its saved tensors: F° when profiled.
             fwd_dropped = max(st.forward_peak_dropped_bytes, st.output_bytes) if st.forward_peak_dropped_bytes else fwd
             self.fwd_first[s] = side + cast[s - 1] + fwd_dropped
@@ -212,6 +263,8 @@ def pytorch_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables
         16
     """
     t = tables if tables is not None else PytorchTables(trace)
+    if trace.metadata.get("side_values"):  # lifetimes that depend on the plan: priced plan by plan
+        return max(b for b, _ in _candidates(trace, t, checkpoints))
     bounds = _bounds(trace, checkpoints)
     peak = kept = 0
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
@@ -229,10 +282,21 @@ def peak_candidates(trace: Trace, checkpoints: Sequence[int]) -> list[tuple[int,
     For diagnosis: which term decides a predicted peak (its maximum is :func:`pytorch_peak`). O(n) per
     segment, so meant for one plan at a time, not inside a planner.
     """
-    t = PytorchTables(trace)
+    out = _candidates(trace, PytorchTables(trace), checkpoints)
+    out.sort(key=lambda item: -item[0])
+    return out
+
+
+def _candidates(trace: Trace, t: PytorchTables, checkpoints: Sequence[int]) -> list[tuple[int, str]]:
+    """The candidates of one plan, the backward ones with the side values the plan really holds
+    (:class:`SideLifetimes`) in place of the tables' bound."""
     bounds = _bounds(trace, checkpoints)
+    sides = SideLifetimes(trace)
+    side_before = list(accumulate(trace.side_by_stage, initial=0))
+    unsaved_before = list(accumulate(trace.side_unsaved_by_stage, initial=0))
     out: list[tuple[int, str]] = []
     kept = 0
+    framed = -1  # the latest start of a checkpointed segment with a frame
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         seg = f"segment ({a}, {b}]"
         frameless = t.is_frameless(a, b)
@@ -240,6 +304,11 @@ def peak_candidates(trace: Trace, checkpoints: Sequence[int]) -> list[tuple[int,
         drop = t.drop_input[a] if b == t.n else 0
         for s in range(a + 1, b + 1):
             back = t.back[s] if b == t.n else t.back_ck[s]
+            if sides.values and b == t.n:  # the tables' bound: saved ones made before s, unsaved ones before a
+                saved_before = side_before[s - 1] - unsaved_before[s - 1]
+                back += sides.last_segment(a, s, framed) - saved_before - unsaved_before[a]
+            elif sides.values and not frameless:  # the tables' bound: every one made before s
+                back += sides.checkpointed(a, s) - side_before[s - 1]
             out.append((pre + back - t.U[a] - drop, f"backward of stage {s}, {seg}"))
             if frameless:
                 out.append((pre + t.fwd_mid[s], f"forward of stage {s}, frameless {seg}"))
@@ -262,7 +331,8 @@ def peak_candidates(trace: Trace, checkpoints: Sequence[int]) -> list[tuple[int,
                 out.append((pre + rec + t.delta[b] - t.U[a], f"recompute of stage {s}, {seg}"))
         if not frameless:
             kept += t.d[a]
-    out.sort(key=lambda item: -item[0])
+            if b < t.n:
+                framed = a
     return out
 
 

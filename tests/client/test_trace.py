@@ -125,6 +125,27 @@ def _two_stages(**metadata: object) -> dict:
     return {"format": TRACE_FORMAT, "input_bytes": 8, "stages": [dict(stage), dict(stage)], **metadata}
 
 
+def test_side_value_lifetimes_are_read_and_every_bad_entry_is_named() -> None:
+    good = {"side_bytes": 12, "side_by_stage": [4, 8], "side_values": [
+        {"stage": 1, "bytes": 4, "saved_by": [2, 1], "grad_bytes": 4, "grad_from": [2]},
+        {"stage": 2, "bytes": 8}]}
+    trace = parse_trace(_two_stages(**good))
+    assert [(v.stage, v.bytes, v.saved_by, v.grad_bytes, v.grad_from) for v in trace.side_values] == [
+        (1, 4, (1, 2), 4, (2,)), (2, 8, (), 0, ())]
+    assert parse_trace(json.loads(trace.to_json())) == trace
+    for entry, message in [({"stage": 3, "bytes": 4}, r"side_values\[0\].stage: must be a stage number in 1..2"),
+                           ({"stage": 1, "bytes": -4}, r"side_values\[0\].bytes: must be a non-negative integer"),
+                           ({"stage": 2, "bytes": 4, "saved_by": [1]}, r"side_values\[0\].saved_by: .* in 2..2"),
+                           ({"stage": 1, "bytes": 4, "grad_from": [1]}, r"side_values\[0\].grad_from: .* in 2..2"),
+                           ({"stage": 1, "bytes": 4, "grad_bytes": 4}, r"side_values\[0\].grad_bytes: a gradient"),
+                           ({"stage": 1, "bytes": 4, "owner": 1}, r"side_values\[0\].owner: unknown field"),
+                           ("x", r"side_values\[0\]: must be an object")]:
+        with pytest.raises(TraceFormatError, match=message):
+            parse_trace(_two_stages(side_bytes=4, side_values=[entry]))
+    with pytest.raises(TraceFormatError, match="side_values: their bytes must add up to side_by_stage"):
+        parse_trace(_two_stages(side_bytes=12, side_by_stage=[4, 8], side_values=[{"stage": 1, "bytes": 12}]))
+
+
 def test_side_values_are_read_per_stage_and_checked_against_their_totals() -> None:
     trace = parse_trace(_two_stages(side_bytes=12, side_by_stage=[4, 8], side_unsaved_bytes=8,
                                     side_unsaved_by_stage=[0, 8]))

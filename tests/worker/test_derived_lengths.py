@@ -72,6 +72,7 @@ def test_traces_derived_from_three_lengths_equal_the_profiles_at_longer_ones(arc
         assert _fields(derived) == _fields(profiled), (arch, seq_len)
         assert derived.input_bytes == profiled.input_bytes
         assert derived.metadata["inputs"] == profiled.metadata["inputs"]
+        assert derived.side_values == profiled.side_values  # what prices their lifetimes plan by plan
         assert derived_along(derived) == "seq_len" and derived_sizes(derived) == PROFILED
 
 

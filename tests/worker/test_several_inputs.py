@@ -16,7 +16,8 @@ from remat.worker.profilers import profile
 from tests.utils.tiny_transformers import batch, tiny
 
 
-@pytest.mark.parametrize(("arch", "grads"), [("gpt2", "kept"), ("gpt2", "none"), ("llama", "none"), ("bert", "kept")])
+@pytest.mark.parametrize(("arch", "grads"), [("gpt2", "kept"), ("gpt2", "none"), ("llama", "none"), ("bert", "kept"),
+                                             ("t5", "kept")])
 def test_predicted_peaks_match_measured_ones(arch: str, grads: str) -> None:
     model = tiny(arch)
     call = ModelCall.bind(model, (), batch())

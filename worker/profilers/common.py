@@ -35,7 +35,7 @@ import abc
 import contextlib
 import dataclasses
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -259,6 +259,8 @@ class _ChainRecord:
     side_unsaved_by_stage: list[int] = dataclasses.field(default_factory=list)
     """The part of ``side_by_stage`` no stage saves for backward: alive in backward only while a checkpointed
     segment holds it as an input."""
+    side_storages: dict[int, tuple[int, int, set[int]]] = dataclasses.field(default_factory=dict)
+    """Per side value storage key: (the stage that made it, its bytes, the stages that saved it)."""
 
     def cast_bytes(self, i: int) -> tuple[int, int]:
         """(W_i, the part of it that no stage saves) for stage i."""
@@ -308,7 +310,7 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
         packed[current[0]] += 1
         key = storage_key(t)
         if key in side:
-            side_saved.add(key)  # type: ignore[arg-type]
+            side_savers.setdefault(key, set()).add(current[0])  # type: ignore[arg-type]
         if key is not None and key not in excluded and (key == x0_key or backend.born_in_pass(meter, t)):
             saved[current[0]][key] = backend.storage_bytes(t)
         # Detached: the pass never runs backward, and a saved *output* returned as itself would hold its own
@@ -321,7 +323,7 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
     keys = [x0_key]
     side_names = set(getattr(chain, "side_values", ()))
     side: dict[int, int] = {}
-    side_saved: set[int] = set()
+    side_savers: dict[int, set[int]] = {}  # storage key -> the stages that saved it
     side_stage: dict[int, int] = {}  # storage key -> the stage that made it
     # One autocast region over the whole pass, as over a real step's forward: its cast cache is shared.
     recorder = _CastRecorder(excluded, backend, current, casts) if autocast else contextlib.nullcontext()
@@ -333,7 +335,8 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             x = stage_callable(chain, i)(x)
             if side_names:
                 known = set(side)
-                side_saved |= _note_side_values(chain, side_names, side, excluded, saved, backend)
+                for key, stages in _note_side_values(chain, side_names, side, excluded, saved, backend).items():
+                    side_savers.setdefault(key, set()).update(stages)
                 side_stage.update(dict.fromkeys(side.keys() - known, i))
             if i == n:  # the model's output: a tensor, or a main output with auxiliary ones (GoogLeNet)
                 out = output_tensors(x, where=f"the last stage ({chain.names[i - 1]})")
@@ -354,9 +357,23 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
     side_by_stage, unsaved_by_stage = [0] * n, [0] * n
     for key, size in side.items():
         side_by_stage[side_stage[key] - 1] += size
-        if key not in side_saved:
+        if not side_savers.get(key):
             unsaved_by_stage[side_stage[key] - 1] += size
-    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, side_by_stage, unsaved_by_stage)
+    storages = {key: (side_stage[key], size, side_savers.get(key, set())) for key, size in side.items()}
+    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, side_by_stage, unsaved_by_stage,
+                        storages)
+
+
+def _side_values(rec: _ChainRecord, grads: Mapping[int, tuple[int, set[int]]]) -> list[dict[str, Any]]:
+    """Trace metadata ``side_values``: each side value's storage with its maker, savers and gradient, in the
+    order they were made (docs/cost-model.md, "Side values")."""
+    out = []
+    for key, (stage, nbytes, savers) in rec.side_storages.items():
+        grad_bytes, senders = grads.get(key, (0, set()))
+        senders = {s for s in senders if s > stage}  # the maker's own use of it sends it nothing
+        out.append({"stage": stage, "bytes": nbytes, "saved_by": sorted(savers),
+                    "grad_bytes": grad_bytes if senders else 0, "grad_from": sorted(senders)})
+    return out
 
 
 def stage_callable(chain: StageChainLike, i: int) -> Callable[[Any], Any]:
@@ -376,10 +393,11 @@ def stage_callable(chain: StageChainLike, i: int) -> Callable[[Any], Any]:
 
 
 def _note_side_values(chain: StageChainLike, names: set[str], side: dict[int, int], excluded: set[int],
-                      saved: list[dict[int, int]], backend: Backend) -> set[int]:
+                      saved: list[dict[int, int]], backend: Backend) -> dict[int, set[int]]:
     """Book the side values made so far once (NOTE [side values] in stage_graph.py): their storages leave every
-    stage's saved set and join ``side`` (storage key -> bytes). Returns the keys of those a stage had saved."""
-    was_saved: set[int] = set()
+    stage's saved set and join ``side`` (storage key -> bytes). Returns, for those a stage had saved (their
+    maker), the stages that saved them."""
+    was_saved: dict[int, set[int]] = {}
     env = getattr(chain, "_probe_env", {})
     for name in names & env.keys():
         for t in pytree.tree_leaves(env[name]):
@@ -388,9 +406,9 @@ def _note_side_values(chain: StageChainLike, names: set[str], side: dict[int, in
                 continue
             side[key] = backend.storage_bytes(t)
             excluded.add(key)
-            for stage_saved in saved:
+            for stage, stage_saved in enumerate(saved):
                 if stage_saved.pop(key, None) is not None:
-                    was_saved.add(key)
+                    was_saved.setdefault(key, set()).add(stage)
     return was_saved
 
 
@@ -403,6 +421,19 @@ def _detach_side_values(chain: StageChainLike, names: set[str]) -> None:
     for name in names & env.keys():
         env[name] = pytree.tree_map_only(
             torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad and t.is_floating_point()), env[name])
+
+
+def _side_grads_sent(chain: StageChainLike) -> dict[int, int]:
+    """After an isolated backward: the side values it sent a gradient to, storage key -> the gradient's bytes."""
+    env = getattr(chain, "_probe_env", {})
+    sent: dict[int, int] = {}
+    for name in getattr(chain, "side_values", ()):
+        for t in pytree.tree_leaves(env.get(name)):
+            if isinstance(t, torch.Tensor) and t.is_leaf and t.grad is not None:
+                key = storage_key(t)
+                if key is not None:
+                    sent[key] = sent.get(key, 0) + t.grad.numel() * t.grad.element_size()
+    return sent
 
 
 def _clear_side_grads(chain: StageChainLike) -> None:
@@ -870,12 +901,15 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         rec = _chained_forward(chain, x0, backend, excluded, amp, autocast_dtype(precision) is not None)
         measures: list[_StageMeasure] = [_StageMeasure() for _ in range(n)]
         grad_strides: tuple[int, ...] | None = None  # of x_i's gradient in a real step; the loss's is dense
+        side_grads: dict[int, tuple[int, set[int]]] = {}  # side value storage -> (its gradient's bytes, senders)
         for i in range(n, 0, -1):  # last to first: NOTE [ output gradient layout ]
             stage = stage_callable(chain, i)
             x_in = rec.outputs[i - 1].detach().requires_grad_(rec.requires_grad[i - 1])
             ones = _gradient_seed(rec.outputs[i], grad_strides)
             layouts: list[tuple[int, ...]] = []
             m = _isolated_pass(stage, x_in, ones, model, backend, grads, layouts, amp)
+            for key, nbytes in _side_grads_sent(chain).items():
+                side_grads.setdefault(key, (nbytes, set()))[1].add(i)
             _clear_side_grads(chain)
             grad_strides = layouts[0] if layouts else None
             if timing_repeats > 0:
@@ -939,6 +973,7 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
             obj["side_by_stage"] = rec.side_by_stage
             obj["side_unsaved_bytes"] = sum(rec.side_unsaved_by_stage)
             obj["side_unsaved_by_stage"] = rec.side_unsaved_by_stage
+            obj["side_values"] = _side_values(rec, side_grads)
         if timing_repeats > 0:
             del rec, measures  # the pass's activations: the timed steps need the memory a real step has
             _add_times(obj, chain, model, x0, backend, grads, amp)

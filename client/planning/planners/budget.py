@@ -26,6 +26,10 @@ a minimum of non-decreasing functions of r_j[c], exact; r_0[c] is the answer for
 work is O(n²) vector steps of O(n): n = 500 in about half a second (docs/benchmarks.md, "Budgets"). Peaks
 are exact integers (int64, or Python integers past 2^59 as in ``linear``); costs integer nanoseconds.
 
+Side values whose lifetime depends on the plan (trace ``side_values``): the recurrence's tables price them from
+above (cost_models.SideLifetimes), so for each c it finds the least bound, and that plan is priced exactly
+(``pytorch_peak``) before the frontier is drawn: every point carries the peak its measured step is compared with.
+
 Deterministic: among equal peaks for one c the smallest j wins (strict <), and among frontier points of
 equal (peak, cost) the smallest c, so a stored frontier does not depend on luck.
 """
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from remat.client.budget_spec import pick_for_budget
-from remat.client.planning.cost_models import PytorchTables
+from remat.client.planning.cost_models import PytorchTables, pytorch_peak
 from remat.client.planning.recompute_time import cost_before
 from remat.client.trace import Trace
 
@@ -139,12 +143,18 @@ def pareto_frontier(trace: Trace) -> list[FrontierPoint]:
     """
     t = PytorchTables(trace)
     peaks, parent = _min_peaks_by_last_checkpoint(t)
+    plans = {c: _rebuild(parent, c) for c in range(t.n)}
+    if trace.metadata.get("side_values"):
+        # Side values' lifetimes depend on the plan: the tables bound them from above (cost_models.SideLifetimes),
+        # so each plan is priced exactly before the frontier is drawn, and its points carry the peaks a
+        # measured step is compared with.
+        peaks = [pytorch_peak(trace, plans[c], t) for c in range(t.n)]
     costs = cost_before(trace)
     front: list[tuple[int, int, int]] = []  # (peak, cost, last checkpoint), best first by cost then peak
     for c in sorted(range(t.n), key=lambda c: (costs[c], peaks[c], c)):
         if not front or peaks[c] < front[-1][0]:
             front.append((peaks[c], costs[c], c))
-    return [FrontierPoint(_rebuild(parent, c), peak, cost) for peak, cost, c in reversed(front)]
+    return [FrontierPoint(plans[c], peak, cost) for peak, cost, c in reversed(front)]
 
 
 def pick(frontier: list[FrontierPoint], budget_bytes: int) -> FrontierPoint:

@@ -49,6 +49,10 @@ Notes:
     ``cost_model`` is accepted for the registry's uniform signature and ignored: the planner is exact for
     the ``pytorch`` objective, and the caller evaluates the plan under whichever model it reports.
 
+    Side values whose lifetime depends on the plan (trace ``side_values``): the tables price them from above
+    (cost_models.SideLifetimes), so there the recurrence minimises that bound, and the plan is reported at its
+    exact ``pytorch_peak``, which is never higher.
+
     Model facts checked here: local(a, b) is non-increasing in a for b < n, but **not** for b = n, because
     ``drop_input[a]`` releases the last segment's input (d = [100, 0, 100], e = [5, 1, 0]: local(1, 3) = 1,
     local(2, 3) = 100). Nothing below relies on monotonicity for the last segment.
@@ -77,7 +81,8 @@ _TABLE_NAMES = ("back", "back_ck", "rec", "rec_first", "rec_last", "rec_last_fir
 
 
 def plan(trace: Trace, *, cost_model: str = "pytorch") -> tuple[int, ...]:
-    """Checkpoints minimising ``pytorch_peak`` (exact for every trace), sorted.
+    """Checkpoints minimising ``pytorch_peak`` (exact for every trace without plan-dependent side values; see the
+    module Notes), sorted.
 
     Args:
         trace: the chain to plan.
