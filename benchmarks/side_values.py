@@ -18,25 +18,10 @@ import random
 
 from remat.client.graph.built_model import build
 from remat.client.hf_models import hf_zoo
-from remat.client.planning.cost_models import PytorchTables, peak_candidates, pytorch_peak
+from remat.client.planning.cost_models import peak_candidates, pytorch_peak, tables_peak
 from remat.client.request import ModelRequest
-from remat.client.trace import Trace
 from remat.worker import pipeline
 from remat.worker.measure import measure_step
-
-
-def tables_bound(trace: Trace, checkpoints: tuple[int, ...]) -> int:
-    """The plan's peak under the tables the planners minimise (``PytorchTables.local``)."""
-    t = PytorchTables(trace)
-    bounds = (0, *checkpoints, t.n)
-    peak = kept = 0
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        if t.is_frameless(a, b):
-            peak = max(peak, kept + t.local_frameless(a, b))
-            continue
-        kept += t.d[a]
-        peak = max(peak, kept + t.local(a, b))
-    return peak
 
 
 def main() -> None:
@@ -65,7 +50,7 @@ def main() -> None:
     for plan in plans:
         measured = measure_step(built.model, built.example, plan, grads="kept", chain=built.chain, trace=trace,
                                 baseline=False).measured_peak_bytes
-        bound, exact = tables_bound(trace, plan), pytorch_peak(trace, plan)
+        bound, exact = tables_peak(trace, plan), pytorch_peak(trace, plan)
         errors = {"bound": (bound - measured) / measured, "exact": (exact - measured) / measured}
         for k, e in errors.items():
             worst[k] = max(worst[k], abs(e), key=abs)

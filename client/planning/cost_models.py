@@ -265,6 +265,14 @@ def pytorch_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables
     t = tables if tables is not None else PytorchTables(trace)
     if trace.metadata.get("side_values"):  # lifetimes that depend on the plan: priced plan by plan
         return max(b for b, _ in _candidates(trace, t, checkpoints))
+    return tables_peak(trace, checkpoints, t)
+
+
+def tables_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables | None = None) -> int:
+    """A plan's peak under the tables the planners minimise (``PytorchTables.local``): :func:`pytorch_peak`
+    itself, but for side values whose lifetime depends on the plan, which it prices from above
+    (:class:`SideLifetimes`)."""
+    t = tables if tables is not None else PytorchTables(trace)
     bounds = _bounds(trace, checkpoints)
     peak = kept = 0
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):

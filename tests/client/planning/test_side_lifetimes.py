@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remat.client.planning.cost_models import PytorchTables, peak_candidates, pytorch_peak
+from remat.client.planning.cost_models import PytorchTables, peak_candidates, pytorch_peak, tables_peak
 from remat.client.trace import TRACE_FORMAT, Trace, parse_trace
 
 
@@ -67,20 +67,6 @@ def test_a_side_values_gradient_lives_from_its_first_sender_to_its_maker_whateve
     assert tables.back[4] == 1000
 
 
-def _bound(trace: Trace, checkpoints: tuple[int, ...]) -> int:
-    """A plan's peak under the tables the planners minimise (PytorchTables.local), side values as resident."""
-    t = PytorchTables(trace)
-    bounds = (0, *checkpoints, t.n)
-    peak = kept = 0
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        if t.is_frameless(a, b):
-            peak = max(peak, kept + t.local_frameless(a, b))
-            continue
-        kept += t.d[a]
-        peak = max(peak, kept + t.local(a, b))
-    return peak
-
-
 @st.composite
 def _traces_with_side_values(draw: st.DrawFn) -> tuple[Trace, tuple[int, ...]]:
     n = draw(st.integers(2, 9))
@@ -104,10 +90,10 @@ def _traces_with_side_values(draw: st.DrawFn) -> tuple[Trace, tuple[int, ...]]:
 @given(_traces_with_side_values())
 def test_the_planners_tables_never_price_a_plan_below_its_exact_peak(case: tuple[Trace, tuple[int, ...]]) -> None:
     trace, plan = case
-    assert pytorch_peak(trace, plan) <= _bound(trace, plan)
+    assert pytorch_peak(trace, plan) <= tables_peak(trace, plan)
     # Saved by every stage from its maker on, a side value is alive wherever the tables say: they are exact.
     n = trace.num_stages
     everywhere = [{**v.to_dict(), "saved_by": list(range(v.stage, n + 1))} for v in trace.side_values]
     resident = parse_trace({**trace.to_dict(), "side_values": everywhere, "side_unsaved_bytes": 0,
                             "side_unsaved_by_stage": [0] * n})
-    assert pytorch_peak(resident, plan) == _bound(resident, plan)
+    assert pytorch_peak(resident, plan) == tables_peak(resident, plan)
