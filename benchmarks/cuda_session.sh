@@ -47,7 +47,7 @@ section 100 step-resnet50 $PY "${STEP[@]}" --models resnet50 --sizes "$R50"
 section 100 max-batch $PY -m remat.client.cli max-batch resnet152 --device "$DEVICE" --input-shape "$SHAPE" \
     --memory "$MEMORY" --grads kept --json
 for dtype in float32 autocast_bfloat16; do
-    section 75 "hf-peer-$dtype" $PY benchmarks/hf_peer.py --device "$DEVICE" --dtype "$dtype" --models gpt2,llama,bert \
+    section 90 "hf-peer-$dtype" $PY benchmarks/hf_peer.py --device "$DEVICE" --dtype "$dtype" --models gpt2,llama,bert,t5 \
         --batch-size 2 --seq-len "$SEQ" --rounds 5 --candidates 3
 done
 tar czf "$OUT/where_time_goes.tgz" -C /tmp where 2>/dev/null
