@@ -5,9 +5,10 @@ on a plateau of near-equal peaks (docs/benchmarks.md, "Where ResNet-152's 83.3% 
 re-runs a dropped stage once. This experiment measures what one more level would give: the plan of
 ``linear`` (its outer segments) where, inside each checkpointed segment, every stage but the last runs under
 its own non-reentrant checkpoint, so that the segment's re-run keeps only its stage outputs and each stage is
-re-run a second time during its own backward. Nothing plans this yet; the benchmark only measures it, with
-the worker's measured step (the CPU live-storage meter), beside ``none`` and ``linear``, gradients compared
-with the unmodified step.
+re-run a second time during its own backward (``StageChain.run(..., nested=True)``), and the outer segments of
+least nested peak (remat.client.planning.nested, not a registered planner yet), each beside its predicted
+peak; measured with the worker's measured step (the CPU live-storage meter), beside ``none`` and ``linear``,
+gradients compared with the unmodified step.
 
     uv run python benchmarks/nested_checkpoints.py --model resnet152 --batch-size 16 --image-size 224
 """
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from remat.client.graph.built_model import build
-from remat.client.graph.stage_chain import StageChain, recompute_contexts
+from remat.client.graph.stage_chain import StageChain
+from remat.client.planning.nested import nested_peak, nested_plan
 from remat.client.planning.plans import make_plan
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
@@ -32,40 +32,17 @@ from remat.worker.measure import gradient_check, measure_step, time_plans
 MIB = 2**20
 
 
-class NestedChain:
-    """``chain``'s plan with one more level: a checkpointed segment runs each of its stages but the last under
-    an inner checkpoint (a runner for the measured step, like ``StageChain``)."""
+class Nested:
+    """``chain`` run nested (``StageChain.run(..., nested=True)``): a runner for the measured step."""
 
     def __init__(self, chain: StageChain) -> None:
         self.chain = chain
 
+    def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
+        return self.chain.run(x, checkpoints, nested=True)
+
     def run_call(self, call: Any, checkpoints: Sequence[int] = ()) -> Any:
-        chain = self.chain
-        x, extra = chain.split_call(call)
-        env: dict[str, Any] = dict(extra)
-        bounds = (0, *sorted(checkpoints), chain.num_stages)
-        for k in range(len(bounds) - 1):
-            lo, hi = bounds[k] + 1, bounds[k + 1]
-            if k == len(bounds) - 2:
-                return chain.fold_output(chain._run_handed(lo, hi, [x], env))
-            x, new = checkpoint(partial(self._nested, lo, hi), x, dict(env), use_reentrant=False,
-                                preserve_rng_state=True, context_fn=partial(recompute_contexts, self._slots(lo, hi)))
-            env.update(new)
-        raise AssertionError("unreachable")
-
-    run = run_call  # a tensor call: the measured step calls ``run``
-
-    def _slots(self, lo: int, hi: int) -> tuple[Any, ...]:
-        return tuple(dict.fromkeys(s for st in self.chain._stages[lo - 1:hi] for s in st.slots))
-
-    def _nested(self, lo: int, hi: int, x: Any, env: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        local = dict(env)
-        for i in range(lo, hi):
-            x, new = checkpoint(partial(self.chain._segment, i, i), x, dict(local), use_reentrant=False,
-                                preserve_rng_state=True, context_fn=partial(recompute_contexts, self._slots(i, i)))
-            local.update(new)
-        x = self.chain._run_handed(hi, hi, [x], local)
-        return x, {k: v for k, v in local.items() if k not in env}
+        return self.chain.run_call(call, checkpoints, nested=True)
 
 
 def main() -> None:
@@ -81,9 +58,11 @@ def main() -> None:
     model, call, chain = built.model, built.example, built.chain
     trace = pipeline.profile(built, timing_repeats=0)
     linear = make_plan(trace, "linear", cost_model="pytorch")
-    nested = NestedChain(chain)
+    nested = Nested(chain)
+    outer = nested_plan(trace)
     modes = [("none", chain, ()), ("linear", chain, linear.checkpoints),
-             ("linear, segments re-run stage by stage", nested, linear.checkpoints)]
+             ("linear's segments, re-run stage by stage", nested, linear.checkpoints),
+             (f"least nested peak: {len(outer)} segments kept, re-run stage by stage", nested, outer)]
     common: dict[str, Any] = {"grads": "kept"}
     peaks = [measure_step(model, call, cps, chain=runner, baseline=False, **common).measured_peak_bytes
              for _, runner, cps in modes]
@@ -92,12 +71,15 @@ def main() -> None:
     times = (time_plans(model, call, [m[2] for m in modes], runners=[m[1] for m in modes], rounds=args.rounds,
                         **common) if args.rounds else [None] * len(modes))
     print(f"{args.model}, batch {args.batch_size}, {args.image_size}², gradients kept, CPU; "
-          f"linear keeps {list(linear.checkpoints)} (predicted {linear.predicted_peak_bytes / MIB:.1f} MiB)")
-    print("| plan | measured peak | cut | step | largest gradient difference |")
-    print("|---|---:|---:|---:|---:|")
-    for (label, _, _), peak, (_, diff), ms in zip(modes, peaks, checks, times, strict=True):
+          f"linear keeps {list(linear.checkpoints)}, the least nested peak {list(outer)}")
+    predicted = [linear.baseline_peak_bytes, linear.predicted_peak_bytes, nested_peak(trace, linear.checkpoints),
+                 nested_peak(trace, outer)]
+    print("| plan | measured peak | predicted | cut | step | largest gradient difference |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for (label, _, _), peak, guess, (_, diff), ms in zip(modes, peaks, predicted, checks, times, strict=True):
         step = f"{ms:.0f} ms" if ms is not None else "-"
-        print(f"| {label} | {peak / MIB:.1f} MiB | {1 - peak / peaks[0]:.1%} | {step} | {diff:.1e} |")
+        print(f"| {label} | {peak / MIB:.2f} MiB | {guess / MIB:.2f} MiB ({(guess - peak) / peak:+.2%}) | "
+              f"{1 - peak / peaks[0]:.1%} | {step} | {diff:.1e} |")
 
 
 if __name__ == "__main__":

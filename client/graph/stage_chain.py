@@ -183,10 +183,10 @@ class StageChain:
             return flat
         return pytree.tree_unflatten(list(flat), self.pytree_specs[1])
 
-    def run_call(self, call: Any, checkpoints: Sequence[int] = ()) -> Any:
+    def run_call(self, call: Any, checkpoints: Sequence[int] = (), *, nested: bool = False) -> Any:
         """``run`` on a whole call (tensor or ``ModelCall``), returning what the model returns."""
         x, extra = self.split_call(call)
-        return self.fold_output(self.run(x, checkpoints, extra=extra))
+        return self.fold_output(self.run(x, checkpoints, extra=extra, nested=nested))
 
     def bind_inputs(self, call: Any) -> Any:
         """Make ``call``'s inputs other than ``x`` what ``stage(i)`` reads; returns ``x``."""
@@ -217,7 +217,8 @@ class StageChain:
         call.__name__ = f"stage_{i}"
         return call
 
-    def run(self, x: Any, checkpoints: Sequence[int] = (), *, extra: dict[str, Any] | None = None) -> Any:
+    def run(self, x: Any, checkpoints: Sequence[int] = (), *, extra: dict[str, Any] | None = None,
+            nested: bool = False) -> Any:
         """Run the whole chain on ``x``; boundaries in ``checkpoints`` (1..n-1) keep their activations.
         ``extra``: the graph's other inputs by name (``split_call``); the output is the last stage's (flat
         for an exported model: ``run_call`` folds it).
@@ -225,6 +226,8 @@ class StageChain:
         Segments are the runs of stages between consecutive kept boundaries. Every segment but the last
         runs under non-reentrant ``torch.utils.checkpoint`` so that only its input is kept and its inside is
         recomputed during backward. Without grad mode nothing is checkpointed (there is no backward).
+        ``nested``: inside each checkpointed segment every stage but the last runs under its own checkpoint
+        too, so the segment's re-run keeps only its stage outputs (remat.client.planning.nested).
         """
         n = self.num_stages
         cps = tuple(sorted(checkpoints))
@@ -246,7 +249,7 @@ class StageChain:
             # The env is copied: checkpoint keeps its arguments for the recompute, which must see the
             # values as they were at this point, not as later segments extend them.
             x, new = checkpoint(
-                partial(self._segment, lo, hi),
+                partial(self._nested_segment if nested else self._segment, lo, hi),
                 x,
                 dict(env),
                 use_reentrant=False,
@@ -261,6 +264,17 @@ class StageChain:
     def _segment(self, lo: int, hi: int, x: Any, env: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         local = dict(env)
         x = self._run_stages(lo, hi, x, local)
+        return x, {k: v for k, v in local.items() if k not in env}
+
+    def _nested_segment(self, lo: int, hi: int, x: Any, env: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """A checkpointed segment whose stages but the last each run under their own checkpoint."""
+        local = dict(env)
+        for i in range(lo, hi):
+            x, new = checkpoint(partial(self._segment, i, i), x, dict(local), use_reentrant=False,
+                                preserve_rng_state=True,
+                                context_fn=partial(recompute_contexts, tuple(self._stages[i - 1].slots)))
+            local.update(new)
+        x = self._run_stages(hi, hi, x, local)
         return x, {k: v for k, v in local.items() if k not in env}
 
 

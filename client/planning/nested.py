@@ -1,0 +1,98 @@
+"""Nested re-runs: a checkpointed segment that re-runs its stages one at a time during its own backward.
+
+Every registered planner re-runs a dropped stage once, in its segment's re-run. On ResNet-152 at batch 16,
+224², that stops at an 83.3% cut on a plateau of near-equal peaks, each a whole segment's saved tensors
+beside one block's backward (docs/benchmarks.md, "Where ResNet-152's 83.3% stops"). One more level lowers
+it: ``StageChain.run(..., nested=True)`` runs every stage of a checkpointed segment but its last under its own
+non-reentrant checkpoint, so the segment's re-run keeps only its stage outputs and each stage is re-run once
+more, alone, in its own backward.
+
+This module prices such a plan from the ``pytorch`` model's tables (:func:`nested_peak`) and finds the outer
+segments of least peak (:func:`nested_plan`, exact for that price). It is not a registered planner yet: no
+stored plan, ``apply`` or service path runs nested; benchmarks/nested_checkpoints.py measures it (ResNet-152,
+ResNet-50: predicted to 0.02%) and docs/benchmarks.md has the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from remat.client.planning.cost_models import PytorchTables
+from remat.client.trace import Trace
+
+
+def nested_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables | None = None) -> int:
+    """Peak activation bytes of ``checkpoints`` run nested.
+
+    A checkpointed segment (a, b] of two or more stages, once its backward starts: the outer re-run runs stages
+    a+1..b-1 keeping nothing but their outputs (the inner checkpoints' inputs) and stage b up to its last saved
+    tensor, beside the gradient of x_b (``delta[b]``); then stage b's backward, and for s = b-1 down to a+1 a
+    one-stage re-run and backward (a one-stage segment's candidates), beside the outputs a+1..s-1 that the inner
+    checkpoints before s still hold. Its first forward, one-stage and frameless segments and the last segment
+    are as in :func:`remat.client.planning.cost_models.pytorch_peak` (side values as the tables price them).
+    """
+    t = tables if tables is not None else PytorchTables(trace)
+    bounds = (0, *sorted(checkpoints), t.n)
+    peak = kept = 0
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if t.is_frameless(a, b):
+            peak = max(peak, kept + t.local_frameless(a, b))
+            continue
+        kept += t.d[a]
+        peak = max(peak, kept + (t.local(a, b) if b == t.n or b == a + 1 else _nested_local(t, a, b)))
+    return peak
+
+
+def _stage_alone(t: PytorchTables, s: int) -> int:
+    """Stage s re-run alone from its input and run backward (a one-stage segment's recompute and backward),
+    above the input."""
+    return max(t.back_ck[s], t.rec_last_first[s] + t.delta[s]) - t.U[s - 1]
+
+
+def _nested_local(t: PytorchTables, a: int, b: int) -> int:
+    candidates = [t.fwd_first[a + 1], *(t.fwd_mid[s] for s in range(a + 2, b + 1))]  # the first forward
+    held = 0  # outputs a+1..s-1: the inputs of the inner checkpoints not yet run backward
+    for s in range(a + 1, b):
+        candidates.append(held + t.fwd_first[s] + t.delta[b])  # the outer re-run, stage s keeping nothing
+        candidates.append(held + _stage_alone(t, s))
+        held += t.d[s]
+    candidates.append(held + _stage_alone(t, b))  # the outer re-run's end (stage b saves) and b's backward
+    return max(candidates)
+
+
+def nested_plan(trace: Trace) -> tuple[int, ...]:
+    """The checkpoints whose nested run has the least :func:`nested_peak`.
+
+    The recurrence of ``linear``'s O(n²) reference (``quadratic_suffix_peaks``): w[i], the least peak of stages
+    i+1..n above the checkpoints kept before boundary i, is the least over the first segment (i, j] of its
+    price and w[j], both above what it keeps. A nested segment's price grows with j through running maxima
+    (its first forward, its stages re-run alone, its outer re-run by ``delta[j]``), so each pair costs O(1):
+    O(n²) in all. Checked against every plan's :func:`nested_peak` by exhaustive search
+    (tests/client/planning/test_nested.py).
+    """
+    t = PytorchTables(trace)
+    n = t.n
+    w, nxt = [0] * (n + 1), [n] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best, best_j = t.d[i] + t.local(i, n), n
+        forward = t.fwd_first[i + 1]
+        alone = rerun = held = 0  # running maxima over stages i+1..j-1, and their outputs' bytes
+        for j in range(i + 1, n):
+            if j >= i + 2:
+                forward = max(forward, t.fwd_mid[j])
+            last = held + _stage_alone(t, j)
+            if t.is_frameless(i, j):
+                cost = max(t.local_frameless(i, j), w[j])
+            else:
+                cost = t.d[i] + max(forward, alone, last, rerun + t.delta[j], w[j])
+            if cost < best:
+                best, best_j = cost, j
+            rerun = max(rerun, held + t.fwd_first[j])
+            alone = max(alone, last)
+            held += t.d[j]
+        w[i], nxt[i] = best, best_j
+    plan, i = [], nxt[0]
+    while i < n:
+        plan.append(i)
+        i = nxt[i]
+    return tuple(plan)
