@@ -273,14 +273,23 @@ def tables_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables 
     itself, but for side values whose lifetime depends on the plan, which it prices from above
     (:class:`SideLifetimes`)."""
     t = tables if tables is not None else PytorchTables(trace)
+    return segments_peak(trace, checkpoints, t, t.local)
+
+
+def segments_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables,
+                  local: Callable[[int, int], int]) -> int:
+    """max over the plan's segments (a, b] of the checkpoints kept before them plus ``local(a, b)`` (above
+    them, x_a included when the segment keeps it; a frameless segment keeps nothing and is priced by
+    ``local_frameless``): the shape every ``pytorch`` price has, one level (``PytorchTables.local``) or nested
+    (remat.client.planning.nested)."""
     bounds = _bounds(trace, checkpoints)
     peak = kept = 0
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        if t.is_frameless(a, b):
-            peak = max(peak, kept + t.local_frameless(a, b))
+        if tables.is_frameless(a, b):
+            peak = max(peak, kept + tables.local_frameless(a, b))
             continue
-        kept += t.d[a]
-        peak = max(peak, kept + t.local(a, b))
+        kept += tables.d[a]
+        peak = max(peak, kept + local(a, b))
     return peak
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from remat.client.planning.cost_models import PytorchTables
+from remat.client.planning.cost_models import PytorchTables, segments_peak
 from remat.client.trace import Trace
 
 
@@ -32,15 +32,8 @@ def nested_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables 
     are as in :func:`remat.client.planning.cost_models.pytorch_peak` (side values as the tables price them).
     """
     t = tables if tables is not None else PytorchTables(trace)
-    bounds = (0, *sorted(checkpoints), t.n)
-    peak = kept = 0
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        if t.is_frameless(a, b):
-            peak = max(peak, kept + t.local_frameless(a, b))
-            continue
-        kept += t.d[a]
-        peak = max(peak, kept + (t.local(a, b) if b == t.n or b == a + 1 else _nested_local(t, a, b)))
-    return peak
+    return segments_peak(trace, checkpoints, t,
+                         lambda a, b: t.local(a, b) if b == t.n or b == a + 1 else _nested_local(t, a, b))
 
 
 def _stage_alone(t: PytorchTables, s: int) -> int:
