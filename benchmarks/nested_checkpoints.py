@@ -23,6 +23,7 @@ import torch
 
 from remat.client.graph.built_model import build
 from remat.client.graph.stage_chain import StageChain
+from remat.client.hf_models import hf_zoo
 from remat.client.planning.nested import nested_peak, nested_plan
 from remat.client.planning.plans import make_plan
 from remat.client.request import ModelRequest
@@ -50,11 +51,18 @@ def main() -> None:
     parser.add_argument("--model", default="resnet152")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample of an hf: model")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per mode (0: no times)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    built = build(ModelRequest(spec=args.model, batch_size=args.batch_size,
-                               sample_shape=(3, args.image_size, args.image_size), grads="kept"))
+    if args.model.startswith("hf:"):  # the hf zoo's configuration of it (remat-client zoo hf)
+        [entry] = [m for m in hf_zoo() if m.spec == args.model]
+        request = ModelRequest(spec=args.model, batch_size=args.batch_size, sample_shape=(args.seq_len,),
+                               seq_len=args.seq_len, grads="kept", model_kwargs=dict(entry.model_kwargs))
+    else:
+        request = ModelRequest(spec=args.model, batch_size=args.batch_size,
+                               sample_shape=(3, args.image_size, args.image_size), grads="kept")
+    built = build(request)
     model, call, chain = built.model, built.example, built.chain
     trace = pipeline.profile(built, timing_repeats=0)
     linear = make_plan(trace, "linear", cost_model="pytorch")
@@ -62,7 +70,7 @@ def main() -> None:
     outer = nested_plan(trace)
     modes = [("none", chain, ()), ("linear", chain, linear.checkpoints),
              ("linear's segments, re-run stage by stage", nested, linear.checkpoints),
-             (f"least nested peak: {len(outer)} segments kept, re-run stage by stage", nested, outer)]
+             (f"least nested peak ({len(outer)} kept), re-run stage by stage", nested, outer)]
     common: dict[str, Any] = {"grads": "kept"}
     peaks = [measure_step(model, call, cps, chain=runner, baseline=False, **common).measured_peak_bytes
              for _, runner, cps in modes]
@@ -70,7 +78,8 @@ def main() -> None:
                             **common)
     times = (time_plans(model, call, [m[2] for m in modes], runners=[m[1] for m in modes], rounds=args.rounds,
                         **common) if args.rounds else [None] * len(modes))
-    print(f"{args.model}, batch {args.batch_size}, {args.image_size}², gradients kept, CPU; "
+    size = f"{args.seq_len} tokens" if args.model.startswith("hf:") else f"{args.image_size}²"
+    print(f"{args.model}, batch {args.batch_size}, {size}, gradients kept, CPU; "
           f"linear keeps {list(linear.checkpoints)}, the least nested peak {list(outer)}")
     predicted = [linear.baseline_peak_bytes, linear.predicted_peak_bytes, nested_peak(trace, linear.checkpoints),
                  nested_peak(trace, outer)]
