@@ -16,13 +16,12 @@ gradients compared with the unmodified step.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from remat.client.graph.built_model import build
-from remat.client.graph.stage_chain import StageChain
+from remat.client.graph.stage_chain import NestedRun
 from remat.client.hf_models import hf_zoo
 from remat.client.planning.nested import nested_peak, nested_plan
 from remat.client.planning.plans import make_plan
@@ -31,19 +30,6 @@ from remat.worker import pipeline
 from remat.worker.measure import gradient_check, measure_step, time_plans
 
 MIB = 2**20
-
-
-class Nested:
-    """``chain`` run nested (``StageChain.run(..., nested=True)``): a runner for the measured step."""
-
-    def __init__(self, chain: StageChain) -> None:
-        self.chain = chain
-
-    def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
-        return self.chain.run(x, checkpoints, nested=True)
-
-    def run_call(self, call: Any, checkpoints: Sequence[int] = ()) -> Any:
-        return self.chain.run_call(call, checkpoints, nested=True)
 
 
 def main() -> None:
@@ -66,7 +52,7 @@ def main() -> None:
     model, call, chain = built.model, built.example, built.chain
     trace = pipeline.profile(built, timing_repeats=0)
     linear = make_plan(trace, "linear", cost_model="pytorch")
-    nested = Nested(chain)
+    nested = NestedRun(chain)
     outer = nested_plan(trace)
     modes = [("none", chain, ()), ("linear", chain, linear.checkpoints),
              ("linear's segments, re-run stage by stage", nested, linear.checkpoints),

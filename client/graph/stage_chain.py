@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from remat.client.errors import ModelError, PlanError
 
-__all__ = ["StageChain"]
+__all__ = ["NestedRun", "StageChain"]
 
 
 @dataclass(eq=False)
@@ -245,21 +245,22 @@ class StageChain:
                 handed = [x]
                 del x  # NOTE [ the last segment's input ]
                 return self._run_handed(lo, hi, handed, env)
-            slots = tuple(dict.fromkeys(s for st in self._stages[lo - 1 : hi] for s in st.slots))
-            # The env is copied: checkpoint keeps its arguments for the recompute, which must see the
-            # values as they were at this point, not as later segments extend them.
-            x, new = checkpoint(
-                partial(self._nested_segment if nested else self._segment, lo, hi),
-                x,
-                dict(env),
-                use_reentrant=False,
-                preserve_rng_state=True,
-                context_fn=partial(recompute_contexts, slots),
-            )
+            x, new = self._checkpointed(lo, hi, x, env, nested=nested)
             env.update(new)
         raise AssertionError("unreachable")  # pragma: no cover
 
     __call__ = run
+
+    def _checkpointed(self, lo: int, hi: int, x: Any, env: dict[str, Any], *,
+                      nested: bool = False) -> tuple[Any, dict[str, Any]]:
+        """Stages lo..hi under non-reentrant checkpoint, their buffers restored around the re-run; returns their
+        output and the values they add to ``env``."""
+        slots = tuple(dict.fromkeys(s for st in self._stages[lo - 1 : hi] for s in st.slots))
+        # The env is copied: checkpoint keeps its arguments for the recompute, which must see the values as
+        # they were at this point, not as later segments extend them.
+        return checkpoint(partial(self._nested_segment if nested else self._segment, lo, hi), x, dict(env),
+                          use_reentrant=False, preserve_rng_state=True,
+                          context_fn=partial(recompute_contexts, slots))
 
     def _segment(self, lo: int, hi: int, x: Any, env: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         local = dict(env)
@@ -270,12 +271,24 @@ class StageChain:
         """A checkpointed segment whose stages but the last each run under their own checkpoint."""
         local = dict(env)
         for i in range(lo, hi):
-            x, new = checkpoint(partial(self._segment, i, i), x, dict(local), use_reentrant=False,
-                                preserve_rng_state=True,
-                                context_fn=partial(recompute_contexts, tuple(self._stages[i - 1].slots)))
+            x, new = self._checkpointed(i, i, x, local)
             local.update(new)
         x = self._run_stages(hi, hi, x, local)
         return x, {k: v for k, v in local.items() if k not in env}
+
+
+class NestedRun:
+    """A chain run nested (``StageChain.run(..., nested=True)``), as what runs a plan in the measured step and
+    the gradient check (``run``/``run_call``, like the chain itself)."""
+
+    def __init__(self, chain: StageChain) -> None:
+        self.chain = chain
+
+    def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
+        return self.chain.run(x, checkpoints, nested=True)
+
+    def run_call(self, call: Any, checkpoints: Sequence[int] = ()) -> Any:
+        return self.chain.run_call(call, checkpoints, nested=True)
 
 
 # NOTE [ the last segment's input ]

@@ -63,11 +63,15 @@ class SideLifetimes:
     every one whose peak the side values decide is priced to the byte (docs/cost-model.md, "Side values").
     """
 
-    __slots__ = ("values", "gradients")
+    __slots__ = ("values", "gradients", "before", "unsaved_before")
 
     def __init__(self, trace: Trace) -> None:
         n = trace.num_stages
         self.values = trace.side_values
+        # before[s]: side values made by stages 1..s (what the tables price as resident); unsaved_before[s]: the
+        # part of it no stage saves.
+        self.before = list(accumulate(trace.side_by_stage, initial=0))
+        self.unsaved_before = list(accumulate(trace.side_unsaved_by_stage, initial=0))
         self.gradients = [0] * (n + 1)
         for v in self.values:
             if v.grad_bytes:
@@ -141,7 +145,8 @@ class PytorchTables:
     """
 
     __slots__ = ("n", "d", "U", "back", "back_ck", "rec", "rec_first", "rec_last", "rec_last_first", "delta",
-                 "drop_input", "frameless_end", "fwd_first", "fwd_last_first", "fwd_mid", "fwd_tail", "cast_saved")
+                 "drop_input", "frameless_end", "fwd_first", "fwd_last_first", "fwd_mid", "fwd_tail", "cast_saved",
+                 "sides")
 
     def __init__(self, trace: Trace) -> None:
         stages = trace.stages
@@ -173,9 +178,8 @@ class PytorchTables:
         self.fwd_mid = [0] * (n + 1)
         self.fwd_tail = [0] * (n + 1)
         # side_before[s]: side values made before stage s, alive in its every candidate (NOTE above).
-        side_before = list(accumulate(trace.side_by_stage, initial=0))
-        unsaved_before = list(accumulate(trace.side_unsaved_by_stage, initial=0))
-        sg = SideLifetimes(trace).gradients
+        self.sides = SideLifetimes(trace)
+        side_before, unsaved_before, sg = self.sides.before, self.sides.unsaved_before, self.sides.gradients
         for s in range(1, n + 1):
             st = stages[s - 1]
             side = side_before[s - 1]
@@ -263,7 +267,7 @@ def pytorch_peak(trace: Trace, checkpoints: Sequence[int], tables: PytorchTables
         16
     """
     t = tables if tables is not None else PytorchTables(trace)
-    if trace.metadata.get("side_values"):  # lifetimes that depend on the plan: priced plan by plan
+    if t.sides.values:  # lifetimes that depend on the plan: priced plan by plan
         return max(b for b, _ in _candidates(trace, t, checkpoints))
     return tables_peak(trace, checkpoints, t)
 
@@ -308,9 +312,8 @@ def _candidates(trace: Trace, t: PytorchTables, checkpoints: Sequence[int]) -> l
     """The candidates of one plan, the backward ones with the side values the plan really holds
     (:class:`SideLifetimes`) in place of the tables' bound."""
     bounds = _bounds(trace, checkpoints)
-    sides = SideLifetimes(trace)
-    side_before = list(accumulate(trace.side_by_stage, initial=0))
-    unsaved_before = list(accumulate(trace.side_unsaved_by_stage, initial=0))
+    sides = t.sides
+    side_before, unsaved_before = sides.before, sides.unsaved_before
     out: list[tuple[int, str]] = []
     kept = 0
     framed = -1  # the latest start of a checkpointed segment with a frame

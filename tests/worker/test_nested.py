@@ -9,21 +9,12 @@ import copy
 import torch
 
 from remat.client.graph.built_model import build
+from remat.client.graph.stage_chain import NestedRun
 from remat.client.planning.nested import nested_peak, nested_plan
 from remat.client.planning.plans import make_plan
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
 from remat.worker.measure import gradient_check, measure_step
-
-
-class _Nested:
-    """The chain run nested: a runner for the measured step."""
-
-    def __init__(self, chain) -> None:
-        self.chain = chain
-
-    def run(self, x, checkpoints=()):
-        return self.chain.run(x, checkpoints, nested=True)
 
 
 def test_a_nested_plan_measures_its_price_and_trains_like_the_model() -> None:
@@ -32,7 +23,7 @@ def test_a_nested_plan_measures_its_price_and_trains_like_the_model() -> None:
     model, x, chain = built.model, built.example, built.chain
     trace = pipeline.profile(built, timing_repeats=0)
     outer, linear = nested_plan(trace), make_plan(trace, "linear", cost_model="pytorch")
-    nested = _Nested(chain)
+    nested = NestedRun(chain)
     measured = measure_step(model, x, outer, grads="kept", chain=nested, baseline=False).measured_peak_bytes
     assert abs(nested_peak(trace, outer) - measured) <= 0.001 * measured
     # At this size nesting goes below the least one-level plan (9.5 against 10.0 MiB).

@@ -253,14 +253,18 @@ class _ChainRecord:
     """Per stage 1..n: how many tensors autograd saved, parameters and buffers included."""
     casts: list[dict[int, int]]
     """Per stage 1..n: autocast's parameter copies made in it, storage key -> booked bytes."""
-    side_by_stage: list[int] = dataclasses.field(default_factory=list)
-    """Per stage 1..n: bytes of the side values it makes, each storage once (NOTE [side values] in
-    stage_graph.py)."""
-    side_unsaved_by_stage: list[int] = dataclasses.field(default_factory=list)
-    """The part of ``side_by_stage`` no stage saves for backward: alive in backward only while a checkpointed
-    segment holds it as an input."""
     side_storages: dict[int, tuple[int, int, set[int]]] = dataclasses.field(default_factory=dict)
-    """Per side value storage key: (the stage that made it, its bytes, the stages that saved it)."""
+    """Per side value storage key (NOTE [side values] in stage_graph.py): (the stage that made it, its bytes, the
+    stages that saved it)."""
+
+    def side_by_stage(self, *, unsaved: bool = False) -> list[int]:
+        """Per stage 1..n: bytes of the side values it makes, each storage once; with ``unsaved``, only those no
+        stage saves for backward (alive in backward only while a checkpointed segment holds them)."""
+        by_stage = [0] * (len(self.saved) - 1)
+        for stage, nbytes, savers in self.side_storages.values():
+            if not (unsaved and savers):
+                by_stage[stage - 1] += nbytes
+        return by_stage
 
     def cast_bytes(self, i: int) -> tuple[int, int]:
         """(W_i, the part of it that no stage saves) for stage i."""
@@ -354,14 +358,8 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             keys.append(storage_key(x))
         del x  # frees the autograd graph of the whole pass
     _detach_side_values(chain, side_names)
-    side_by_stage, unsaved_by_stage = [0] * n, [0] * n
-    for key, size in side.items():
-        side_by_stage[side_stage[key] - 1] += size
-        if not side_savers.get(key):
-            unsaved_by_stage[side_stage[key] - 1] += size
     storages = {key: (side_stage[key], size, side_savers.get(key, set())) for key, size in side.items()}
-    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, side_by_stage, unsaved_by_stage,
-                        storages)
+    return _ChainRecord(outputs, requires_grad, keys, saved, packed, casts, storages)
 
 
 def _side_values(rec: _ChainRecord, grads: Mapping[int, tuple[int, set[int]]]) -> list[dict[str, Any]]:
@@ -968,11 +966,12 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
         if isinstance(attention, str):  # a transformers model: what a fit in the sequence length needs to know
             obj["attention"] = attention  # (remat.client.derived_trace.sequence_degree)
-        if any(rec.side_by_stage):
-            obj["side_bytes"] = sum(rec.side_by_stage)
-            obj["side_by_stage"] = rec.side_by_stage
-            obj["side_unsaved_bytes"] = sum(rec.side_unsaved_by_stage)
-            obj["side_unsaved_by_stage"] = rec.side_unsaved_by_stage
+        side_by_stage, unsaved_by_stage = rec.side_by_stage(), rec.side_by_stage(unsaved=True)
+        if any(side_by_stage):
+            obj["side_bytes"] = sum(side_by_stage)
+            obj["side_by_stage"] = side_by_stage
+            obj["side_unsaved_bytes"] = sum(unsaved_by_stage)
+            obj["side_unsaved_by_stage"] = unsaved_by_stage
             obj["side_values"] = _side_values(rec, side_grads)
         if timing_repeats > 0:
             del rec, measures  # the pass's activations: the timed steps need the memory a real step has

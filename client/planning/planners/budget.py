@@ -104,7 +104,8 @@ def _min_peaks_by_last_checkpoint(t: PytorchTables) -> tuple[list[int], np.ndarr
     """
     n = t.n
     names = ("back_ck", "fwd_mid", "rec", "rec_last", "delta", "d")
-    values = [v for name in PytorchTables.__slots__ if name not in ("n", "frameless_end") for v in getattr(t, name)]
+    values = [v for name in PytorchTables.__slots__ if name not in ("n", "frameless_end", "sides")
+              for v in getattr(t, name)]
     # A peak sums kept d's and one local term of at most two entries: at most sum(d) + 2·max|entry|.
     dtype = _entry_dtype(sum(t.d) + 2 * max(map(abs, values)))
     infinity = _INT64_INFINITY if dtype is np.int64 else float("inf")
@@ -144,7 +145,7 @@ def pareto_frontier(trace: Trace) -> list[FrontierPoint]:
     t = PytorchTables(trace)
     peaks, parent = _min_peaks_by_last_checkpoint(t)
     plans = {c: _rebuild(parent, c) for c in range(t.n)}
-    if trace.metadata.get("side_values"):
+    if t.sides.values:
         # Side values' lifetimes depend on the plan: the tables bound them from above (cost_models.SideLifetimes),
         # so each plan is priced exactly before the frontier is drawn, and its points carry the peaks a
         # measured step is compared with.
