@@ -45,7 +45,11 @@ from remat.client.graph.fx_trace import ARCHITECTURE_HASH, HASH_GRAPH
 __all__ = ["ARCH_HASH_FORMAT", "architecture_description", "architecture_hash", "canon", "description_hash",
            "module_description"]
 
-ARCH_HASH_FORMAT = "remat-arch/1"
+ARCH_HASH_FORMAT = "remat-arch/2"
+"""Part of every hash: raised when plans stored under the old hashes would no longer fit the models they name.
+A chain plan numbers the boundaries of the stage chain the cutter makes, so a cutter that cuts an
+architecture differently must change its hash. /2: dense blocks are cut after every layer (NOTE [side values]
+in stage_graph; DenseNet went from 20 stages to 236), so a /1 plan for them names other boundaries."""
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 #: Instance attributes that are state or remat's own bookkeeping, not configuration.
 _SKIP_ATTRS = {"training", "forward", "call_super_init", "dump_patches"}

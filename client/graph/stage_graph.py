@@ -143,42 +143,50 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def module_lists(model: nn.Module) -> dict[str, int]:
-    """The model's ``nn.ModuleList`` containers, where repeated blocks live: qualified name -> length."""
-    return {name: len(m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList)}
+def module_lists(model: nn.Module) -> dict[str, dict[str, int]]:
+    """The model's containers of repeated blocks (``nn.ModuleList``, ``nn.ModuleDict``): qualified name ->
+    {child name: its position}. DenseNet's dense blocks are ``ModuleDict``s."""
+    return {name: {key: i for i, key in enumerate(m.keys() if isinstance(m, nn.ModuleDict) else
+                                                  (str(j) for j in range(len(m))))}
+            for name, m in model.named_modules() if isinstance(m, nn.ModuleList | nn.ModuleDict)}
 
 
-def block_of(n: torch.fx.Node, lists: dict[str, int]) -> tuple[str, int] | None:
-    """The repeated block whose code produced node ``n``: (its ``ModuleList``, its index there)."""
+def block_of(n: torch.fx.Node, lists: dict[str, dict[str, int]]) -> tuple[str, int] | None:
+    """The repeated block whose code produced node ``n``: (its container, its position there)."""
     stack = n.meta.get("nn_module_stack")
     if not stack:
         return None
     for value in stack.values():
         path = value[0] if isinstance(value, tuple) else str(value)
-        parent, _, index = str(path).rpartition(".")
-        if parent in lists and index.isdigit():
-            return parent, int(index)
+        parent, _, key = str(path).rpartition(".")
+        if parent in lists and key in lists[parent]:
+            return parent, lists[parent][key]
     return None
 
 
-def side_values(nodes: list[torch.fx.Node], lists: dict[str, int], has_tensor: dict[str, bool]) -> set[str]:
+def side_values(nodes: list[torch.fx.Node], lists: dict[str, dict[str, int]], has_tensor: dict[str, bool]) -> set[str]:
     """Tensors that every repeated block reads again besides the one they hand each other: attention masks,
-    position biases, an encoder's output read by every decoder block.
+    position biases, an encoder's output read by every decoder block, a dense block's features.
 
     NOTE [side values] A transformer's blocks are called in a loop with keyword arguments computed once
     before it (masks, rotary tables) or by the first block (T5's position bias); every block reads them.
-    Their edges jump over every block, so a graph cut would find no boundary between blocks at all. They are
-    alive from their making to the end of backward whatever is checkpointed (each block reads them, or keeps
-    them saved), so they are handed to every stage that reads them (a checkpointed segment keeps them as an
-    input, not as something it saves) and priced once, as the trace's side values (docs/cost-model.md).
-    A value is one when, in some ``ModuleList``, two or more blocks read it: every block after the first, for
-    what the first made (T5's position bias), or every block, for what comes from outside the list. A cell
-    output that the next two cells read (DARTS-like networks) is not: it is an ordinary activation, freed when
-    they are done.
+    Their edges jump over every block, so a graph cut would find no boundary between blocks at all. So they
+    are handed to every stage that reads them (a checkpointed segment keeps them as an input, not as
+    something it saves, and returns those it makes) and priced as the trace's side values
+    (docs/cost-model.md, "Side values").
+    A value is one when, in some container of blocks (``nn.ModuleList``, ``nn.ModuleDict``), two or more
+    blocks read it: every block after the first, for what the first made (T5's position bias), or every
+    block, for what comes from outside the container. In a *dense* container, one where something the first
+    block made is such a value, so is what a later block makes and two or more blocks read, every block
+    after it: today's torchvision DenseNet, whose every layer reads the list of all earlier features (a
+    ``ModuleDict`` of layers), so that a dense block is cut after every layer, its features kept as side
+    values, as the older definition that returns the running concatenation is cut at one tensor
+    (docs/benchmarks.md, "Feng & Huang's own code"). A cell output that the next two cells read (DARTS-like
+    networks) is not: it is an ordinary activation, freed when they are done.
     """
     if not lists:
         return set()
-    out = set()
+    readers_of: dict[str, tuple[tuple[str, int] | None, dict[str, set[int]]]] = {}
     for n in nodes:
         if n.op in ("placeholder", "get_attr", "output") or not has_tensor.get(n.name, False):
             continue
@@ -188,17 +196,25 @@ def side_values(nodes: list[torch.fx.Node], lists: dict[str, int], has_tensor: d
             block = block_of(u, lists)
             if block is not None and block != own:
                 readers.setdefault(block[0], set()).add(block[1])
+        readers_of[n.name] = (own, readers)
+
+    def read_by_all_later(own: tuple[str, int] | None, parent: str, indices: set[int]) -> bool:
+        first = own[1] + 1 if own is not None and own[0] == parent else 0
+        # Two readers at least: with two blocks, what the first hands the second is its hidden state.
+        return len(indices) >= 2 and indices >= set(range(first, len(lists[parent])))
+
+    out: set[str] = set()
+    dense: set[str] = set()
+    for name, (own, readers) in readers_of.items():
         for parent, indices in readers.items():
-            if own is not None and own[0] == parent:
-                if own[1] != 0:
-                    continue  # made by a later block: handed on, not read again by all (rule above)
-                expected = set(range(1, lists[parent]))  # the first block's (T5's position bias)
-            else:
-                expected = set(range(lists[parent]))
-            # Two readers at least: with two blocks, what the first hands the second is its hidden state.
-            if len(indices) >= 2 and indices >= expected:
-                out.add(n.name)
-                break
+            if (own is None or own[0] != parent or own[1] == 0) and read_by_all_later(own, parent, indices):
+                out.add(name)
+                if own is not None and own[0] == parent:
+                    dense.add(parent)
+    for name, (own, readers) in readers_of.items():
+        if own is not None and own[0] in dense and own[1] > 0 and own[0] in readers \
+                and read_by_all_later(own, own[0], readers[own[0]]):
+            out.add(name)
     return out
 
 

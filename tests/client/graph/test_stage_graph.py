@@ -292,3 +292,56 @@ def test_a_chain_of_three_hundred_stages_runs_every_boundary_checkpointed() -> N
     assert torch.equal(chain.run(x, tuple(range(1, n))), model(x))
     with pytest.raises(PlanError, match=rf"must be distinct boundaries in 1\.\.{n - 1}$"):
         chain.run(x, checkpoints=(n,))
+
+
+def _small_densenet() -> nn.Module:
+    """torchvision's DenseNet (every layer reads the list of all earlier features), two small blocks."""
+    torch.manual_seed(0)
+    return torchvision.models.DenseNet(growth_rate=4, block_config=(4, 3), num_init_features=8, bn_size=2,
+                                       num_classes=5)
+
+
+def test_a_dense_block_is_cut_inside_every_layer_its_features_kept_as_side_values() -> None:
+    """NOTE [side values]: in a dense block no single tensor separates two layers, yet the chain cuts inside
+    every layer whose output two or more later layers read, handing the features on as side values."""
+    model = _small_densenet()
+    x = torch.randn(2, 3, 32, 32)
+    chain = build_stage_chain(model, x, train=True)
+    by_name = {n.name: n for n in chain.graph_module.graph.nodes}
+
+    def layer(name: str) -> str:
+        stack = by_name[name].meta.get("nn_module_stack") or {}
+        paths = [str(v[0] if isinstance(v, tuple) else v) for v in stack.values()]
+        return next((p for p in reversed(paths) if ".denselayer" in p and p.count(".") == 2), "")
+
+    cut_in = {layer(b) for b in chain.boundaries} - {""}
+    expected = {f"features.denseblock{b}.denselayer{i}" for b, count in ((1, 4), (2, 3)) for i in range(1, count)}
+    assert cut_in == expected  # every layer but each block's last (whose input only the last layer reads)
+    side_layers = {layer(v) for v in chain.side_values} - {""}
+    # Features two or more later layers read: layers 1..L-2 of each block (and each block's input).
+    assert side_layers == {f"features.denseblock{b}.denselayer{i}" for b, count in ((1, 4), (2, 3))
+                           for i in range(1, count - 1)}
+    assert not set(chain.side_values) & set(chain.boundaries)
+
+
+def test_a_dense_chain_checkpointed_everywhere_trains_bit_equal() -> None:
+    """Every boundary of the dense chain kept (every segment one stage re-run with the features it reads):
+    the loss and every gradient equal the unmodified model's."""
+    model = _small_densenet()
+    x = torch.randn(2, 3, 32, 32)
+    chain = build_stage_chain(copy.deepcopy(model), x, train=True)
+    torch.manual_seed(1)
+    model(x).square().sum().backward()
+    torch.manual_seed(1)
+    chain.run(x, tuple(range(1, chain.num_stages))).square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), chain.model.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_darts_like_cells_have_no_side_values() -> None:
+    """A cell output that the next two cells read is an ordinary activation, even where those two are the
+    last cells (the dense rule needs a dense container)."""
+    from tests.utils.nas_cell import nas_net
+
+    chain = build_stage_chain(nas_net(cells=5), torch.randn(2, 3, 16, 16), train=True)
+    assert chain.side_values == ()
