@@ -256,22 +256,32 @@ class OpGraph:
     def dropped_for_chain_plan(self, stage_nodes: Sequence[Sequence[str]], boundaries: Sequence[str],
                                checkpoints: Sequence[int]) -> list[int]:
         """A chain plan's checkpoints (boundaries 1..n-1 of the stage chain cut from the same fx graph) as the
-        vertices it drops: every vertex of a checkpointed segment but the segment's output, which is kept.
+        vertices it drops: every vertex of a checkpointed segment but what the segment returns, which is kept:
+        its output, and the side values it makes that later stages read (a dense block's features,
+        NOTE [side values] in stage_graph).
 
         Why: the graph search starts from the chain planners' plans too, so that its answer is never worse
         than the best chain plan under the predictor. Vertices the chain does not name (none, when both come
         from one trace) stay kept.
         """
         vertex_of = self._vertex_of_node
+        by_name = self._node_by_name
         n = len(stage_nodes)
+        stage_of = {name: i for i, stage in enumerate(stage_nodes, start=1) for name in stage}
         bounds = (0, *sorted(checkpoints), n)
         dropped: set[int] = set()
         for k in range(len(bounds) - 2):  # every segment but the last is checkpointed
             lo, hi = bounds[k] + 1, bounds[k + 1]
-            exit_vertex = vertex_of.get(boundaries[hi - 1])
+            returned = {vertex_of.get(boundaries[hi - 1])}
             for stage in stage_nodes[lo - 1:hi]:
-                dropped.update(vertex_of[name] for name in stage if name in vertex_of)
-            dropped.discard(exit_vertex)  # type: ignore[arg-type]
+                for name in stage:
+                    if name not in vertex_of:
+                        continue
+                    dropped.add(vertex_of[name])
+                    node = by_name.get(name)
+                    if node is not None and any(stage_of.get(u.name, 0) > hi for u in node.users):
+                        returned.add(vertex_of[name])
+            dropped -= returned  # type: ignore[arg-type]
         dropped -= {0, self.sink}
         return sorted(dropped)
 

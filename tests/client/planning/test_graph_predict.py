@@ -9,6 +9,7 @@ tolerance is tight (0.5%).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import random
@@ -152,3 +153,61 @@ def test_a_chain_plan_as_a_graph_plan_measures_like_the_chain_plan() -> None:
     on_graph = measure_step(model, x, dropped, grads="kept", chain=graph, baseline=False, timing_repeats=0)
     assert on_graph.measured_peak_bytes == pytest.approx(on_chain.measured_peak_bytes, rel=TOLERANCE)
     assert len(graph.calls(dropped)) == len(checkpoints)  # one call per checkpointed segment
+
+
+def test_a_dense_chain_plan_as_a_graph_plan_keeps_the_features_it_hands_on() -> None:
+    """A checkpointed segment of a dense block returns the features later layers read (side values): as a
+    graph plan they stay kept, so the step peaks no higher than the chain plan's (whose segments are handed
+    every feature made so far, the graph's calls only those they read) and trains bit-equal."""
+    from remat.client.graph.stage_graph import build_stage_chain
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torchvision.models.DenseNet(growth_rate=4, block_config=(4, 3), num_init_features=8, bn_size=2,
+                                        num_classes=5).train()
+    x = torch.randn(2, 3, 32, 32)
+    chain = build_stage_chain(model, x, train=True)
+    graph = build_op_graph(model, x, graph=chain.graph_module)
+    n = chain.num_stages
+    checkpoints = tuple(range(3, n, 4))
+    dropped = graph.dropped_for_chain_plan(chain.stage_nodes, chain.boundaries, checkpoints)
+    side_vertices = {graph._vertex_of_node[name] for name in chain.side_values}
+    assert dropped and not side_vertices & set(dropped)
+    on_chain = measure_step(model, x, checkpoints, grads="kept", chain=chain, baseline=False, timing_repeats=0)
+    on_graph = measure_step(model, x, dropped, grads="kept", chain=graph, baseline=False, timing_repeats=0)
+    assert on_graph.measured_peak_bytes <= on_chain.measured_peak_bytes
+    model.zero_grad(set_to_none=True)
+    reference = copy.deepcopy(model)
+    torch.manual_seed(1)
+    reference(x).square().sum().backward()
+    torch.manual_seed(1)
+    graph.run(x, dropped).square().sum().backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_forced_memory_is_below_every_plan_predicted_and_measured(name: str) -> None:
+    """NOTE [forced memory]: no plan goes below ``forced_peak``, predicted (random and structured plans, the
+    search's) nor measured (the step itself, an oracle the bound never saw)."""
+    from remat.client.planning.graph_predict import forced_peak
+
+    torch.set_num_threads(1)
+    make, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = make().train()
+    x = torch.randn(*shape)
+    graph = build_op_graph(model, x)
+    profile = profile_graph(model, x, graph, grads="kept")
+    bound = forced_peak(profile)
+    assert 0 < bound.peak < profile.measured_peak_bytes and bound.where != "nothing"
+    units_of = functools.partial(executor_units, graph)
+    plans = _plans(graph, count=8)
+    plans["searched"] = search_plan(profile, graph.weights, graph.edges, units_of, vertex_nodes=graph.vertex_nodes,
+                                    max_evaluations=150).dropped
+    for label, dropped in plans.items():
+        assert predict_graph_peak(profile, units_of(dropped)).peak >= bound.peak, label
+    for label in ("searched", "perturbed0"):
+        measured = measure_step(model, x, plans[label], grads="kept", chain=graph, baseline=False,
+                                timing_repeats=0).measured_peak_bytes
+        assert measured >= bound.peak, label
