@@ -71,6 +71,11 @@ def run(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         for p in built.model.parameters():
             p.grad = None
         x.grad = None
+        if plan.lower_bound_bytes is not None:
+            print(f"{spec}: no plan peaks below {plan.lower_bound_bytes / MIB:.1f} MiB in remat's measure "
+                  f"({plan.extra.get('lower_bound_at')}): the best plan possible is at most {plan.optimality_gap:.1%} "
+                  f"below {plan.algorithm}'s",
+                  file=sys.stderr)
         rows.append({"model": spec, "plan": plan.algorithm, "graph": plan.is_graph_plan,
                      "predicted": plan.predicted_peak_bytes, "ours": ours[plan.label].measured_peak_bytes,
                      "theirs": theirs, "their_peak": peak, "their_end": end, "profile_and_plan_s": plan_s})

@@ -191,6 +191,12 @@ def print_model_table(report: Any, source: str | None = None) -> None:
     click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
                "the step time's change against none is the recompute overhead (the least of interleaved rounds; "
                "within noise: no larger than the rounds' spread).")
+    bounded = [row.plan for row in report.rows if row.plan.lower_bound_bytes is not None]
+    if bounded:
+        best = min(bounded, key=lambda p: p.predicted_peak_bytes)
+        click.echo(f"No plan of this step can peak below {format_bytes(best.lower_bound_bytes)}, what the step "
+                   f"itself needs ({best.extra.get('lower_bound_at', 'one event')}): none can peak more than "
+                   f"{best.optimality_gap:.0%} below {best.algorithm}'s.")
     if report.frontier:
         low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes
         measured = sum(1 for r in report.frontier if r.measured_peak_bytes is not None)

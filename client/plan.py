@@ -14,6 +14,10 @@ from remat.client.errors import PlanError
 
 PLAN_SCHEMA_VERSION = 1
 COST_MODELS = ("classic", "pytorch")
+LOWER_BOUND_KEY = "lower_bound_bytes"
+"""The plan field (kept in ``Plan.extra``, so stored and served as it is) of a peak no plan can go below."""
+LOWER_BOUND_AT_KEY = "lower_bound_at"
+"""Beside it: the event of the step where that memory is forced."""
 BUDGET_ALGORITHM = "budget"
 """The algorithm of plans chosen for a byte budget: points of a trace's Pareto frontier of (peak, recompute
 time), each stored under its own peak (``budget_bytes``). Not a registered planner: it needs a budget."""
@@ -105,6 +109,22 @@ class Plan:
         if self.baseline_peak_bytes == 0:
             return 0.0
         return 1.0 - self.predicted_peak_bytes / self.baseline_peak_bytes
+
+    @property
+    def lower_bound_bytes(self) -> int | None:
+        """A peak no plan of the same step can go below (``extra["lower_bound_bytes"]``: a graph plan's
+        forced memory, NOTE [forced memory] in remat.client.planning.graph_predict), None when not computed."""
+        value = self.extra.get(LOWER_BOUND_KEY) if isinstance(self.extra, Mapping) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+    @property
+    def optimality_gap(self) -> float | None:
+        """How far above the lower bound the plan's predicted peak may be from the best plan's, as a fraction
+        of the plan's peak (0.0: proven optimal); None without a bound."""
+        bound = self.lower_bound_bytes
+        if bound is None or self.predicted_peak_bytes <= 0:
+            return None
+        return max(0.0, 1.0 - bound / self.predicted_peak_bytes)
 
     @property
     def recompute_overhead(self) -> float | None:

@@ -125,6 +125,10 @@ class PlanOut(BaseModel):
     dropped_vertices: list[int] | None = None
     """A graph plan's recomputed op-graph vertices (absent for a chain plan, whose ``checkpoints`` say it)."""
     num_vertices: int | None = None
+    lower_bound_bytes: int | None = None
+    """A graph plan's lower bound: no plan of the step peaks below it (``Plan.lower_bound_bytes``)."""
+    lower_bound_at: str | None = None
+    """The event of the step where that memory is forced."""
 
 
 def _measurement_out() -> type[BaseModel]:

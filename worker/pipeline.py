@@ -98,13 +98,16 @@ def graph_planned(built: BuiltModel, trace: Trace, plan: Plan) -> Plan:
     """A graph plan under the ``pytorch`` model when the profile has a graph profile: the dropped set of least
     predicted peak among acg's plans, every chain plan of the trace (the chain planners' and the frontier's,
     as dropped sets on the op graph) and a local search from the best (``search_plan``), with the graph
-    predictor's peaks. The plan is a function of the trace and the graph profile alone, so ``plan`` and
-    ``measure`` agree. Any other plan, or a graph plan without a graph profile (CUDA, autocast), as it is."""
+    predictor's peaks, and the step's forced memory as its lower bound (NOTE [forced memory]: no plan of
+    this step peaks below it; ``Plan.optimality_gap``). The plan is a function of the trace and the graph
+    profile alone, so ``plan`` and ``measure`` agree. Any other plan, or a graph plan without a graph profile
+    (CUDA, autocast), as it is."""
     if plan.dropped_vertices is None or built.graph_profile is None:
         return plan
     import functools
 
-    from remat.client.planning.graph_predict import predict_graph_peak, search_plan
+    from remat.client.plan import LOWER_BOUND_AT_KEY, LOWER_BOUND_KEY
+    from remat.client.planning.graph_predict import forced_peak, predict_graph_peak, search_plan
     from remat.client.planning.planners import PLANNERS
     from remat.client.planning.plans import plans_to_store
     from remat.worker.graph_profile import executor_units
@@ -116,9 +119,11 @@ def graph_planned(built: BuiltModel, trace: Trace, plan: Plan) -> Plan:
              for p in plans_to_store(trace, algorithms=chain_planners) if p.checkpoints]
     found = search_plan(built.graph_profile, graph.weights, graph.edges, functools.partial(executor_units, graph),
                         vertex_nodes=graph.vertex_nodes, seeds=seeds, max_evaluations=SEARCH_EVALUATIONS)
+    bound = forced_peak(built.graph_profile)
     return replace(plan, cost_model="pytorch", dropped_vertices=tuple(found.dropped),
                    predicted_peak_bytes=found.prediction.peak,
-                   baseline_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, ())).peak)
+                   baseline_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, ())).peak,
+                   extra={**plan.extra, LOWER_BOUND_KEY: bound.peak, LOWER_BOUND_AT_KEY: bound.where})
 
 
 def plans_for(built: BuiltModel, trace: Trace, *, algorithms: Sequence[str] | None = None,

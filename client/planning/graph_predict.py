@@ -46,7 +46,8 @@ from typing import Any, NotRequired, TypedDict
 from remat.client.errors import PlanError
 
 __all__ = ["LOSS", "AutogradRecord", "GradientRecord", "GraphProfile", "NodeRecord", "PackRecord", "Prediction",
-           "SearchResult", "call_groups", "group_cuts", "predict_graph_peak", "saved_weights", "search_plan"]
+           "SearchResult", "call_groups", "forced_peak", "group_cuts", "predict_graph_peak", "saved_weights",
+           "search_plan"]
 
 LOSS = "<loss>"
 """The pseudo fx node of the loss: it reads the model's outputs and runs after every node."""
@@ -702,6 +703,86 @@ class _Backward:
         for t in outs:
             if t is not None:
                 self.drop(t)
+
+
+# --- a lower bound on every plan's peak ----------------------------------------------------------------
+
+
+def forced_peak(profile: GraphProfile) -> Prediction:
+    """A peak no plan of this step can go below under the predictor: memory every plan must hold at some
+    event, whatever it keeps or re-runs.
+
+    NOTE [forced memory] Checkpointing chooses what stays alive between the events of a step, never what an
+    event itself needs. Whatever the plan:
+    - a node's first forward runs to the end (only a re-run stops early), on its inputs: the storages of the
+      values it reads, plus its profiled transient;
+    - an autograd node's backward runs with its saved tensors present (kept, or re-run just before), its
+      input gradients, its apply's transient, and, with gradients kept, every parameter gradient sent by a
+      node it depends on (that node ran before it, and ``AccumulateGrad`` runs as soon as it is ready).
+    The largest of these is the bound. It leaves out what depends on the order or on the plan: gradients
+    waiting for other nodes, kept checkpoints, a re-run's other tensors. So it is weak where a step's peak
+    is a trade between what forward keeps and what backward re-runs (a gap of tens of percent is usual), and
+    tight where one event's own needs decide the peak (a large classifier's weight gradient at a small
+    batch). It is what :func:`search_plan`'s answer is reported against (the plan's ``lower_bound_bytes``).
+    O(nodes + autograd nodes · parameters) with integer bitsets for the dependencies.
+    """
+    sizes = profile.storage_bytes
+    values = {rec["name"]: rec["value"] for rec in profile.nodes}
+    best = Prediction(peak=0, where="nothing")
+    for rec in profile.nodes:
+        inputs = {sid for name in rec["reads"] for sid in values.get(name, ())}
+        need = sum(sizes[sid] for sid in inputs) + rec["peak"]
+        if need > best.peak:
+            best = Prediction(peak=need, where=f"forward of {rec['name']}")
+    autograd = profile.autograd
+    senders: list[list[int]] = [[] for _ in autograd]
+    for a in autograd:
+        for t, _ in a.get("next", ()):
+            if t >= 0:
+                senders[t].append(a["index"])
+    ancestors = _ancestors(autograd, senders)
+    saved: dict[int, set[int]] = {}
+    for pk in profile.packs:
+        if pk["consumer"] is not None and pk["sid"] is not None:
+            saved.setdefault(pk["consumer"], set()).add(pk["sid"])
+    kept_grads = set(profile.param_grad_sids)
+    param_grads: list[tuple[int, int]] = []  # (sender, sid) of each parameter gradient kept after the step
+    for a in autograd:
+        sid = (a.get("incoming_sids") or [None])[0]
+        if a["type"] == "AccumulateGrad" and sid in kept_grads:
+            param_grads += [(s, sid) for s in senders[a["index"]]]
+    for a in autograd:
+        if a["type"] == "AccumulateGrad" or "extra" not in a:
+            continue
+        i = a["index"]
+        incoming: dict[Any, int] = {}  # one storage counted once, at its largest view
+        for k, (sid, nbytes) in enumerate(zip(a.get("incoming_sids", ()), a.get("incoming_bytes", ()),
+                                              strict=False)):
+            key = ("slot", k) if sid is None else sid
+            incoming[key] = max(incoming.get(key, 0), nbytes)
+        params = {sid for s, sid in param_grads if ancestors[i] >> s & 1}
+        need = (sum(sizes[sid] for sid in saved.get(i, ())) + sum(incoming.values()) + a["extra"]
+                + sum(sizes[sid] for sid in params))
+        if need > best.peak:
+            best = Prediction(peak=need, where=f"backward of {a['type']} #{i} ({a['fx']})")
+    return best
+
+
+def _ancestors(autograd: Sequence[AutogradRecord], senders: Sequence[Sequence[int]]) -> list[int]:
+    """Per autograd node, the nodes that must run before it (those whose gradients reach it), as a bitset."""
+    waiting = [len(s) for s in senders]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    out = [0] * len(autograd)
+    while ready:
+        i = ready.pop()
+        for s in senders[i]:
+            out[i] |= out[s] | (1 << s)
+        for t, _ in autograd[i].get("next", ()):
+            if t >= 0:
+                waiting[t] -= 1
+                if waiting[t] == 0:
+                    ready.append(t)
+    return out
 
 
 # --- plan search under the predictor ---------------------------------------------------------------------

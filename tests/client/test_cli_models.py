@@ -38,6 +38,8 @@ def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, sto
         # Judged by the measurement: CPU predictions are exact to well under 0.5% (docs/benchmarks.md).
         assert plan["predicted_peak_bytes"] == pytest.approx(plan["measured_peak_bytes"], rel=0.005)
     assert any("dropped_vertices" in plan for plan in first["plans"]), "the trace carried no op graph"
+    acg = next(p for p in first["plans"] if p["algorithm"] == "acg")
+    assert 0 < acg["lower_bound_bytes"] <= min(p["measured_peak_bytes"] for p in first["plans"])
 
     # A second run, in a fresh interpreter, answers from the store without importing torch.
     probe = (
@@ -65,6 +67,8 @@ def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, sto
     assert "TORCH False" in result.stderr
     assert [p["checkpoints"] for p in second["plans"]] == [p["checkpoints"] for p in first["plans"]]
     assert [p["measured_peak_bytes"] for p in second["plans"]] == [p["measured_peak_bytes"] for p in first["plans"]]
+    code, out, _ = run_cli(capsys, "plan", *SMALL)  # the table says the bound, from the store
+    assert code == 0 and "No plan of this step can peak below" in out
 
 
 def test_a_reported_plan_applies_to_the_model_and_refuses_another_input(capsys, store_url: str) -> None:

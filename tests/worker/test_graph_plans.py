@@ -8,6 +8,7 @@ import torch
 import torchvision
 
 from remat.client.graph.op_graph import build_op_graph
+from remat.client.plan import Plan
 from remat.client.graph.stage_graph import build_stage_chain
 from remat.client.planning.planners.acg import graph_cost, plan_graph
 from remat.client.planning.plans import make_plan
@@ -113,3 +114,8 @@ def test_the_searched_graph_plan_measures_no_higher_than_the_best_chain_plan() -
     measured = result.measurements
     assert measured["acg"].measured_peak_bytes <= measured["linear"].measured_peak_bytes
     assert acg.predicted_peak_bytes == pytest.approx(measured["acg"].measured_peak_bytes, rel=0.005)
+    # Stored with the plan: the step's forced memory (NOTE [forced memory]), below what every plan measures.
+    assert acg.lower_bound_bytes is not None and acg.extra["lower_bound_at"].startswith(("forward", "backward"))
+    assert 0 < acg.lower_bound_bytes <= min(m.measured_peak_bytes for m in measured.values())
+    assert 0 <= acg.optimality_gap < 1
+    assert Plan.from_dict(acg.to_dict()).lower_bound_bytes == acg.lower_bound_bytes
