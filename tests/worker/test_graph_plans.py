@@ -8,8 +8,8 @@ import torch
 import torchvision
 
 from remat.client.graph.op_graph import build_op_graph
-from remat.client.plan import Plan
 from remat.client.graph.stage_graph import build_stage_chain
+from remat.client.plan import Plan
 from remat.client.planning.planners.acg import graph_cost, plan_graph
 from remat.client.planning.plans import make_plan
 from remat.worker.measure import measure_step
