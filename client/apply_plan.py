@@ -197,11 +197,12 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         state.checked = True
     chain = state.chain
     assert chain is not None
+    nested = {"nested": True} if state.plan.nested else {}  # a nested plan runs on a StageChain (_build)
     if isinstance(chain, StageChain) and chain.pytree_specs is not None:
-        return chain.run_call(example, _cut_points(state.plan))
+        return chain.run_call(example, _cut_points(state.plan), **nested)
     if call.single_tensor is None:  # a chain cut for one tensor (no key), called with several inputs
         return _unplanned(state, self, args, kwargs)
-    return chain.run(call.single_tensor, _cut_points(state.plan))
+    return chain.run(call.single_tensor, _cut_points(state.plan), **nested)
 
 
 def _unplanned(state: _Applied, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -14,6 +14,9 @@ from remat.client.errors import PlanError
 
 PLAN_SCHEMA_VERSION = 1
 COST_MODELS = ("classic", "pytorch")
+NESTED_KEY = "nested"
+"""The plan field (in ``Plan.extra``) of a nested plan: its checkpointed segments re-run their stages one at a
+time during their own backward (remat.client.planning.nested; ``StageChain.run(..., nested=True)``)."""
 LOWER_BOUND_KEY = "lower_bound_bytes"
 """The plan field (kept in ``Plan.extra``, so stored and served as it is) of a peak no plan can go below."""
 LOWER_BOUND_AT_KEY = "lower_bound_at"
@@ -109,6 +112,12 @@ class Plan:
         if self.baseline_peak_bytes == 0:
             return 0.0
         return 1.0 - self.predicted_peak_bytes / self.baseline_peak_bytes
+
+    @property
+    def nested(self) -> bool:
+        """True for a nested plan (``extra["nested"]``): what runs it is the chain with ``nested=True``, and
+        its checkpoints name the outer segments."""
+        return isinstance(self.extra, Mapping) and self.extra.get(NESTED_KEY) is True
 
     @property
     def lower_bound_bytes(self) -> int | None:

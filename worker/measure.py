@@ -24,6 +24,7 @@ gradients, mode and RNG are restored).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -410,5 +411,12 @@ def measure_plan(model: nn.Module, example_input: torch.Tensor, algorithm: str, 
         trace = profile(model, x, device=device, grads=grads, train=train, chain=chain, model_name=model_name,
                         timing_repeats=timing_repeats, precision=precision)
     plan = make_plan(trace, algorithm, cost_model="pytorch")
-    return measure_step(model, x, plan.checkpoints, grads=grads, device=device, chain=chain, train=train,
-                        trace=trace, algorithm=algorithm, timing_repeats=timing_repeats, precision=precision)
+    if not plan.nested:
+        return measure_step(model, x, plan.checkpoints, grads=grads, device=device, chain=chain, train=train,
+                            trace=trace, algorithm=algorithm, timing_repeats=timing_repeats, precision=precision)
+    from remat.client.graph.stage_chain import NestedRun
+
+    measured = measure_step(model, x, plan.checkpoints, grads=grads, device=device, chain=NestedRun(chain),
+                            train=train, trace=trace, algorithm=algorithm, timing_repeats=timing_repeats,
+                            precision=precision)
+    return dataclasses.replace(measured, predicted_peak_bytes=plan.predicted_peak_bytes)

@@ -143,14 +143,33 @@ def _as_graph_measurement(m: Measurement, plan: Plan) -> Measurement:
                    predicted_peak_bytes=plan.predicted_peak_bytes if plan.cost_model == "pytorch" else None)
 
 
+def _priced_by_plan(plan: Plan) -> bool:
+    """Whether a plan's prediction is its own rather than the ``pytorch`` price of its checkpoints, which
+    ``measure_step`` computes from the trace: a graph plan's (the graph predictor) and a nested plan's."""
+    return plan.is_graph_plan or plan.nested
+
+
+def _measured(m: Measurement, plan: Plan) -> Measurement:
+    """A measured step with the plan's own prediction where :func:`_priced_by_plan`."""
+    if plan.is_graph_plan:
+        return _as_graph_measurement(m, plan)
+    if plan.nested:
+        return replace(m, predicted_peak_bytes=plan.predicted_peak_bytes)
+    return m
+
+
 def _cut(built: BuiltModel, plan: Plan) -> tuple[Any, tuple[int, ...]]:
-    """What runs a plan: the op graph and its dropped vertices for a graph plan, else the chain and the
-    plan's checkpoints."""
+    """What runs a plan: the op graph and its dropped vertices for a graph plan, the chain run nested and the
+    plan's checkpoints for a nested plan, else the chain and the plan's checkpoints."""
     if plan.dropped_vertices is not None:
         if built.op_graph is None or built.op_graph.num_vertices != plan.num_vertices:
             raise ModelError(f"{plan.algorithm}: a graph plan of {plan.num_vertices} vertices, and this model's op "
                              f"graph has {getattr(built.op_graph, 'num_vertices', 'no')} vertices")
         return built.op_graph, plan.dropped_vertices
+    if plan.nested:
+        from remat.client.graph.stage_chain import NestedRun
+
+        return NestedRun(built.chain), plan.checkpoints
     return built.chain, plan.checkpoints
 
 
@@ -177,13 +196,12 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
     try:
         for k, plan in enumerate(plans):
             say(f"measuring {plan.algorithm}", start + (end - start) * k / steps)
-            # A graph plan's prediction is its own (``predicted``; None under the classic model).
-            graph = plan.dropped_vertices is not None
-            out[plan.label] = measure_step(built.model, built.example, cut_points[k],
-                                           trace=None if graph else trace, algorithm=plan.algorithm,
-                                           baseline=False, timing_repeats=0, **{**common, "chain": runners[k]})
-            if graph:
-                out[plan.label] = _as_graph_measurement(out[plan.label], plan)
+            # A graph plan's or a nested plan's prediction is its own (None under the classic model).
+            own = _priced_by_plan(plan)
+            out[plan.label] = _measured(measure_step(built.model, built.example, cut_points[k],
+                                                     trace=None if own else trace, algorithm=plan.algorithm,
+                                                     baseline=False, timing_repeats=0,
+                                                     **{**common, "chain": runners[k]}), plan)
         checks: list[tuple[bool, float]] | None = None
         if check_gradients:
             say("checking gradients", start + (end - start) * len(plans) / steps)
@@ -289,10 +307,9 @@ def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: Progre
     try:
         result = measure_step(built.model, built.example, cut_points, grads=request.grads,
                               device=request.device, chain=runner, train=request.mode == "train",
-                              trace=None if plan.is_graph_plan else trace, algorithm=algorithm,
+                              trace=None if _priced_by_plan(plan) else trace, algorithm=algorithm,
                               timing_repeats=TIMING_ROUNDS, precision=request.dtype)
-        if plan.is_graph_plan:
-            result = _as_graph_measurement(result, plan)
+        result = _measured(result, plan)
     except RuntimeError as exc:
         guard_memory(request, exc)
         raise

@@ -7,10 +7,12 @@ it: ``StageChain.run(..., nested=True)`` runs every stage of a checkpointed segm
 non-reentrant checkpoint, so the segment's re-run keeps only its stage outputs and each stage is re-run once
 more, alone, in its own backward.
 
-This module prices such a plan from the ``pytorch`` model's tables (:func:`nested_peak`) and finds the outer
-segments of least peak (:func:`nested_plan`, exact for that price). It is not a registered planner yet: no
-stored plan, ``apply`` or service path runs nested; benchmarks/nested_checkpoints.py measures it (ResNet-152,
-ResNet-50: predicted to 0.02%) and docs/benchmarks.md has the figures.
+This module prices such a plan from the ``pytorch`` model's tables (:func:`nested_peak`), finds the outer
+segments of least peak (:func:`nested_plan`, exact for that price) and estimates its time
+(:func:`nested_recompute_ms`). It is the registered planner ``nested`` (:func:`plan`): its plans carry
+``Plan.nested``, and every path that runs a plan (``apply``, the measured step, the gradient check, the timing
+rounds) runs them with ``StageChain.run(..., nested=True)``. benchmarks/nested_checkpoints.py measures it
+(ResNet-152, ResNet-50: predicted to 0.02%) and docs/benchmarks.md has the figures.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from remat.client.planning.cost_models import PytorchTables, segments_peak
+from remat.client.planning.recompute_time import NS_PER_MS, recompute_cost, stage_costs
 from remat.client.trace import Trace
 
 
@@ -89,3 +92,24 @@ def nested_plan(trace: Trace) -> tuple[int, ...]:
         plan.append(i)
         i = nxt[i]
     return tuple(plan)
+
+
+def plan(trace: Trace, *, cost_model: str = "pytorch") -> tuple[int, ...]:
+    """The registered planner: :func:`nested_plan` (it minimises its own price whatever ``cost_model`` asks)."""
+    return nested_plan(trace)
+
+
+def nested_recompute_ms(trace: Trace, checkpoints: Sequence[int]) -> float | None:
+    """Estimated time a nested plan adds to a step: what the same checkpoints cost run one level
+    (``recompute_time``: every stage before the last checkpoint re-run once, one ``checkpoint_ms`` per segment),
+    plus, in every checkpointed segment (a, b] of two or more stages, stages a+1..b-1 re-run a second time
+    alone, each under its own checkpoint. None when the trace has no forward times."""
+    if not trace.has_times:
+        return None
+    costs = stage_costs(trace)
+    bounds = (0, *sorted(checkpoints))
+    inner = [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a + 1]
+    again = sum(sum(costs[a:b - 1]) for a, b in inner)  # stages a+1..b-1 (0-indexed a..b-2)
+    extra_checkpoints = sum(b - a - 1 for a, b in inner)
+    return ((recompute_cost(trace, checkpoints) + again) / NS_PER_MS
+            + trace.checkpoint_ms * (len(checkpoints) + extra_checkpoints))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from remat.client.plan import BUDGET_ALGORITHM, COST_MODELS, Plan
+from remat.client.plan import BUDGET_ALGORITHM, COST_MODELS, NESTED_KEY, Plan
 from remat.client.planning.cost_models import peak
 from remat.client.planning.planners import PLANNERS, get_planner
 from remat.client.planning.recompute_time import recompute_ms
@@ -35,7 +35,8 @@ def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) ->
     """Run one planner and report its plan under ``cost_model`` (default: the planner's own).
 
     A planner that ``plans_graphs`` returns a graph plan when the trace has an op graph; such a plan is
-    reported under the ``classic`` model whatever is asked, the only one defined on graphs so far.
+    reported under the ``classic`` model whatever is asked, the only one defined on graphs so far. A nested
+    planner's plan is reported under ``pytorch`` (:func:`nested_plan`).
     """
     spec = get_planner(algorithm)
     model = cost_model or spec.native_cost_model
@@ -43,7 +44,22 @@ def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) ->
         raise ValueError(f"cost model {model!r} is unknown; choose one of {', '.join(COST_MODELS)}")
     if spec.plans_graphs and trace.graph is not None:
         return graph_plan(trace, algorithm)
+    if spec.nested:
+        return nested_plan(trace, algorithm)
     return _reported(trace, algorithm, spec.fn(trace, cost_model=model), model)
+
+
+def nested_plan(trace: Trace, algorithm: str) -> Plan:
+    """A nested planner's plan (``Plan.nested``), reported under the ``pytorch`` model whatever is asked (the
+    only one with a nested price, remat.client.planning.nested), against no checkpointing."""
+    from remat.client.planning.nested import nested_peak, nested_recompute_ms
+
+    checkpoints = get_planner(algorithm).fn(trace, cost_model=STORED_COST_MODEL)
+    return Plan(algorithm=algorithm, cost_model=STORED_COST_MODEL, checkpoints=tuple(checkpoints),
+                predicted_peak_bytes=nested_peak(trace, checkpoints),
+                baseline_peak_bytes=peak(trace, (), STORED_COST_MODEL), num_stages=trace.num_stages,
+                recompute_ms=nested_recompute_ms(trace, checkpoints), step_ms=step_ms(trace),
+                extra={NESTED_KEY: True})
 
 
 def graph_plan(trace: Trace, algorithm: str) -> Plan:

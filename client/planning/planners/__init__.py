@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from remat.client.planning import nested
 from remat.client.planning.planners import acg, baselines, cubic, linear
 from remat.client.planning.planners.acg import GraphPlanned
 from remat.client.trace import Trace
@@ -31,6 +32,8 @@ class PlannerSpec:
     summary: str
     graph_fn: GraphPlannerFn | None = None
     """Plans on ``trace.graph`` (a graph plan, ``Plan.dropped_vertices``) when the trace has one."""
+    nested: bool = False
+    """Its plans run nested (``Plan.nested``): priced by ``nested_peak``, run with ``nested=True``."""
 
     @property
     def plans_graphs(self) -> bool:
@@ -49,6 +52,8 @@ PLANNERS: dict[str, PlannerSpec] = {
                     "Chen et al.: greedy running-sum budget, swept"),
         PlannerSpec("cubic", cubic.plan, "classic", "exact minimiser of the classic model, O(n^3)"),
         PlannerSpec("linear", linear.plan, "pytorch", "exact minimiser of the pytorch model, O(n log^2 n)"),
+        PlannerSpec("nested", nested.plan, "pytorch", "linear's model with one more level: a checkpointed "
+                    "segment re-runs its stages one at a time in its own backward, exact, O(n^2)", nested=True),
         PlannerSpec("acg", acg.plan, "classic", "Feng & Huang: the classic model on the op graph (cuts inside "
                     "blocks), on the chain when the trace has no graph", graph_fn=acg.plan_trace_graph_dropped),
     )

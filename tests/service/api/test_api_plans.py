@@ -255,6 +255,6 @@ def test_no_frontier_is_a_404_naming_the_key(client: TestClient) -> None:
 def test_a_large_trace_gets_its_frontier_from_a_plan_job(client: TestClient) -> None:
     body = client.post("/v1/traces", json=trace_dict(num_stages=600), headers=AUTH).json()
     assert body["frontier"] == []
-    assert {d["algorithm"] for d in body["deferred"]} == {"cubic", "budget"}
+    assert {d["algorithm"] for d in body["deferred"]} == {"cubic", "nested", "budget"}
     job = next(d for d in body["deferred"] if d["algorithm"] == "budget")
-    assert client.get(f"/v1/jobs/{job['job_id']}").json()["request"]["algorithms"] == ["cubic", "budget"]
+    assert client.get(f"/v1/jobs/{job['job_id']}").json()["request"]["algorithms"] == ["cubic", "nested", "budget"]

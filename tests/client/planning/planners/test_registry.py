@@ -21,6 +21,14 @@ def test_reported_plan_is_valid_and_its_figures_are_the_models(algorithm: str, c
     n = trace.num_stages
     assert list(plan.checkpoints) == sorted(set(plan.checkpoints))
     assert all(1 <= c <= n - 1 for c in plan.checkpoints)
+    if get_planner(algorithm).nested:  # one price only: the pytorch model's, one level deeper
+        from remat.client.planning.nested import nested_peak
+
+        assert plan.nested and plan.cost_model == "pytorch" and plan.num_stages == n
+        assert plan.predicted_peak_bytes == nested_peak(trace, plan.checkpoints)
+        assert plan.baseline_peak_bytes == peak(trace, (), "pytorch")
+        return
+    assert not plan.nested
     assert plan.algorithm == algorithm and plan.cost_model == cost_model and plan.num_stages == n
     assert plan.predicted_peak_bytes == peak(trace, plan.checkpoints, cost_model)
     assert plan.baseline_peak_bytes == peak(trace, (), cost_model)
@@ -29,11 +37,14 @@ def test_reported_plan_is_valid_and_its_figures_are_the_models(algorithm: str, c
 @settings(max_examples=60, deadline=None)
 @given(trace=traces(min_n=1, max_n=40, full=True))
 def test_each_exact_planner_is_best_on_its_own_objective(trace) -> None:
-    """On any trace, no other planner beats cubic under classic or linear under pytorch."""
+    """On any trace, no other one-level planner beats cubic under classic or linear under pytorch, and nested
+    (one level deeper) beats neither under pytorch."""
     for exact, model in (("cubic", "classic"), ("linear", "pytorch")):
         plans = plan_all(trace, cost_model=model)
-        best = min(p.predicted_peak_bytes for p in plans)
+        best = min(p.predicted_peak_bytes for p in plans if not p.nested)
         assert next(p for p in plans if p.algorithm == exact).predicted_peak_bytes == best
+    plans = plan_all(trace, cost_model="pytorch")
+    assert next(p for p in plans if p.nested).predicted_peak_bytes <= min(p.predicted_peak_bytes for p in plans)
 
 
 def test_unknown_planner_lists_the_valid_names() -> None:
