@@ -55,15 +55,20 @@ def _plans(graph, count: int = 2) -> dict[str, list[int]]:
     return plans
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_predicted_peaks_match_measured(name: str) -> None:
+def _profiled(name: str) -> tuple:
+    """One of MODELS on one thread: the model, its input, its op graph and one profiled step."""
     torch.set_num_threads(1)
     make, shape = MODELS[name]
     torch.manual_seed(0)
     model = make().train()
     x = torch.randn(*shape)
     graph = build_op_graph(model, x)
-    profile = profile_graph(model, x, graph, grads="kept")
+    return model, x, graph, profile_graph(model, x, graph, grads="kept")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_predicted_peaks_match_measured(name: str) -> None:
+    model, x, graph, profile = _profiled(name)
     assert GraphProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile  # torch-free, storable
     for label, dropped in _plans(graph).items():
         predicted = predict_graph_peak(profile, executor_units(graph, dropped))
@@ -192,13 +197,7 @@ def test_forced_memory_is_below_every_plan_predicted_and_measured(name: str) -> 
     search's) nor measured (the step itself, an oracle the bound never saw)."""
     from remat.client.planning.graph_predict import forced_peak
 
-    torch.set_num_threads(1)
-    make, shape = MODELS[name]
-    torch.manual_seed(0)
-    model = make().train()
-    x = torch.randn(*shape)
-    graph = build_op_graph(model, x)
-    profile = profile_graph(model, x, graph, grads="kept")
+    model, x, graph, profile = _profiled(name)
     bound = forced_peak(profile)
     assert 0 < bound.peak < profile.measured_peak_bytes and bound.where != "nothing"
     units_of = functools.partial(executor_units, graph)
