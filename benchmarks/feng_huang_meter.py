@@ -6,9 +6,10 @@ after it, for an input that requires grad, a ``sum()`` loss, after a warm-up ste
 activation peak above everything alive at the step's start (NOTE [ measured peak ] in remat.worker.measure),
 with its own seeded loss and an input that needs no gradient. The two differ by what the step leaves behind
 (the input's gradient, gradients born in the step) and by the loss; this prints both for ``none``, the best
-chain plan (``linear``) and the searched graph plan (``acg``), each run by remat's executor, on the CPU's
-live-storage meter (remat.worker.memory_meter: the bytes of tensor storages, like ``memory_allocated``
-without the CUDA allocator's rounding).
+chain plan (``linear``), the best nested one (``nested``: one more level of re-runs) and the searched graph
+plan (``acg``, with the lower bound no plan goes below), each run by remat's executor, on the CPU's live-storage
+meter (remat.worker.memory_meter: the bytes of tensor storages, like ``memory_allocated`` without the CUDA
+allocator's rounding).
 
     uv run python benchmarks/feng_huang_meter.py --models densenet121 --batch-size 32 --image-size 224
 
@@ -30,7 +31,7 @@ from remat.worker import pipeline
 from remat.worker.memory_meter import MemoryMeter
 
 MIB = 2**20
-ALGORITHMS = ("none", "linear", "acg")
+ALGORITHMS = ("none", "linear", "nested", "acg")
 
 
 def their_quantity(step: Any) -> tuple[int, int, int]:
@@ -59,9 +60,12 @@ def run(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     built = build(request)
     started = time.perf_counter()
     trace = pipeline.profile(built)
+    profiled = time.perf_counter()
     by_name = {p.algorithm: p for p in pipeline.plans_for(built, trace, algorithms=ALGORITHMS)}
     plans = [by_name[a] for a in ALGORITHMS]  # the frontier's budget plans left out
     plan_s = time.perf_counter() - started
+    print(f"{spec}: profile {profiled - started:.0f} s, plans {plan_s - (profiled - started):.1f} s (the graph "
+          f"search and its bound included)", file=sys.stderr)
     ours = pipeline.validate(built, trace, plans, timing_rounds=1, check_gradients=False)
     rows = []
     x = built.example.detach().clone().requires_grad_(True)

@@ -147,9 +147,12 @@ def format_checkpoints(checkpoints: Sequence[int], limit: int = 12) -> str:
 
 
 def format_kept(plan: Plan) -> str:
-    """The checkpoints column: a chain plan's boundaries, or what a graph plan recomputes."""
+    """The checkpoints column: a chain plan's boundaries (said to run nested for a nested plan), or what a graph
+    plan recomputes."""
     if plan.dropped_vertices is not None:
         return f"graph: recomputes {len(plan.dropped_vertices)} of {plan.num_vertices} vertices"
+    if plan.nested:
+        return f"nested: {format_checkpoints(plan.checkpoints)}"
     return format_checkpoints(plan.checkpoints)
 
 

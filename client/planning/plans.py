@@ -51,10 +51,13 @@ def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) ->
 
 def nested_plan(trace: Trace, algorithm: str) -> Plan:
     """A nested planner's plan (``Plan.nested``), reported under the ``pytorch`` model whatever is asked (the
-    only one with a nested price, remat.client.planning.nested), against no checkpointing."""
-    from remat.client.planning.nested import nested_peak, nested_recompute_ms
+    only one with a nested price, remat.client.planning.nested), against no checkpointing; where nesting
+    lowers nothing, ``linear``'s one-level plan under the planner's name (``best_plan``)."""
+    from remat.client.planning.nested import best_plan, nested_peak, nested_recompute_ms
 
-    checkpoints = get_planner(algorithm).fn(trace, cost_model=STORED_COST_MODEL)
+    checkpoints, nested = best_plan(trace)
+    if not nested:  # nesting lowers nothing here: linear's plan, one level (best_plan)
+        return _reported(trace, algorithm, checkpoints, STORED_COST_MODEL)
     return Plan(algorithm=algorithm, cost_model=STORED_COST_MODEL, checkpoints=tuple(checkpoints),
                 predicted_peak_bytes=nested_peak(trace, checkpoints),
                 baseline_peak_bytes=peak(trace, (), STORED_COST_MODEL), num_stages=trace.num_stages,
