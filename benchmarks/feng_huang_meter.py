@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from remat.client.graph.built_model import build
+from remat.client.plan import LOWER_BOUND_AT_KEY
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
 from remat.worker.memory_meter import MemoryMeter
@@ -77,8 +78,8 @@ def run(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         x.grad = None
         if plan.lower_bound_bytes is not None:
             print(f"{spec}: no plan peaks below {plan.lower_bound_bytes / MIB:.1f} MiB in remat's measure "
-                  f"({plan.extra.get('lower_bound_at')}): the best plan possible is at most {plan.optimality_gap:.1%} "
-                  f"below {plan.algorithm}'s",
+                  f"({plan.extra.get(LOWER_BOUND_AT_KEY)}): the best plan possible is at most "
+                  f"{plan.optimality_gap:.1%} below {plan.algorithm}'s",
                   file=sys.stderr)
         rows.append({"model": spec, "plan": plan.algorithm, "graph": plan.is_graph_plan,
                      "predicted": plan.predicted_peak_bytes, "ours": ours[plan.label].measured_peak_bytes,

@@ -19,6 +19,7 @@ from remat.client.derived_trace import describe_derivation
 from remat.client.devices import DEVICES
 from remat.client.errors import RematError
 from remat.client.hf_models import DEFAULT_CPU_SEQ_LEN, DEFAULT_CUDA_SEQ_LEN, MAX_SEQ_LEN
+from remat.client.plan import LOWER_BOUND_AT_KEY
 from remat.client.precision import PRECISIONS
 from remat.client.request import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
 
@@ -198,7 +199,7 @@ def print_model_table(report: Any, source: str | None = None) -> None:
     if bounded:
         best = min(bounded, key=lambda p: p.predicted_peak_bytes)
         click.echo(f"No plan of this step can peak below {format_bytes(best.lower_bound_bytes)}, what the step "
-                   f"itself needs ({best.extra.get('lower_bound_at', 'one event')}): none can peak more than "
+                   f"itself needs ({best.extra.get(LOWER_BOUND_AT_KEY, 'one event')}): none can peak more than "
                    f"{best.optimality_gap:.0%} below {best.algorithm}'s.")
     if report.frontier:
         low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes

@@ -10,7 +10,7 @@ Where each part lives::
     planners/        one module per algorithm; PLANNERS, the registry, and DEFAULT_PLANNER
     cost_models.py   the classic and the PyTorch-faithful peak of a plan (PytorchTables)
     recompute_time.py the one estimate of what a plan's recomputation costs in time
-    nested.py        nested re-runs: their price and the outer segments of least price (unregistered)
+    nested.py        the nested planner: one more level of re-runs, its price, plan and time estimate
     plans.py         planner output -> the reported Plan; the Pareto frontier as budget plans
     graph_predict.py a recorded step on the op graph replayed for any dropped set (graph plans' peaks)
 """

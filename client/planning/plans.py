@@ -36,7 +36,7 @@ def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) ->
 
     A planner that ``plans_graphs`` returns a graph plan when the trace has an op graph; such a plan is
     reported under the ``classic`` model whatever is asked, the only one defined on graphs so far. A nested
-    planner's plan is reported under ``pytorch`` (:func:`nested_plan`).
+    planner's plan is reported under ``pytorch`` (:func:`_nested_reported`).
     """
     spec = get_planner(algorithm)
     model = cost_model or spec.native_cost_model
@@ -45,21 +45,21 @@ def make_plan(trace: Trace, algorithm: str, *, cost_model: str | None = None) ->
     if spec.plans_graphs and trace.graph is not None:
         return graph_plan(trace, algorithm)
     if spec.nested:
-        return nested_plan(trace, algorithm)
+        return _nested_reported(trace, algorithm)
     return _reported(trace, algorithm, spec.fn(trace, cost_model=model), model)
 
 
-def nested_plan(trace: Trace, algorithm: str) -> Plan:
+def _nested_reported(trace: Trace, algorithm: str) -> Plan:
     """A nested planner's plan (``Plan.nested``), reported under the ``pytorch`` model whatever is asked (the
     only one with a nested price, remat.client.planning.nested), against no checkpointing; where nesting
-    lowers nothing, ``linear``'s one-level plan under the planner's name (``best_plan``)."""
-    from remat.client.planning.nested import best_plan, nested_peak, nested_recompute_ms
+    lowers nothing, ``linear``'s one-level plan under the planner's name (``nested_or_one_level``)."""
+    from remat.client.planning.nested import nested_or_one_level, nested_recompute_ms
 
-    checkpoints, nested = best_plan(trace)
-    if not nested:  # nesting lowers nothing here: linear's plan, one level (best_plan)
+    checkpoints, nested, predicted = nested_or_one_level(trace)
+    if not nested:  # nesting lowers nothing here: linear's plan, one level (nested_or_one_level)
         return _reported(trace, algorithm, checkpoints, STORED_COST_MODEL)
     return Plan(algorithm=algorithm, cost_model=STORED_COST_MODEL, checkpoints=tuple(checkpoints),
-                predicted_peak_bytes=nested_peak(trace, checkpoints),
+                predicted_peak_bytes=predicted,
                 baseline_peak_bytes=peak(trace, (), STORED_COST_MODEL), num_stages=trace.num_stages,
                 recompute_ms=nested_recompute_ms(trace, checkpoints), step_ms=step_ms(trace),
                 extra={NESTED_KEY: True})
