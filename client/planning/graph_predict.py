@@ -45,9 +45,9 @@ from typing import Any, NotRequired, TypedDict
 
 from remat.client.errors import PlanError
 
-__all__ = ["LOSS", "AutogradRecord", "GradientRecord", "GraphProfile", "NodeRecord", "PackRecord", "Prediction",
-           "SearchResult", "call_groups", "forced_peak", "group_cuts", "predict_graph_peak", "saved_weights",
-           "search_plan"]
+__all__ = ["LOSS", "AutogradRecord", "BackwardNeed", "GradientRecord", "GraphProfile", "NodeRecord", "PackRecord",
+           "Prediction", "SearchResult", "autograd_ancestors", "autograd_senders", "backward_needs", "call_groups",
+           "forced_peak", "group_cuts", "predict_graph_peak", "saved_weights", "search_plan"]
 
 LOSS = "<loss>"
 """The pseudo fx node of the loss: it reads the model's outputs and runs after every node."""
@@ -734,13 +734,34 @@ def forced_peak(profile: GraphProfile) -> Prediction:
         need = sum(sizes[sid] for sid in inputs) + rec["peak"]
         if need > best.peak:
             best = Prediction(peak=need, where=f"forward of {rec['name']}")
+    for need in backward_needs(profile):
+        if need.bytes > best.peak:
+            best = Prediction(peak=need.bytes, where=need.where)
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardNeed:
+    """What one autograd node's backward holds whatever the plan (NOTE [forced memory])."""
+
+    index: int
+    """The autograd node."""
+    bytes: int
+    """Its saved tensors, input gradients, apply transient and the parameter gradients already sent."""
+    sids: frozenset[int]
+    """The profile storages among them (saved tensors, parameter gradients, received gradients that have a
+    sid): a bound adding other storages alive at this event must not count these twice."""
+    where: str
+
+
+def backward_needs(profile: GraphProfile) -> list[BackwardNeed]:
+    """Per autograd node with a recorded apply (``AccumulateGrad`` left out), its :class:`BackwardNeed`:
+    :func:`forced_peak`'s backward events, and the floor of every event of the relaxed step
+    (remat.client.planning.relaxed_step)."""
+    sizes = profile.storage_bytes
     autograd = profile.autograd
-    senders: list[list[int]] = [[] for _ in autograd]
-    for a in autograd:
-        for t, _ in a.get("next", ()):
-            if t >= 0:
-                senders[t].append(a["index"])
-    ancestors = _ancestors(autograd, senders)
+    senders = autograd_senders(autograd)
+    ancestors = autograd_ancestors(autograd, senders)
     saved: dict[int, set[int]] = {}
     for pk in profile.packs:
         if pk["consumer"] is not None and pk["sid"] is not None:
@@ -751,6 +772,7 @@ def forced_peak(profile: GraphProfile) -> Prediction:
         sid = (a.get("incoming_sids") or [None])[0]
         if a["type"] == "AccumulateGrad" and sid in kept_grads:
             param_grads += [(s, sid) for s in senders[a["index"]]]
+    out = []
     for a in autograd:
         if a["type"] == "AccumulateGrad" or "extra" not in a:
             continue
@@ -761,14 +783,25 @@ def forced_peak(profile: GraphProfile) -> Prediction:
             key = ("slot", k) if sid is None else sid
             incoming[key] = max(incoming.get(key, 0), nbytes)
         params = {sid for s, sid in param_grads if ancestors[i] >> s & 1}
-        need = (sum(sizes[sid] for sid in saved.get(i, ())) + sum(incoming.values()) + a["extra"]
+        own = saved.get(i, set())
+        need = (sum(sizes[sid] for sid in own) + sum(incoming.values()) + a["extra"]
                 + sum(sizes[sid] for sid in params))
-        if need > best.peak:
-            best = Prediction(peak=need, where=f"backward of {a['type']} #{i} ({a['fx']})")
-    return best
+        sids = frozenset(own | params | {k for k in incoming if isinstance(k, int)})
+        out.append(BackwardNeed(index=i, bytes=need, sids=sids, where=f"backward of {a['type']} #{i} ({a['fx']})"))
+    return out
 
 
-def _ancestors(autograd: Sequence[AutogradRecord], senders: Sequence[Sequence[int]]) -> list[int]:
+def autograd_senders(autograd: Sequence[AutogradRecord]) -> list[list[int]]:
+    """Per autograd node, the nodes that send it a gradient."""
+    senders: list[list[int]] = [[] for _ in autograd]
+    for a in autograd:
+        for t, _ in a.get("next", ()):
+            if t >= 0:
+                senders[t].append(a["index"])
+    return senders
+
+
+def autograd_ancestors(autograd: Sequence[AutogradRecord], senders: Sequence[Sequence[int]]) -> list[int]:
     """Per autograd node, the nodes that must run before it (those whose gradients reach it), as a bitset."""
     waiting = [len(s) for s in senders]
     ready = [i for i, w in enumerate(waiting) if w == 0]
