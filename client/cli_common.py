@@ -19,7 +19,7 @@ from remat.client.derived_trace import describe_derivation
 from remat.client.devices import DEVICES
 from remat.client.errors import RematError
 from remat.client.hf_models import DEFAULT_CPU_SEQ_LEN, DEFAULT_CUDA_SEQ_LEN, MAX_SEQ_LEN
-from remat.client.plan import LOWER_BOUND_AT_KEY
+from remat.client.plan import CERTIFIED_BY_KEY, LOWER_BOUND_AT_KEY
 from remat.client.precision import PRECISIONS
 from remat.client.request import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFAULT_CUDA_BATCH
 
@@ -201,6 +201,10 @@ def print_model_table(report: Any, source: str | None = None) -> None:
         click.echo(f"No plan of this step can peak below {format_bytes(best.lower_bound_bytes)}, what the step "
                    f"itself needs ({best.extra.get(LOWER_BOUND_AT_KEY, 'one event')}): none can peak more than "
                    f"{best.optimality_gap:.0%} below {best.algorithm}'s.")
+        if best.certified_bound_bytes is not None:
+            click.echo(f"No one-level graph plan can peak below {format_bytes(best.certified_bound_bytes)} "
+                       f"({best.extra.get(CERTIFIED_BY_KEY)}): none is more than {best.certified_gap:.0%} below "
+                       f"{best.algorithm}'s.")
     if report.frontier:
         low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes
         measured = sum(1 for r in report.frontier if r.measured_peak_bytes is not None)

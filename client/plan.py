@@ -21,6 +21,12 @@ LOWER_BOUND_KEY = "lower_bound_bytes"
 """The plan field (kept in ``Plan.extra``, so stored and served as it is) of a peak no plan can go below."""
 LOWER_BOUND_AT_KEY = "lower_bound_at"
 """Beside it: the event of the step where that memory is forced."""
+CERTIFIED_BOUND_KEY = "certified_bound_bytes"
+"""The plan field (in ``Plan.extra``) of a peak no one-level graph plan of the step can go below, certified by
+the relaxed step's MILP (NOTE [relaxed step] in remat.client.planning.relaxed_step); only where a worker spent
+time on it (``REMAT_CERTIFY_S``)."""
+CERTIFIED_BY_KEY = "certified_by"
+"""Beside it: how it was certified (the solver, its time, whether it finished)."""
 BUDGET_ALGORITHM = "budget"
 """The algorithm of plans chosen for a byte budget: points of a trace's Pareto frontier of (peak, recompute
 time), each stored under its own peak (``budget_bytes``). Not a registered planner: it needs a budget."""
@@ -131,6 +137,22 @@ class Plan:
         """How far above the lower bound the plan's predicted peak may be from the best plan's, as a fraction
         of the plan's peak (0.0: proven optimal); None without a bound."""
         bound = self.lower_bound_bytes
+        if bound is None or self.predicted_peak_bytes <= 0:
+            return None
+        return max(0.0, 1.0 - bound / self.predicted_peak_bytes)
+
+    @property
+    def certified_bound_bytes(self) -> int | None:
+        """A peak no one-level graph plan of the same step goes below (``extra["certified_bound_bytes"]``), None
+        when not certified. Nested plans, which re-run twice, are bounded by ``lower_bound_bytes`` alone."""
+        value = self.extra.get(CERTIFIED_BOUND_KEY) if isinstance(self.extra, Mapping) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+    @property
+    def certified_gap(self) -> float | None:
+        """How far below this plan's predicted peak the best one-level graph plan may be, as a fraction of it
+        (0.0: this plan is proven the best of them); None without a certified bound."""
+        bound = self.certified_bound_bytes
         if bound is None or self.predicted_peak_bytes <= 0:
             return None
         return max(0.0, 1.0 - bound / self.predicted_peak_bytes)

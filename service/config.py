@@ -93,6 +93,10 @@ class ServiceSettings(BaseSettings):
     """A job the API could not hand to the broker (it was down) is sent again by a worker's reaper after this."""
     requeue_after_s: float = Field(default=900.0, ge=1.0)
     """A job queued this long without a worker taking it is sent again (a broker restart loses messages)."""
+    certify_s: float = Field(default=0.0, ge=0.0, le=600.0)
+    """Seconds a worker's MILP spends certifying each graph plan's bound over every one-level graph plan
+    (remat.client.planning.relaxed_step); 0, the default, keeps to the forced-memory bound. The slow path
+    for zoo models: the bound is stored with the plan and served from the cache."""
     task_time_limit_s: int = Field(default=3600, ge=10)
     """Hard limit of one profiling job; the soft limit (a clean failure) is 30 s earlier."""
     plan_time_limit_s: int = Field(default=600, ge=10)

@@ -129,6 +129,10 @@ class PlanOut(BaseModel):
     """A graph plan's lower bound: no plan of the step peaks below it (``Plan.lower_bound_bytes``)."""
     lower_bound_at: str | None = None
     """The event of the step where that memory is forced."""
+    certified_bound_bytes: int | None = None
+    """A graph plan's certified bound: no one-level graph plan peaks below it (``Plan.certified_bound_bytes``)."""
+    certified_by: str | None = None
+    """How that bound was certified."""
 
 
 def _measurement_out() -> type[BaseModel]:

@@ -94,19 +94,23 @@ The time per plan and per search is in docs/benchmarks.md ("Graph plans predicte
 chain plans"): small beside the profile and validation of the same run."""
 
 
-def graph_planned(built: BuiltModel, trace: Trace, plan: Plan) -> Plan:
+def graph_planned(built: BuiltModel, trace: Trace, plan: Plan, *, certify_s: float = 0.0) -> Plan:
     """A graph plan under the ``pytorch`` model when the profile has a graph profile: the dropped set of least
     predicted peak among acg's plans, every chain plan of the trace (the chain planners' and the frontier's,
     as dropped sets on the op graph) and a local search from the best (``search_plan``), with the graph
     predictor's peaks, and the step's forced memory as its lower bound (NOTE [forced memory]: no plan of
     this step peaks below it; ``Plan.optimality_gap``). The plan is a function of the trace and the graph
     profile alone, so ``plan`` and ``measure`` agree. Any other plan, or a graph plan without a graph profile
-    (CUDA, autocast), as it is."""
+    (CUDA, autocast), as it is.
+
+    With ``certify_s`` > 0 (the slow path), a MILP spends up to that long on the relaxed step (NOTE [relaxed
+    step]): its dual bound is stored as the plan's certified bound over one-level graph plans. Its own plan
+    is not a seed: the plan stays a function of the trace and the graph profile, whoever certified it."""
     if plan.dropped_vertices is None or built.graph_profile is None:
         return plan
     import functools
 
-    from remat.client.plan import LOWER_BOUND_AT_KEY, LOWER_BOUND_KEY
+    from remat.client.plan import CERTIFIED_BOUND_KEY, CERTIFIED_BY_KEY, LOWER_BOUND_AT_KEY, LOWER_BOUND_KEY
     from remat.client.planning.graph_predict import forced_peak, predict_graph_peak, search_plan
     from remat.client.planning.planners import PLANNERS
     from remat.client.planning.plans import plans_to_store
@@ -117,22 +121,30 @@ def graph_planned(built: BuiltModel, trace: Trace, plan: Plan) -> Plan:
     chain_planners = [name for name, spec in PLANNERS.items() if not spec.plans_graphs]
     seeds = [(f"chain plan {p.label}", graph.dropped_for_chain_plan(chain.stage_nodes, chain.boundaries, p.checkpoints))
              for p in plans_to_store(trace, algorithms=chain_planners) if p.checkpoints]
+    bound = forced_peak(built.graph_profile)
+    extra = {**plan.extra, LOWER_BOUND_KEY: bound.peak, LOWER_BOUND_AT_KEY: bound.where}
+    if certify_s > 0:
+        from remat.client.planning.relaxed_step import Relaxation, certified_bound
+
+        cert = certified_bound(Relaxation.of(built.graph_profile, graph.vertex_nodes, graph.edges), floor=bound.peak,
+                               seconds=certify_s)
+        how = "solved" if cert.optimal else f"dual bound after {cert.seconds:.0f} s"
+        extra |= {CERTIFIED_BOUND_KEY: cert.bound, CERTIFIED_BY_KEY: f"relaxed step, HiGHS MILP, {how}"}
     found = search_plan(built.graph_profile, graph.weights, graph.edges, functools.partial(executor_units, graph),
                         vertex_nodes=graph.vertex_nodes, seeds=seeds, max_evaluations=SEARCH_EVALUATIONS)
-    bound = forced_peak(built.graph_profile)
     return replace(plan, cost_model="pytorch", dropped_vertices=tuple(found.dropped),
                    predicted_peak_bytes=found.prediction.peak,
                    baseline_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, ())).peak,
-                   extra={**plan.extra, LOWER_BOUND_KEY: bound.peak, LOWER_BOUND_AT_KEY: bound.where})
+                   extra=extra)
 
 
 def plans_for(built: BuiltModel, trace: Trace, *, algorithms: Sequence[str] | None = None,
-              frontier: bool | None = None) -> tuple[Plan, ...]:
+              frontier: bool | None = None, certify_s: float = 0.0) -> tuple[Plan, ...]:
     """Every planner's plan for a profiled model (``planning.plans_to_store``), graph plans searched under the
     predictor where the profile allows (:func:`graph_planned`): what ``run`` and the one-call path store."""
     from remat.client.planning.plans import plans_to_store
 
-    return tuple(graph_planned(built, trace, p)
+    return tuple(graph_planned(built, trace, p, certify_s=certify_s)
                  for p in plans_to_store(trace, algorithms=algorithms, frontier=frontier))
 
 
@@ -226,7 +238,8 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
 
 
 def run_built(built: BuiltModel, *, progress: ProgressFn | None = None, timing_rounds: int = TIMING_ROUNDS,
-              check_gradients: bool = True, algorithms: Sequence[str] | None = None) -> ProfileResult:
+              check_gradients: bool = True, algorithms: Sequence[str] | None = None,
+              certify_s: float = 0.0) -> ProfileResult:
     """Profile a built model, plan it with every algorithm (or ``algorithms``) and validate each plan.
 
     The caller built it (``remat.client.graph.build``) and looked its key up first: a key with a complete
@@ -239,7 +252,7 @@ def run_built(built: BuiltModel, *, progress: ProgressFn | None = None, timing_r
     trace = profile(built)
     say("planning", 0.4)
     plans = plans_for(built, trace, algorithms=list(algorithms) if algorithms else None,
-                      frontier=trace.num_stages <= FRONTIER_MAX_STAGES)
+                      frontier=trace.num_stages <= FRONTIER_MAX_STAGES, certify_s=certify_s)
     measured = [p for p in plans if not p.budget_bytes] + frontier_to_validate(plans)
     measurements = validate(built, trace, measured, progress=say, start=0.42, end=0.98, timing_rounds=timing_rounds,
                             check_gradients=check_gradients)

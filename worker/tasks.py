@@ -284,7 +284,7 @@ def profile_model(task: Task, job_id: str) -> str:
                 if derived is not None:
                     result = pipeline.run_derived(built, derived, progress=beat.progress)
                 else:
-                    result = pipeline.run_built(built, progress=beat.progress)
+                    result = pipeline.run_built(built, progress=beat.progress, certify_s=settings.certify_s)
         except LeaseLost:
             return "lease lost"
         except DatabaseUnreachable:

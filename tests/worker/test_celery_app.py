@@ -1,8 +1,10 @@
-"""The worker app's delivery settings, and one task per child process on CUDA queues."""
+"""The worker app's delivery settings, one task per child process on CUDA queues, and its bounded settings."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+
+import pytest
 
 from remat.service.celery_client import PLAN_TASK, PROFILE_TASK
 from remat.service.config import ServiceSettings
@@ -30,3 +32,12 @@ def test_cuda_queues_get_one_task_per_child() -> None:
         conf = SimpleNamespace(worker_max_tasks_per_child=None)
         _one_task_per_child_on_gpu(instance=SimpleNamespace(app=app), conf=conf, options={"queues": queues})
         assert conf.worker_max_tasks_per_child == expected, queues
+
+
+@pytest.mark.parametrize("seconds", [-1.0, 601.0])
+def test_the_certification_time_is_bounded(seconds: float) -> None:
+    """REMAT_CERTIFY_S bounds the MILP a worker runs per graph plan: never negative, never past ten minutes."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="certify_s"):
+        ServiceSettings(certify_s=seconds)

@@ -119,3 +119,23 @@ def test_the_searched_graph_plan_measures_no_higher_than_the_best_chain_plan() -
     assert 0 < acg.lower_bound_bytes <= min(m.measured_peak_bytes for m in measured.values())
     assert 0 <= acg.optimality_gap < 1
     assert Plan.from_dict(acg.to_dict()).lower_bound_bytes == acg.lower_bound_bytes
+
+
+def test_a_certified_plan_is_the_same_plan_with_a_bound_between_forced_memory_and_its_peak() -> None:
+    """The slow path (``certify_s``, a worker's REMAT_CERTIFY_S): the plan is what the fast path plans, and
+    it carries a bound over one-level graph plans, never below forced memory nor above the plan, stored."""
+    from remat.client.graph.built_model import build
+    from remat.client.request import ModelRequest
+    from remat.worker import pipeline
+
+    built = build(ModelRequest(spec="resnet18", batch_size=2, sample_shape=(3, 32, 32), grads="kept"))
+    trace = pipeline.profile(built)
+    fast = next(p for p in pipeline.plans_for(built, trace, algorithms=["acg"]) if p.algorithm == "acg")
+    slow = next(p for p in pipeline.plans_for(built, trace, algorithms=["acg"], certify_s=20)
+                if p.algorithm == "acg")
+    assert fast.certified_bound_bytes is None and fast.certified_gap is None
+    assert slow.dropped_vertices == fast.dropped_vertices
+    assert slow.lower_bound_bytes <= slow.certified_bound_bytes <= slow.predicted_peak_bytes
+    assert 0 <= slow.certified_gap <= slow.optimality_gap
+    assert slow.extra["certified_by"].startswith("relaxed step, HiGHS MILP")
+    assert Plan.from_dict(slow.to_dict()).certified_bound_bytes == slow.certified_bound_bytes
