@@ -55,18 +55,26 @@ def their_figure(runner: Any, cuts: tuple[int, ...], x: torch.Tensor) -> tuple[i
     return their_quantity(lambda: runner.run(x, cuts).sum().backward())
 
 
-def run(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+def profiled_plans(spec: str, args: argparse.Namespace, algorithms: tuple[str, ...]) -> tuple[Any, Any, dict, float,
+                                                                                          float]:
+    """A model of the benchmark's size, profiled (gradients kept) and planned by ``algorithms`` through the
+    worker's pipeline: (built model, trace, plans by algorithm, profile seconds, planning seconds)."""
     request = ModelRequest(spec=spec, batch_size=args.batch_size, sample_shape=(3, args.image_size, args.image_size),
                            grads="kept")
     built = build(request)
     started = time.perf_counter()
     trace = pipeline.profile(built)
     profiled = time.perf_counter()
-    by_name = {p.algorithm: p for p in pipeline.plans_for(built, trace, algorithms=ALGORITHMS)}
+    by_name = {p.algorithm: p for p in pipeline.plans_for(built, trace, algorithms=algorithms)}
+    return built, trace, by_name, profiled - started, time.perf_counter() - profiled
+
+
+def run(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    built, trace, by_name, profile_s, planning_s = profiled_plans(spec, args, ALGORITHMS)
     plans = [by_name[a] for a in ALGORITHMS]  # the frontier's budget plans left out
-    plan_s = time.perf_counter() - started
-    print(f"{spec}: profile {profiled - started:.0f} s, plans {plan_s - (profiled - started):.1f} s (the graph "
-          f"search and its bound included)", file=sys.stderr)
+    plan_s = profile_s + planning_s
+    print(f"{spec}: profile {profile_s:.0f} s, plans {planning_s:.1f} s (the graph search and its bound included)",
+          file=sys.stderr)
     ours = pipeline.validate(built, trace, plans, timing_rounds=1, check_gradients=False)
     rows = []
     x = built.example.detach().clone().requires_grad_(True)
@@ -87,14 +95,24 @@ def run(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def size_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a benchmark at Feng & Huang's sizes (DenseNet-121 at batch 32, 224², by default)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--models", default="densenet121")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
-    args = parser.parse_args()
-    print(f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, batch {args.batch_size}, "
-          f"{args.image_size}², float32", file=sys.stderr)
+    return parser
+
+
+def describe_run(args: argparse.Namespace) -> str:
+    """The machine and size line printed above a table."""
+    return (f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, batch {args.batch_size}, "
+            f"{args.image_size}², float32")
+
+
+def main() -> None:
+    args = size_arguments(__doc__.splitlines()[0]).parse_args()
+    print(describe_run(args), file=sys.stderr)
     print("| model | plan | remat's measure (predicted) | cut | Feng & Huang's measure | cut | step peak above start "
           "/ left after it |")
     print("|---|---|---:|---:|---:|---:|---:|")
