@@ -480,13 +480,16 @@ class _Milp:
 
 
 def _upstream(pred: Sequence[Sequence[int]], t: int, depth: int) -> list[int]:
-    """``t`` and the vertices at most ``depth`` edges upstream of it, in topological (index) order."""
+    """``t`` and the vertices at most ``depth`` edges upstream of it, in topological (index) order (breadth
+    first: each vertex once, at its least distance, however many paths a dense block has)."""
     found = {t: 0}
-    stack = [t]
-    while stack:
-        v = stack.pop()
-        for u in pred[v]:
-            if found[v] < depth and (u not in found or found[u] > found[v] + 1):
-                found[u] = found[v] + 1
-                stack.append(u)
+    frontier = [t]
+    for distance in range(1, depth + 1):
+        nearer = []
+        for v in frontier:
+            for u in pred[v]:
+                if u not in found:
+                    found[u] = distance
+                    nearer.append(u)
+        frontier = nearer
     return sorted(found)
