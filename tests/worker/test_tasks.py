@@ -116,7 +116,7 @@ def _profiled(request: ModelRequest, runs: list[str]) -> Callable[..., Any]:
     from remat.client.report import ProfileResult
     from tests.service.factories import fixed_plans, make_trace
 
-    def run_built(built: Any, progress: Callable[[str, float], None]) -> ProfileResult:
+    def run_built(built: Any, progress: Callable[[str, float], None], certify_s: float = 0.0) -> ProfileResult:
         runs.append(request.name)
         trace = make_trace()
         return ProfileResult(request=request, key=built.key, trace=trace, plans=tuple(fixed_plans(trace)))
