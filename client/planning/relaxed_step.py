@@ -438,14 +438,14 @@ class _Milp:
             terms.append((c, -self.relax.sizes[sid] / MIB))
         return terms
 
-    def paths(self, own: Sequence[int] | dict[int, int], handed: dict[tuple[int, int], int], vertices: Sequence[int],
+    def paths(self, own: dict[int, int], handed: dict[tuple[int, int], int], vertices: Sequence[int],
               tag: Any) -> None:
         """r_v ≥ own_v (v dropped) and r_v ≥ r_u + own_v + handed_uv (u and v dropped) over ``vertices``
         (topological), each r_v at most the most its path can hold."""
         pred, inside = self.relax.pred, set(vertices)
         most: dict[int, float] = {}
         for v in vertices:
-            mine = own[v] / MIB if isinstance(own, Sequence) else own.get(v, 0) / MIB
+            mine = own.get(v, 0) / MIB
             most[v] = mine + max((most[u] + handed.get((u, v), 0) / MIB for u in pred[v] if u in inside),
                                  default=0.0)
             r = self.col(("r", tag, v), 0.0, most[v])
@@ -465,7 +465,7 @@ class _Milp:
         self.row(floor / MIB, [(self.peak, 1.0)])
         for e in relax.events:
             self.row(e.floor / MIB, [(self.peak, 1.0), *self.alive(e.alive)])
-        self.paths(relax.own, relax.handed, range(n), "all")
+        self.paths(dict(enumerate(relax.own)), relax.handed, range(n), "all")
         for t in range(n):
             extra = self.alive(relax.rerun_alive[t])
             big = self.upper[self.cols[("r", "all", t)]] + sum(-value for _, value in extra)
