@@ -13,13 +13,15 @@ of remat.client.planning.graph_predict), for whichever plan ``dropped`` is:
   consumer of ``u``'s packs must run after the event (the call's frame holds its inputs until its last
   pack owner has run);
 - at a re-run (the backward of a node consuming a pack of a dropped vertex ``t``, which comes after the call
-  was re-run): the recomputed packs of a path of dropped vertices ending at ``t`` (all in ``t``'s call),
-  those consumed after that node; and at the end of a re-run of ``t``'s call, the whole path's packs.
+  was re-run): the recomputed packs, consumed after that node, of every dropped vertex with a dropped path to
+  ``t`` (all in ``t``'s call, every branch of it, not only its longest path); and at the end of a re-run of
+  ``t``'s call, all their packs.
 Each storage is counted once per event, by the vertex that packs it first, so no storage is counted by two
 rules. Every term is a sum over storages of indicator functions of the plan that are lower than the truth,
 so ``relaxed_peak(dropped) <= predict_graph_peak(dropped)`` for every plan the executor accepts; the tests
-check it on every plan a search judges. The relaxation is loose where groups merge beyond one path or
-where ``AddBackward0`` passes a gradient on as it is (not counted as waiting).
+check it on every plan a search judges. The relaxation is loose where a call reaches beyond what is
+upstream of one vertex, at a call's exit (a kept vertex run inside the call), or where ``AddBackward0``
+passes a gradient on as it is (not counted as waiting).
 
 :func:`certified_bound` minimises the relaxed peak over every 0/1 choice of kept vertices with a MILP
 (HiGHS): its dual bound at the time limit is no more than the relaxed peak of any plan, hence no more than
@@ -46,8 +48,8 @@ from remat.client.planning.graph_predict import (
 __all__ = ["RUN_WINDOW", "Certificate", "Relaxation", "certified_bound", "relaxed_peak"]
 
 RUN_WINDOW = 10
-"""Vertices upstream of a re-run's vertex that the MILP follows along dropped paths (a longer path's first
-vertices are left out, which only lowers the bound)."""
+"""Edges upstream of a re-run's vertex that the MILP follows along dropped paths (what lies further up is
+left out, which only lowers the bound)."""
 MIB = 2**20
 
 Reason = tuple[Any, ...]
@@ -212,8 +214,8 @@ class Relaxation:
                         r_handed[(b, q)] = r_handed.get((b, q), 0) + sizes[sid]
                 reruns.append(RerunEvent(vertex=t, event=position[h], own=r_own, handed=r_handed, alive=r_alive))
         return cls(n=n, pred=tuple(tuple(sorted(p)) for p in pred), reads=tuple(tuple(sorted(r)) for r in reads),
-                   sizes=sizes, events=tuple(events),
-                   own=tuple(own), handed=handed, rerun_alive=tuple(rerun_alive), reruns=tuple(reruns))
+                   sizes=sizes, events=tuple(events), own=tuple(own), handed=handed,
+                   rerun_alive=tuple(rerun_alive), reruns=tuple(reruns))
 
 
 def _bits(mask: int) -> Iterable[int]:
@@ -299,26 +301,36 @@ def relaxed_peak(relax: Relaxation, dropped: Iterable[int]) -> tuple[int, str]:
     for e in relax.events:
         if e.floor + alive(e.alive) > best:
             best, where = e.floor + alive(e.alive), f"backward of autograd node #{e.index}"
-    path = [0] * n  # per dropped vertex, the most bytes re-run along a dropped path ending at it
+    own = dict(enumerate(relax.own))
     for t in range(n):
         if not kept[t]:
-            path[t] = relax.own[t] + max((path[u] + relax.handed.get((u, t), 0) for u in pred[t] if not kept[u]),
-                                         default=0)
-            if path[t] + alive(relax.rerun_alive[t]) > best:
-                best, where = path[t] + alive(relax.rerun_alive[t]), f"re-run through vertex {t}"
+            rerun = _call_upstream(pred, kept, t, own, relax.handed) + alive(relax.rerun_alive[t])
+            if rerun > best:
+                best, where = rerun, f"re-run through vertex {t}"
     for r in relax.reruns:
         if kept[r.vertex]:
             continue
         e = relax.events[r.event]
-        run: dict[int, int] = {}
-        for v in range(r.vertex + 1):
-            if not kept[v]:
-                run[v] = r.own.get(v, 0) + max((run[u] + r.handed.get((u, v), 0) for u in pred[v] if u in run),
-                                               default=0)
-        total = e.floor + run[r.vertex] + alive(r.alive)
+        total = e.floor + _call_upstream(pred, kept, r.vertex, r.own, r.handed) + alive(r.alive)
         if total > best:
             best, where = total, f"backward of autograd node #{e.index} after re-running vertex {r.vertex}"
     return best, where
+
+
+def _call_upstream(pred: Sequence[Sequence[int]], kept: Sequence[bool], t: int, own: dict[int, int],
+                   handed: dict[tuple[int, int], int]) -> int:
+    """Bytes re-run with dropped vertex ``t``: ``own`` of every dropped vertex with a dropped path to ``t`` (all in
+    ``t``'s call, run before it when the call is re-run) and ``handed`` of every edge into one of them from
+    another. Every branch of a call counts, not only its longest path."""
+    upstream, stack = {t}, [t]
+    while stack:
+        v = stack.pop()
+        for u in pred[v]:
+            if not kept[u] and u not in upstream:
+                upstream.add(u)
+                stack.append(u)
+    return sum(own.get(v, 0) for v in upstream) + sum(
+        handed.get((u, v), 0) for v in upstream for u in pred[v] if u in upstream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,9 +354,10 @@ def certified_bound(relax: Relaxation, *, floor: int, seconds: float) -> Certifi
     known already (``forced_peak``), which the answer never goes below.
 
     Variables: x_v (kept, binary; the source and the sink kept), y_v ≥ x_v + Σ x_u − deg (kept and reading
-    only kept), z_wu ≥ x_w − x_u (a frame), φ per storage with several reasons, path bytes r_t, and the
-    peak M, minimised, above every event of the relaxed step. A big-M per path constraint is the most that
-    path can hold, which keeps the LP relaxation as tight as this form allows.
+    only kept), z_wu ≥ x_w − x_u (a frame), φ per storage with several reasons, per re-run vertex t the
+    indicators a_v of a dropped path from v to t and e_uv of an edge into one (``_Milp.upstream``: linear, so
+    every branch of a call adds its bytes and no big-M weakens them), and the peak M, minimised, above every
+    event of the relaxed step.
     """
     import highspy
     import numpy as np
@@ -392,6 +405,7 @@ class _Milp:
         self.upper: list[float] = []
         self.cols: dict[Any, int] = {}
         self.rows: list[tuple[float, list[int], list[float]]] = []
+        self._windows: dict[int, tuple[list[int], dict[int, int], dict[tuple[int, int], int]]] = {}
         n = relax.n
         for v in range(n):
             self.col(("x", v), 1.0 if v in (0, n - 1) else 0.0, 1.0)
@@ -441,7 +455,8 @@ class _Milp:
     def paths(self, own: dict[int, int], handed: dict[tuple[int, int], int], vertices: Sequence[int],
               tag: Any) -> None:
         """r_v ≥ own_v (v dropped) and r_v ≥ r_u + own_v + handed_uv (u and v dropped) over ``vertices``
-        (topological), each r_v at most the most its path can hold."""
+        (topological), each r_v at most the most its path can hold: the longest dropped path into v, however
+        far upstream it starts, where :meth:`upstream` sums every branch but only within the window."""
         pred, inside = self.relax.pred, set(vertices)
         most: dict[int, float] = {}
         for v in vertices:
@@ -457,6 +472,29 @@ class _Milp:
                     big = gain + most[u]
                     self.row(gain, [(r, 1.0), (self.col(("r", tag, u)), -1.0), (self.x(v), big), (self.x(u), big)])
 
+    def upstream(self, t: int) -> tuple[list[int], dict[int, int], dict[tuple[int, int], int]]:
+        """For dropped vertex ``t``: a_v (v in ``t``'s window) at least 1 when v has a dropped path to ``t``
+        (a_t ≥ 1 − x_t, a_u ≥ a_v − x_u along each edge u → v), and e_uv ≥ a_v − x_u, an edge into such a vertex
+        from a dropped one. Made once per vertex; every event that re-runs ``t``'s call weighs them by its own
+        bytes. Returns the window, the a columns and the e columns."""
+        if t not in self._windows:
+            window = _upstream(self.relax.pred, t, RUN_WINDOW)
+            inside = set(window)
+            a = {v: self.col(("a", t, v)) for v in window}
+            e = {(u, v): self.col(("e", t, u, v)) for v in window for u in self.relax.pred[v] if u in inside}
+            self.row(1.0, [(a[t], 1.0), (self.x(t), 1.0)])
+            for (u, v), c in e.items():
+                self.row(0.0, [(c, 1.0), (a[v], -1.0), (self.x(u), 1.0)])
+                self.row(0.0, [(a[u], 1.0), (c, -1.0)])
+            self._windows[t] = (window, a, e)
+        return self._windows[t]
+
+    def rerun_bytes(self, t: int, own: dict[int, int], handed: dict[tuple[int, int], int]) -> list[tuple[int, float]]:
+        """−bytes terms of what ``t``'s call re-runs upstream of ``t`` (``_call_upstream``, cut to the window)."""
+        _, a, e = self.upstream(t)
+        return ([(c, -own[v] / MIB) for v, c in a.items() if own.get(v)]
+                + [(c, -handed[edge] / MIB) for edge, c in e.items() if handed.get(edge)])
+
     def build(self, floor: int) -> None:
         relax, n = self.relax, self.relax.n
         for v in range(n):
@@ -465,17 +503,21 @@ class _Milp:
         self.row(floor / MIB, [(self.peak, 1.0)])
         for e in relax.events:
             self.row(e.floor / MIB, [(self.peak, 1.0), *self.alive(e.alive)])
-        self.paths(dict(enumerate(relax.own)), relax.handed, range(n), "all")
+        own = dict(enumerate(relax.own))
+        self.paths(own, relax.handed, range(n), "all")
         for t in range(n):
             extra = self.alive(relax.rerun_alive[t])
-            big = self.upper[self.cols[("r", "all", t)]] + sum(-value for _, value in extra)
-            self.row(0.0, [(self.peak, 1.0), (self.cols[("r", "all", t)], -1.0), (self.x(t), big), *extra])
-        for k, r in enumerate(relax.reruns):
-            window = _upstream(relax.pred, r.vertex, RUN_WINDOW)
-            self.paths(r.own, r.handed, window, k)
+            # Both forms of the bytes re-run by t's call, each a lower bound of _call_upstream: every branch
+            # within the window (vanishing with t kept: a_t may be 0) and the longest path from anywhere. Its
+            # alive storages need a big-M.
+            big = sum(-value for _, value in extra)
+            self.row(0.0, [(self.peak, 1.0), *self.rerun_bytes(t, own, relax.handed), (self.x(t), big), *extra])
+            r_big = self.upper[self.cols[("r", "all", t)]] + big
+            self.row(0.0, [(self.peak, 1.0), (self.cols[("r", "all", t)], -1.0), (self.x(t), r_big), *extra])
+        for r in relax.reruns:
             e = relax.events[r.event]
-            # With t kept its path is empty and the row is the event's own: no big-M needed.
-            self.row(e.floor / MIB, [(self.peak, 1.0), (self.cols[("r", k, r.vertex)], -1.0),
+            # With t kept its terms vanish and the row is the event's own: no big-M needed.
+            self.row(e.floor / MIB, [(self.peak, 1.0), *self.rerun_bytes(r.vertex, r.own, r.handed),
                                      *self.alive(r.alive)])
 
 
