@@ -99,7 +99,7 @@ class Relaxation:
     dropped one may run inside that call as its exit (``OpGraph.calls``)."""
     sizes: Sequence[int]
     events: tuple[Event, ...]
-    own: tuple[int, ...]
+    own: dict[int, int]
     """Per vertex, bytes of the packs it makes first of storages it made (recomputed when it is re-run)."""
     handed: dict[tuple[int, int], int]
     """Per edge (u, v), bytes of the packs v makes first of storages u made (recomputed when both are)."""
@@ -214,7 +214,7 @@ class Relaxation:
                         r_handed[(b, q)] = r_handed.get((b, q), 0) + sizes[sid]
                 reruns.append(RerunEvent(vertex=t, event=position[h], own=r_own, handed=r_handed, alive=r_alive))
         return cls(n=n, pred=tuple(tuple(sorted(p)) for p in pred), reads=tuple(tuple(sorted(r)) for r in reads),
-                   sizes=sizes, events=tuple(events), own=tuple(own), handed=handed,
+                   sizes=sizes, events=tuple(events), own=dict(enumerate(own)), handed=handed,
                    rerun_alive=tuple(rerun_alive), reruns=tuple(reruns))
 
 
@@ -301,10 +301,9 @@ def relaxed_peak(relax: Relaxation, dropped: Iterable[int]) -> tuple[int, str]:
     for e in relax.events:
         if e.floor + alive(e.alive) > best:
             best, where = e.floor + alive(e.alive), f"backward of autograd node #{e.index}"
-    own = dict(enumerate(relax.own))
     for t in range(n):
         if not kept[t]:
-            rerun = _call_upstream(pred, kept, t, own, relax.handed) + alive(relax.rerun_alive[t])
+            rerun = _call_upstream(pred, kept, t, relax.own, relax.handed) + alive(relax.rerun_alive[t])
             if rerun > best:
                 best, where = rerun, f"re-run through vertex {t}"
     for r in relax.reruns:
@@ -405,7 +404,7 @@ class _Milp:
         self.upper: list[float] = []
         self.cols: dict[Any, int] = {}
         self.rows: list[tuple[float, list[int], list[float]]] = []
-        self._windows: dict[int, tuple[list[int], dict[int, int], dict[tuple[int, int], int]]] = {}
+        self._windows: dict[int, tuple[dict[int, int], dict[tuple[int, int], int]]] = {}
         n = relax.n
         for v in range(n):
             self.col(("x", v), 1.0 if v in (0, n - 1) else 0.0, 1.0)
@@ -472,11 +471,11 @@ class _Milp:
                     big = gain + most[u]
                     self.row(gain, [(r, 1.0), (self.col(("r", tag, u)), -1.0), (self.x(v), big), (self.x(u), big)])
 
-    def upstream(self, t: int) -> tuple[list[int], dict[int, int], dict[tuple[int, int], int]]:
+    def upstream(self, t: int) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
         """For dropped vertex ``t``: a_v (v in ``t``'s window) at least 1 when v has a dropped path to ``t``
         (a_t ≥ 1 − x_t, a_u ≥ a_v − x_u along each edge u → v), and e_uv ≥ a_v − x_u, an edge into such a vertex
         from a dropped one. Made once per vertex; every event that re-runs ``t``'s call weighs them by its own
-        bytes. Returns the window, the a columns and the e columns."""
+        bytes. Returns the a columns and the e columns."""
         if t not in self._windows:
             window = _upstream(self.relax.pred, t, RUN_WINDOW)
             inside = set(window)
@@ -486,12 +485,12 @@ class _Milp:
             for (u, v), c in e.items():
                 self.row(0.0, [(c, 1.0), (a[v], -1.0), (self.x(u), 1.0)])
                 self.row(0.0, [(a[u], 1.0), (c, -1.0)])
-            self._windows[t] = (window, a, e)
+            self._windows[t] = (a, e)
         return self._windows[t]
 
     def rerun_bytes(self, t: int, own: dict[int, int], handed: dict[tuple[int, int], int]) -> list[tuple[int, float]]:
         """−bytes terms of what ``t``'s call re-runs upstream of ``t`` (``_call_upstream``, cut to the window)."""
-        _, a, e = self.upstream(t)
+        a, e = self.upstream(t)
         return ([(c, -own[v] / MIB) for v, c in a.items() if own.get(v)]
                 + [(c, -handed[edge] / MIB) for edge, c in e.items() if handed.get(edge)])
 
@@ -503,15 +502,14 @@ class _Milp:
         self.row(floor / MIB, [(self.peak, 1.0)])
         for e in relax.events:
             self.row(e.floor / MIB, [(self.peak, 1.0), *self.alive(e.alive)])
-        own = dict(enumerate(relax.own))
-        self.paths(own, relax.handed, range(n), "all")
+        self.paths(relax.own, relax.handed, range(n), "all")
         for t in range(n):
             extra = self.alive(relax.rerun_alive[t])
             # Both forms of the bytes re-run by t's call, each a lower bound of _call_upstream: every branch
             # within the window (vanishing with t kept: a_t may be 0) and the longest path from anywhere. Its
             # alive storages need a big-M.
             big = sum(-value for _, value in extra)
-            self.row(0.0, [(self.peak, 1.0), *self.rerun_bytes(t, own, relax.handed), (self.x(t), big), *extra])
+            self.row(0.0, [(self.peak, 1.0), *self.rerun_bytes(t, relax.own, relax.handed), (self.x(t), big), *extra])
             r_big = self.upper[self.cols[("r", "all", t)]] + big
             self.row(0.0, [(self.peak, 1.0), (self.cols[("r", "all", t)], -1.0), (self.x(t), r_big), *extra])
         for r in relax.reruns:
