@@ -50,7 +50,7 @@ from remat.client.planning.recompute_time import recompute_ms
 from remat.client.precision import autocast_context
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
-from remat.worker.measure import measure_step, time_plans_spread
+from remat.worker.measure import gradient_check, measure_step, time_plans_spread
 
 TOLERANCE = 0.25
 SMALL_OVERHEAD_MS = 12.0
@@ -73,6 +73,36 @@ class HandWritten:
                                 preserve_rng_state=self.preserve_rng_state)
             env.update(new)
         return self.chain._run_stages(bounds[-2] + 1, n, x, env)
+
+
+class Reentrant:
+    """The chain's stages under reentrant ``torch.utils.checkpoint``, segment by segment (a diagnostic: what
+    checkpointing costs without a Python hook per saved tensor).
+
+    A reentrant segment runs its forward without grad and, in backward, re-runs it with grad and backpropagates
+    it on its own; the non-reentrant one records the segment's graph in forward with a pack hook per saved
+    tensor and unpacks each through a hook in backward. The price of reentrant: the segment's output and its
+    gradient stay alive through the segment's whole backward (the output is the inner backward's root, the
+    gradient an argument of the outer node's call), which is why remat's executor does not use it; the
+    variant's measured peak shows that price beside its time. A dummy input that requires grad keeps the
+    first segment's parameters in the graph (a reentrant segment whose inputs need no grad gets no backward)."""
+
+    def __init__(self, chain: Any) -> None:
+        self.chain = chain
+
+    def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
+        n = self.chain.num_stages
+        bounds = (0, *sorted(checkpoints), n)
+        env: dict[str, Any] = {}
+        dummy = torch.empty(0, device=x.device, requires_grad=True)
+        for k in range(len(bounds) - 2):
+            x, new = checkpoint(self._segment, bounds[k] + 1, bounds[k + 1], dummy, x, dict(env),
+                                use_reentrant=True, preserve_rng_state=True)
+            env.update(new)
+        return self.chain._run_stages(bounds[-2] + 1, n, x, env)
+
+    def _segment(self, lo: int, hi: int, dummy: torch.Tensor, x: Any, env: dict[str, Any]) -> Any:
+        return self.chain._segment(lo, hi, x, env)
 
 
 class WithoutRestore:
@@ -299,6 +329,7 @@ def where_time_goes(built: Any, runners: dict[str, tuple[Any, Sequence[int]]], a
 def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[str, Any]:
     # torchvision's ViTs take their image size as an argument (they train at 224² otherwise).
     kwargs = {"image_size": hw} if name.startswith("vit_") else {}
+    kwargs.update(args.model_kwargs)
     request = ModelRequest(spec=name, batch_size=batch, sample_shape=(3, hw, hw), model_kwargs=kwargs,
                            grads=args.grads, device=args.device, dtype=args.dtype)
     built = built_model.build(request)
@@ -327,7 +358,8 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
     cuts = [(), ()] + [p.checkpoints for p in plans] * 2
     linear = make_plan(idle, "linear")
     variants = {"hand-written, no RNG preservation": HandWritten(chain, preserve_rng_state=False),
-                "remat, no BatchNorm restore": WithoutRestore(chain)} if args.variants and linear.checkpoints else {}
+                "remat, no BatchNorm restore": WithoutRestore(chain),
+                "hand-written reentrant": Reentrant(chain)} if args.variants and linear.checkpoints else {}
     runners += list(variants.values())
     cuts += [linear.checkpoints] * len(variants)
     common = {"grads": args.grads, "device": args.device, "precision": args.dtype}
@@ -367,6 +399,15 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
             rows[-1].update(noisy_overhead=noisy_overhead, noisy_spread=max(noisy_times[2 + k][1], noisy_times[1][1]),
                             in_target_noisy_vs_noisy=in_target(est_b, noisy_overhead))
     variant_rows = {label: times[2 + 2 * len(plans) + i] for i, label in enumerate(variants)}
+    variant_checks: dict[str, dict[str, float]] = {}
+    if variants:
+        # What each runner of the linear plan holds and computes: its measured peak and its largest gradient
+        # difference from the unmodified step (0: bit-equal), beside remat's and hand-written's.
+        checked = {"remat linear": chain, "hand-written linear": hand, **variants}
+        diffs = gradient_check(built.model, built.example, [linear.checkpoints] * len(checked),
+                               runners=list(checked.values()), **common)
+        variant_checks = {label: {"peak_mib": peak_mib(runner, linear.checkpoints), "grad_diff": diff}
+                          for (label, runner), (_, diff) in zip(checked.items(), diffs, strict=True)}
     same_frontier = ({p.checkpoints for p in frontier_plans(idle)} == {p.checkpoints for p in frontier_plans(noisy)})
     rho = spearman([r["estimate_idle"] for r in rows], [r["estimate_noisy"] for r in rows]) if len(rows) > 1 else 1.0
     profiled = None
@@ -378,7 +419,8 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
                                    args, args.torch_profile)
     compiled = compiled_rows(built, linear, args) if args.compiled else None
     return {"model": name, "batch": batch, "hw": hw, "stages": idle.num_stages, "profile_s": profile_s,
-            "compiled": compiled, "variants": variant_rows, "profiled": profiled, "dtype": args.dtype,
+            "compiled": compiled, "variants": variant_rows, "variant_checks": variant_checks,
+            "linear_predicted_mib": linear.predicted_peak_bytes / 2**20, "profiled": profiled, "dtype": args.dtype,
             "none_mib": peak_mib(chain, ()) if cuda else None, "none_predicted_mib": none_peak / 2**20,
             "unmodified": unmodified, "none": none, "rows": rows, "spearman": rho, "same_frontier": same_frontier,
             "checkpoint_ms": (idle.checkpoint_ms, noisy.checkpoint_ms),
@@ -426,6 +468,13 @@ def print_result(r: dict[str, Any]) -> None:
                   f"{row['applied_vs_hand']:.3f} |")
     for label, (ms, spread) in r["variants"].items():
         print(f"variant, linear plan: {label}: {ms:.1f} ms ± {spread:.1f}")
+    if r["variant_checks"]:
+        print(f"\nlinear plan ({r['linear_predicted_mib']:.1f} MiB predicted), each runner's measured peak and "
+              "largest gradient difference from the unmodified step:\n")
+        print("| runner | measured peak MiB | largest gradient difference |")
+        print("|---|---:|---:|")
+        for label, v in r["variant_checks"].items():
+            print(f"| {label} | {v['peak_mib']:.1f} | {v['grad_diff']:.1e} |")
     if r["profiled"]:
         print("\n| one profiled step | wall ms | device busy ms | device ops | launches | aten ops | syncs (ms) |")
         print("|---|---:|---:|---:|---:|---:|---:|")
@@ -458,7 +507,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="also the budget plans at these shares of the no-checkpoint peak, e.g. 0.5")
     parser.add_argument("--skip-noisy", action="store_true", help="no profile beside a neighbour process")
     parser.add_argument("--variants", action="store_true",
-                        help="diagnostic runners for linear: no RNG preservation, no BatchNorm restore")
+                        help="diagnostic runners for linear: no RNG preservation, no BatchNorm restore, "
+                             "reentrant checkpointing; with each runner's measured peak and gradient difference")
+    parser.add_argument("--model-kwargs", type=json.loads, default={},
+                        help='JSON keyword arguments for every model\'s constructor, e.g. \'{"width_per_group": 4}\'')
     parser.add_argument("--torch-profile", metavar="DIR", help="where one step's time goes, per runner")
     parser.add_argument("--json", metavar="FILE", help="also write every result as JSON lines")
     args = parser.parse_args(argv)
