@@ -19,10 +19,13 @@ grad mode the class's own ``forward`` runs, unchanged. docs/apply.md lists what 
 
 from __future__ import annotations
 
+import contextlib
 import types
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +43,9 @@ from remat.client.precision import autocast_dtype, precision_of_call
 __all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "example_for", "remove"]
 
 _STATE = "_remat_applied"
+MAX_SIZED_CHAINS = 8
+"""Chains an applied exported model keeps for calls at other sizes than its chain's (NOTE [ other sizes ]); the
+least recently used goes first. Each holds a graph and its stage modules (GPT-2's graph file is 0.5 MiB)."""
 
 
 @dataclass(eq=False)
@@ -52,10 +58,18 @@ class _Applied:
     checked: bool = False
     warned: bool = False
     warned_compile: bool = False
+    sizes: str | None = None
+    """``ModelCall.sizes`` of the call ``chain`` was cut for; None until known (set at the first training call)."""
+    sized_chains: OrderedDict[str, StageChain] = field(default_factory=OrderedDict)
+    """Chains of an exported model for calls at other sizes (NOTE [ other sizes ]), by their ``sizes``."""
+    warned_sizes: bool = False
+    graph_cache: Path | None = None
+    """The plan cache directory whose ``graphs`` hold the exports of other sizes (``checkpoint(cache_dir=)``);
+    None: the user's."""
 
     def __deepcopy__(self, memo: dict) -> _Applied:
         # A deep-copied model gets its own chain, built from its own modules at its first training call.
-        return _Applied(plan=self.plan, key=self.key, strict=self.strict)
+        return _Applied(plan=self.plan, key=self.key, strict=self.strict, graph_cache=self.graph_cache)
 
 
 def _plan_key(plan: Plan, key: PlanKey | None) -> PlanKey | None:
@@ -112,17 +126,83 @@ def _check_stages(state: _Applied) -> None:
         raise _mismatch(state.plan, f"the model splits into {n} stages, the plan into {state.plan.num_stages}")
 
 
-def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall, graph: Any = None) -> None:
+@contextlib.contextmanager
+def _uninstalled(model: nn.Module) -> Iterator[None]:
+    """The model as it was before ``apply`` while a chain is cut from it at a training call: a trace must follow
+    the class's forward, not the installed one (which would run the plan inside its own trace), and the
+    export cache's key must not see remat's state."""
+    saved = {name: model.__dict__.pop(name) for name in (_STATE, "forward") if name in model.__dict__}
     try:
-        if state.plan.is_graph_plan:
-            if not isinstance(example, torch.Tensor):
-                raise ModelError("graph plans run on models called with one tensor")
-            state.chain = build_op_graph(model, example, train=True, graph=graph)
-        else:
-            state.chain = build_stage_chain(model, example, train=True, graph=graph)
+        yield
+    finally:
+        model.__dict__.update(saved)
+
+
+def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall, graph: Any = None) -> None:
+    state.sizes = _call_of(example).sizes
+    try:
+        with _uninstalled(model):
+            if state.plan.is_graph_plan:
+                if not isinstance(example, torch.Tensor):
+                    raise ModelError("graph plans run on models called with one tensor")
+                state.chain = build_op_graph(model, example, train=True, graph=graph)
+            else:
+                state.chain = build_stage_chain(model, example, train=True, graph=graph)
     except ModelError as exc:
         raise _mismatch(state.plan, str(exc)) from exc
     _check_stages(state)
+
+
+def _call_of(example: torch.Tensor | ModelCall) -> ModelCall:
+    return example if isinstance(example, ModelCall) else ModelCall(args=(example,), kwargs={})
+
+
+# NOTE [ other sizes ] torch.export writes every size of the call into the graph's views and expands, so a chain
+# cut from an exported graph runs only at the sizes it was exported for: the smaller last batch of an epoch
+# (a DataLoader's default) or a batch padded to another length failed inside the graph with a reshape error.
+# A training call at other sizes (the same inputs, dtypes and constants: ``ModelCall.same_inputs``) gets a
+# chain of its own, cut the first time those sizes are seen by the same ``build_stage_chain`` as the plan's
+# (export, disk-cached like any; probe; the bit-equality check against the eager forward on that very call)
+# and kept for the next time (``MAX_SIZED_CHAINS``). The plan's boundary indices are used on it only when it
+# is cut into the same stages (``StageChain.layout``: the modules, parameters and buffers each stage reads);
+# otherwise, or when the model cannot be exported or checked at those sizes, the call is refused naming the
+# sizes, never run on a graph made for other ones. Measured on the zoo's GPT-2, Llama, BERT and T5 at batch
+# 1, 2 and 3 and 24, 32 and 40 tokens: one layout each, and a new size costs 1.0-3.6 s on this 2-core CPU
+# (export, probe and check; less when the export is on disk). A chain cut for the plan's sizes predicts the
+# plan's peak; another size's peak scales with it and is not predicted.
+def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> StageChain:
+    """The chain for a training call at other sizes than ``state.chain``'s (NOTE [ other sizes ])."""
+    assert isinstance(state.chain, StageChain) and state.sizes is not None
+    known = state.sized_chains.get(call.sizes)
+    if known is not None:
+        state.sized_chains.move_to_end(call.sizes)
+        return known
+    sizes = f"{_short(call.sizes)} (the plan's chain: {_short(state.sizes)})"
+    if not call.same_inputs(state.sizes):
+        raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}")
+    if not state.warned_sizes:
+        warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}: its graph is exported "
+                      f"and checked once per new size (seconds; pad batches to fixed sizes to avoid it), and its "
+                      f"peak is not the plan's prediction", RuntimeWarning, stacklevel=4)
+        state.warned_sizes = True
+    try:
+        with _uninstalled(model):
+            graph = trace_model(model, train=True, call=call, cache_dir=state.graph_cache)
+            chain = build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
+                                      train=True, graph=graph)
+    except ModelError as exc:
+        raise _mismatch(state.plan, f"the model cannot be cut at this call's sizes, {sizes}: {exc}") from None
+    if chain.layout() != state.chain.layout():
+        raise _mismatch(state.plan, f"at this call's sizes the model is cut into other stages ({chain.num_stages} "
+                                    f"against {state.chain.num_stages}, or other modules in them), {sizes}")
+    state.sized_chains[call.sizes] = chain
+    while len(state.sized_chains) > MAX_SIZED_CHAINS:
+        state.sized_chains.popitem(last=False)
+    return chain
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _cut_points(plan: Plan) -> tuple[int, ...]:
@@ -195,10 +275,14 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not state.checked:
         _check_call(state, self, call)
         state.checked = True
+        if state.sizes is None:  # a chain handed over by checkpoint(): cut for the key, which this call matched
+            state.sizes = call.sizes
     chain = state.chain
     assert chain is not None
     nested = {"nested": True} if state.plan.nested else {}  # a nested plan runs on a StageChain (_build)
     if isinstance(chain, StageChain) and chain.pytree_specs is not None:
+        if call.sizes != state.sizes:
+            chain = _chain_for_sizes(state, self, call)
         return chain.run_call(example, _cut_points(state.plan), **nested)
     if call.single_tensor is None:  # a chain cut for one tensor (no key), called with several inputs
         return _unplanned(state, self, args, kwargs)
@@ -262,9 +346,11 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
     return model
 
 
-def apply_with_chain(model: nn.Module, plan: Plan, *, key: PlanKey, chain: StageChain) -> nn.Module:
+def apply_with_chain(model: nn.Module, plan: Plan, *, key: PlanKey, chain: StageChain,
+                     cache_dir: Path | None = None) -> nn.Module:
     """``apply`` for a caller that already traced the model for its key and built its chain from that trace
-    (``remat.client.checkpoint``): the same checks against ``key.model_hash``, no second trace."""
+    (``remat.client.checkpoint``): the same checks against ``key.model_hash``, no second trace. ``cache_dir``:
+    the plan cache directory the caller used, where exports at other sizes go too (NOTE [ other sizes ])."""
     if not isinstance(plan, Plan):
         raise PlanError(f"apply: expected a remat.client.plan.Plan, got {type(plan).__name__}")
     remove(model)
@@ -274,7 +360,7 @@ def apply_with_chain(model: nn.Module, plan: Plan, *, key: PlanKey, chain: Stage
         differs = planned_for.describe_mismatch(key)
         if differs:
             raise _mismatch(plan, f"{differs} (plan vs this model and input)")
-    state = _Applied(plan=plan, key=key, strict=True, chain=chain)
+    state = _Applied(plan=plan, key=key, strict=True, chain=chain, graph_cache=cache_dir)
     if plan.is_graph_plan:  # the op graph, from the caller's trace
         _build(state, model, example_for(key, model), graph=chain.graph_module)
     _check_stages(state)

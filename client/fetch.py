@@ -166,9 +166,10 @@ def fetch_and_apply(model: nn.Module, input_shape: Sequence[int] | Mapping[str, 
         example: Any = call if device is None else call.to(device)
     else:
         example = example_for(wanted, model) if device is None else example_for(wanted, model).to(device)
-    built = build_held_model(model, example, grads=wanted.grads, dtype=wanted.dtype, cache=LocalPlanCache())
+    cache = LocalPlanCache()
+    built = build_held_model(model, example, grads=wanted.grads, dtype=wanted.dtype, cache=cache)
     plan = _fetch_for_key(built.key, server=server, token=token, algorithm=algorithm)
-    return apply_with_chain(model, plan, key=built.key, chain=built.chain)
+    return apply_with_chain(model, plan, key=built.key, chain=built.chain, cache_dir=cache.directory)
 
 
 # --- the CLI's server mode --------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         if built.probe_batch is not None:  # profiling needs a chain probed with the whole batch
             built = build_from_model(built.request, model, example, graph=built.chain.graph_module)
         plan = _profile_here(built, algorithm, cache, server, token, timeout_s, budget=spec)
-    return apply_with_chain(model, plan, key=built.key, chain=built.chain)
+    return apply_with_chain(model, plan, key=built.key, chain=built.chain, cache_dir=cache.directory)
 
 
 PROBE_BATCH = 2

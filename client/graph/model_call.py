@@ -18,6 +18,8 @@ Public API::
     call.leaves()             # the tensors in order (pytree leaves of args and kwargs that are tensors)
     call.args, call.kwargs    # the canonical spelling, to call the model with
     call.describe_difference(other) -> str | None   # what differs, for refusing a plan made for another call
+    call.sizes                # the signature with every tensor's shape, a single tensor's too
+    call.same_inputs(sizes)   # whether a call of those sizes passes the same inputs, at any sizes
     synthetic_call(signature, model, device)        # a call of that signature with made-up values
 """
 
@@ -156,6 +158,17 @@ class ModelCall:
         args, kwargs = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, (self.args, self.kwargs))
         return ModelCall(args=tuple(args), kwargs=dict(kwargs), signature=self.signature)
 
+    @property
+    def sizes(self) -> str:
+        """What an exported graph of this call is specialised to: the signature, and for a single-tensor call its
+        tensor's dtype and shape (torch.export writes sizes into views, so another size needs another graph)."""
+        return self.signature or _leaf_text(self.args[0])
+
+    def same_inputs(self, sizes: str) -> bool:
+        """Whether the call whose ``sizes`` are given passes the same inputs as this one (names, dtypes,
+        constants) at whatever sizes: a smaller last batch or another padded length, not another kind of call."""
+        return _SIZES.sub(r"\1[]", self.sizes) == _SIZES.sub(r"\1[]", sizes)
+
     def floating(self) -> torch.Tensor | None:
         """The first floating tensor input (what decides a call's precision), else None (token ids only)."""
         return next((t for t in self.leaves() if t.is_floating_point()), None)
@@ -168,6 +181,10 @@ class ModelCall:
         diffs = [f"{name}: {mine.get(name, 'absent')} vs {theirs.get(name, 'absent')}"
                  for name in dict.fromkeys([*mine, *theirs]) if mine.get(name) != theirs.get(name)]
         return "; ".join(diffs[:3]) + ("; …" if len(diffs) > 3 else "")
+
+
+_SIZES = re.compile(r"((?:^|: )[a-z0-9_]+)\[[0-9, ]*\](?=;|$)")
+"""A tensor's shape in a signature (``int64[2, 32]`` at its start or after a name's colon), for ``same_inputs``."""
 
 
 def _entries(signature: str) -> dict[str, str]:

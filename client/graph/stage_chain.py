@@ -119,6 +119,14 @@ class StageChain:
     def stage_nodes(self) -> list[list[str]]:
         return [list(s.nodes) for s in self._stages]
 
+    def layout(self) -> tuple[tuple[Any, ...], ...]:
+        """What each stage reads of the model: the modules it calls (by identity) and the parameters and buffers
+        it looks up (by name; an exported graph has no module calls). Two chains of one model cut alike have
+        one layout whatever the input sizes, so a plan's boundary indices mean the same cuts on both. Node
+        names would not do: an export at batch 1 drops and renames size-1 ops."""
+        return tuple((tuple(id(m) for m in st.modules), tuple(name for kind, name in st.inputs if kind == "attr"))
+                     for st in self._stages)
+
     def stage_parameters(self, i: int) -> list[nn.Parameter]:
         """Parameters stage ``i`` uses (its modules' and its ``get_attr`` ones), each once, in order of use.
 

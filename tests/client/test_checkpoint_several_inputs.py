@@ -7,14 +7,17 @@ bit-equal losses at every step (dropout on) and equal parameters at the end.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 import remat.client
+from remat.client import apply_plan
 from remat.client.apply_plan import applied_plan
-from remat.client.errors import PlanMismatchError
+from remat.client.errors import ModelError, PlanMismatchError
+from remat.client.graph.stage_chain import StageChain
 from remat.worker import local
 from tests.utils.tiny_transformers import batch, tiny
 
@@ -59,3 +62,79 @@ def test_a_transformer_trains_exactly_with_its_plan(cache_dir: Path, monkeypatch
     short = batch(seed=4, seq=16)
     with pytest.raises(PlanMismatchError, match=r"inputs: input_ids: int64\[2, 32\] vs int64\[2, 16\]"):
         again(**short)
+
+
+def test_calls_at_other_sizes_train_exactly_with_the_plans_checkpoints(cache_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ other sizes ]: an exported graph holds its call's sizes, yet an epoch ends on a smaller batch and
+    collators pad to each batch's longest sequence. Each new size gets its chain once and runs the plan's
+    checkpoints; the oracle is the unmodified model trained on the same batches."""
+    reference = tiny("gpt2")
+    model = copy.deepcopy(reference)
+    remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1))
+    plan = applied_plan(model)
+    assert plan is not None and plan.checkpoints
+    cut: list[int] = []
+    build = apply_plan.build_stage_chain
+    monkeypatch.setattr(apply_plan, "build_stage_chain", lambda *a, **k: cut.append(1) or build(*a, **k))
+    ran: list[tuple[int, tuple[int, ...]]] = []
+    run_call = StageChain.run_call
+    monkeypatch.setattr(StageChain, "run_call", lambda self, call, cps=(), **k:
+                        ran.append((id(self), tuple(cps))) or run_call(self, call, cps, **k))
+    batches = [batch(seed=2), batch(seed=3, size=1), batch(seed=4, seq=24), batch(seed=5, size=1),
+               batch(seed=6, size=3, seq=40), batch(seed=7)]
+    with pytest.warns(RuntimeWarning, match="other sizes than the plan's"):
+        losses = _train(model, batches)
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
+    assert len(cut) == 3  # (1, 32), (2, 24), (3, 40): each size cut once, the second batch of one size reuses it
+    # Every training call ran the plan's checkpoints, on four chains (the other runs: each new chain's check
+    # against the eager forward, without checkpoints).
+    trained = [chain for chain, cps in ran if cps == tuple(plan.checkpoints)]
+    assert len(trained) == len(batches) and len(set(trained)) == 4
+    assert all(cps in {(), tuple(plan.checkpoints)} for _, cps in ran)
+
+
+def test_a_call_at_other_sizes_that_cannot_run_the_plan_is_refused_naming_its_sizes(
+        cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny("gpt2")
+    remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1))
+    model(**batch(seed=2)).loss.backward()
+    with pytest.raises(PlanMismatchError, match=r"other inputs than the first: input_ids: int64\[2, 32\]; "
+                                                r"labels"):
+        model(**batch(seed=3, mask=False))
+    build = apply_plan.build_stage_chain
+
+    def reordered(*args: object, **kwargs: object) -> StageChain:
+        chain = build(*args, **kwargs)
+        chain._stages = chain._stages[::-1]
+        return chain
+
+    monkeypatch.setattr(apply_plan, "build_stage_chain", reordered)
+    with pytest.warns(RuntimeWarning), \
+            pytest.raises(PlanMismatchError, match=r"cut into other stages .*int64\[1, 32\]"):
+        model(**batch(seed=4, size=1))
+
+    def unexportable(*args: object, **kwargs: object) -> StageChain:
+        raise ModelError("GPT2LMHeadModel: no graph at these sizes")
+
+    monkeypatch.setattr(apply_plan, "build_stage_chain", unexportable)
+    with pytest.raises(PlanMismatchError, match=r"cannot be cut at this call's sizes, input_ids: int64\[2, 24\].*"
+                                                r"no graph at these sizes$"):
+        model(**batch(seed=5, seq=24))
+    model(**batch(seed=6)).loss.backward()  # the plan's own sizes still train
+
+
+def test_a_plan_applied_without_its_key_is_cut_at_the_first_training_call(cache_dir: Path) -> None:
+    """The chain of a keyless plan is cut from the first training call, while the plan's forward is installed:
+    the export must trace the model's own forward (it used to trace the installed one, into itself)."""
+    reference = tiny("gpt2")
+    planned = copy.deepcopy(reference)
+    remat.client.checkpoint(planned, cache_dir=cache_dir, **batch(seed=1))
+    plan = applied_plan(planned)
+    assert plan is not None and plan.checkpoints
+    keyless = dataclasses.replace(plan, extra={k: v for k, v in plan.extra.items() if k != "key"})
+    model = remat.client.apply(copy.deepcopy(reference), keyless)
+    batches = [batch(seed=s) for s in (2, 3)]
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), _train(model, batches), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))

@@ -55,10 +55,10 @@ def tiny(arch: str, *, layers: int = 2) -> nn.Module:
     return model
 
 
-def batch(*, seed: int = 0, seq: int = SEQ, mask: bool = True) -> dict[str, Any]:
+def batch(*, seed: int = 0, seq: int = SEQ, mask: bool = True, size: int = BATCH) -> dict[str, Any]:
     """One training call's keyword inputs: token ids, an attention mask (one padded position), labels."""
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (BATCH, seq), generator=gen)
+    ids = torch.randint(0, VOCAB, (size, seq), generator=gen)
     out: dict[str, Any] = {"input_ids": ids, "labels": ids.clone()}
     if mask:
         attention = torch.ones_like(ids)
