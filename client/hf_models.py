@@ -331,8 +331,32 @@ def check_overrides(spec: str, overrides: Mapping[str, Any] | None) -> dict[str,
             close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
             hints.append(f"{key!r}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
         raise ModelError(f"model_kwargs: {HF_PREFIX}{arch}'s configuration has no field {', '.join(hints)}")
+    _check_kinds(config, checked)
     _base_config(arch, {**_json_fields(values), **checked})  # the configuration's own checks of the values
     return checked
+
+
+def _check_kinds(config: Any, overrides: Mapping[str, Any]) -> None:
+    """Each value of the kind of its field's default: transformers checks few values itself, and a layer count
+    of -1 built a model with no blocks that planned without a word, a count given as text failed deep in the
+    build. A field whose default is None takes anything the configuration accepts."""
+    for key, value in overrides.items():
+        default = getattr(config, key, None)
+        if default is None or value is None or isinstance(default, (list, tuple, dict)):
+            continue
+        if isinstance(default, bool):
+            fits, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            fits = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 or default < 0)
+            kind = "a non-negative integer" if default >= 0 else "an integer"
+        elif isinstance(default, float):
+            fits, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        elif isinstance(default, str):
+            fits, kind = isinstance(value, str), "text"
+        else:
+            continue
+        if not fits:
+            raise ModelError(f"model_kwargs: {key} must be {kind} like its default ({default!r}), got {value!r}")
 
 
 def check_service_spec(spec: str, overrides: Mapping[str, Any] | None) -> None:

@@ -231,6 +231,33 @@ def test_overrides_of_unknown_fields_are_named_with_close_matches(transformers: 
     assert "'foo'" in str(info.value) or "foo" not in overrides
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"n_layer": -1}, "model_kwargs: n_layer must be a non-negative integer like its default (12), got -1"),
+    ({"num_hidden_layers": "2"}, "model_kwargs: num_hidden_layers must be a non-negative integer like its default "
+                                 "(12), got '2'"),
+    ({"n_head": 2.0}, "model_kwargs: n_head must be a non-negative integer like its default (12), got 2.0"),
+    ({"scale_attn_weights": 1}, "model_kwargs: scale_attn_weights must be true or false like its default (True)"),
+    ({"layer_norm_epsilon": "small"}, "model_kwargs: layer_norm_epsilon must be a number like its default"),
+    ({"activation_function": 3}, "model_kwargs: activation_function must be text like its default ('gelu_new')"),
+    ({"vocab_size": -5}, "model_kwargs: vocab_size must be a non-negative integer like its default (50257), got -5"),
+])
+def test_override_values_of_another_kind_than_their_fields_default_are_refused(transformers: Any, overrides: dict,
+                                                                                 message: str) -> None:
+    from remat.client.hf_models import check_overrides
+
+    with pytest.raises(ModelError) as info:
+        check_overrides("hf:gpt2", overrides)
+    assert str(info.value).startswith(message), info.value
+
+
+def test_override_values_of_their_fields_kind_pass(transformers: Any) -> None:
+    from remat.client.hf_models import check_overrides
+
+    fine = {"n_layer": 0, "layer_norm_epsilon": 1e-3, "scale_attn_weights": False, "n_inner": 128,
+            "activation_function": "relu", "resid_pdrop": 0}
+    assert check_overrides("hf:gpt2", fine) == fine
+
+
 def test_aliases_and_num_labels_are_fields(transformers: Any) -> None:
     from remat.client.hf_models import check_overrides
 
