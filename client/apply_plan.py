@@ -162,13 +162,17 @@ def _call_of(example: torch.Tensor | ModelCall) -> ModelCall:
 # (a DataLoader's default) or a batch padded to another length failed inside the graph with a reshape error.
 # A training call at other sizes (the same inputs, dtypes and constants: ``ModelCall.same_inputs``) gets a
 # chain of its own, cut the first time those sizes are seen by the same ``build_stage_chain`` as the plan's
-# (export, disk-cached like any; probe; the bit-equality check against the eager forward on that very call)
-# and kept for the next time (``MAX_SIZED_CHAINS``). The plan's boundary indices are used on it only when it
-# is cut into the same stages (``StageChain.layout``: the modules, parameters and buffers each stage reads);
-# otherwise, or when the model cannot be exported or checked at those sizes, the call is refused naming the
-# sizes, never run on a graph made for other ones. Measured on the zoo's GPT-2, Llama, BERT and T5 at batch
-# 1, 2 and 3 and 24, 32 and 40 tokens: one layout each, and a new size costs 1.0-3.6 s on this 2-core CPU
-# (export, probe and check; less when the export is on disk). A chain cut for the plan's sizes predicts the
+# (export, disk-cached like any, and the no-grad probe) and kept for the next time (``MAX_SIZED_CHAINS``).
+# The export is traced at those very sizes, so whatever the code decides on sizes is in it. The fidelity
+# check (an eager and a chain step without checkpoints) is not run again: what it guards against, a path
+# that depends on values or that export takes differently, was checked at the plan's sizes for this kind of
+# call, and every later batch of the plan's own sizes runs unchecked with other values anyway; while two
+# uncheckpointed steps at a larger padded length are what may not fit in memory at all. The plan's boundary
+# indices are used on the new chain only when it is cut into the same stages (``StageChain.layout``: the
+# modules, parameters and buffers each stage reads); otherwise, or when the model cannot be exported at those
+# sizes, the call is refused naming the sizes, never run on a graph made for other ones. Measured on the
+# zoo's GPT-2, Llama, BERT and T5 at batch 1, 2 and 3 and 24, 32 and 40 tokens: one layout each, and a new
+# size cut in 0.7-2.0 s on a 2-core CPU with nothing on disk. A chain cut for the plan's sizes predicts the
 # plan's peak; another size's peak scales with it and is not predicted.
 def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> StageChain:
     """The chain for a training call at other sizes than ``state.chain``'s (NOTE [ other sizes ])."""
@@ -182,14 +186,14 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
         raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}")
     if not state.warned_sizes:
         warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}: its graph is exported "
-                      f"and checked once per new size (seconds; pad batches to fixed sizes to avoid it), and its "
-                      f"peak is not the plan's prediction", RuntimeWarning, stacklevel=4)
+                      f"once per new size (seconds; pad batches to fixed sizes to avoid it), and its peak is not "
+                      f"the plan's prediction", RuntimeWarning, stacklevel=4)
         state.warned_sizes = True
     try:
         with _uninstalled(model):
             graph = trace_model(model, train=True, call=call, cache_dir=state.graph_cache)
             chain = build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
-                                      train=True, graph=graph)
+                                      train=True, graph=graph, check=False)
     except ModelError as exc:
         raise _mismatch(state.plan, f"the model cannot be cut at this call's sizes, {sizes}: {exc}") from None
     if chain.layout() != state.chain.layout():

@@ -266,7 +266,7 @@ def _boundaries(model: nn.Module, nodes: list[torch.fx.Node], main: torch.fx.Nod
 
 def _build_from_fx(
     model: nn.Module, gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall, train: bool,
-    facts: ProbeFacts | None = None
+    facts: ProbeFacts | None = None, check: bool = True
 ) -> StageChain:
     graph = gm.graph
     nodes = list(graph.nodes)
@@ -398,7 +398,7 @@ def _build_from_fx(
         pytree_specs=gm.meta.get("remat_pytree"),
         _extra_inputs=extra_inputs,
     )
-    if probed and train and gm.meta.get("remat_tracer") == "export":
+    if check and probed and train and gm.meta.get("remat_tracer") == "export":
         from remat.client.graph.fidelity import check_export_fidelity
         from remat.client.graph.model_call import ModelCall
 
@@ -514,7 +514,8 @@ def _build_from_children(model: nn.Module, example: torch.Tensor, train: bool) -
 # ----------------------------------------------------------------------------------------------------------
 
 def build_stage_chain(model: nn.Module, example_input: torch.Tensor | ModelCall, *, train: bool = True,
-                      graph: torch.fx.GraphModule | None = None, facts: ProbeFacts | None = None) -> StageChain:
+                      graph: torch.fx.GraphModule | None = None, facts: ProbeFacts | None = None,
+                      check: bool = True) -> StageChain:
     """Cut ``model`` into a chain of stages for checkpointing; raise ``ModelError`` if it cannot be.
 
     Args:
@@ -529,6 +530,9 @@ def build_stage_chain(model: nn.Module, example_input: torch.Tensor | ModelCall,
         facts: an earlier probe's ``chain.probe_facts`` for the same plan key (from the plan cache): the chain
             is cut from them without running the model, when they name exactly this graph's nodes and this
             model's buffers; otherwise the probe runs as without them. Such a chain has ``probed`` False.
+        check: run the export-fidelity check (``fidelity.check_export_fidelity``: an eager and a chain training
+            step, both without checkpoints) on a chain cut from an exported graph. False only for another size
+            of a call kind already checked (NOTE [ other sizes ] in remat.client.apply_plan).
 
     Returns:
         The chain; its stages share the model's submodules, parameters and buffers.
@@ -545,7 +549,7 @@ def build_stage_chain(model: nn.Module, example_input: torch.Tensor | ModelCall,
     run_error = None
     try:
         gm = graph if graph is not None else trace_model(model, train=train, call=call)
-        return _build_from_fx(model, gm, example_input, train, facts)
+        return _build_from_fx(model, gm, example_input, train, facts, check)
     except ModelError as exc:
         fx_reason = str(exc)
     except Exception as exc:  # noqa: BLE001 - a traced graph that cannot run is as unusable as no graph
