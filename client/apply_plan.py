@@ -43,6 +43,10 @@ from remat.client.precision import autocast_dtype, precision_of_call
 __all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "example_for", "remove"]
 
 _STATE = "_remat_applied"
+_USER_FRAME = 7
+"""``stacklevel`` that names the user's line calling the model, for a warning raised in a function ``_planned``
+calls: that function, ``_planned``, dynamo's ``disable`` wrapper, ``_forward``, ``Module._call_impl`` and
+``Module._wrapped_call_impl``."""
 MAX_SIZED_CHAINS = 8
 """Chains an applied exported model keeps for calls at other sizes than its chain's (NOTE [ other sizes ]); the
 least recently used goes first. Each holds a graph and its stage modules (GPT-2's graph file is 0.5 MiB)."""
@@ -187,7 +191,7 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
     if not state.warned_sizes:
         warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}: its graph is exported "
                       f"once per new size (seconds; pad batches to fixed sizes to avoid it), and its peak is not "
-                      f"the plan's prediction", RuntimeWarning, stacklevel=4)
+                      f"the plan's prediction", RuntimeWarning, stacklevel=_USER_FRAME)
         state.warned_sizes = True
     try:
         with _uninstalled(model):
@@ -299,7 +303,7 @@ def _unplanned(state: _Applied, model: nn.Module, args: tuple[Any, ...], kwargs:
     if not state.warned:
         warnings.warn("remat: the applied plan was made for another kind of call (one tensor, or the inputs "
                       "the plan names); this training call ran without checkpointing", RuntimeWarning,
-                      stacklevel=3)
+                      stacklevel=_USER_FRAME)
         state.warned = True
     return type(model).forward(model, *args, **kwargs)
 

@@ -204,8 +204,9 @@ def test_plan_without_key_builds_at_first_training_call(resnet: nn.Module) -> No
 
 def test_unsupported_call_signature_warns_instead_of_silently_skipping_the_plan(resnet: nn.Module) -> None:
     model, _ = _applied_resnet(resnet)
-    with pytest.warns(RuntimeWarning, match="ran without checkpointing"):
+    with pytest.warns(RuntimeWarning, match="ran without checkpointing") as warned:
         model(x=torch.randn(SHAPE)).sum().backward()
+    assert warned[0].filename == __file__  # the warning names the line that called the model
     assert applied_chain(model) is not None  # the plan is still applied for ordinary calls
 
 

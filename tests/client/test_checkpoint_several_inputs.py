@@ -83,8 +83,9 @@ def test_calls_at_other_sizes_train_exactly_with_the_plans_checkpoints(cache_dir
                         ran.append((id(self), tuple(cps))) or run_call(self, call, cps, **k))
     batches = [batch(seed=2), batch(seed=3, size=1), batch(seed=4, seq=24), batch(seed=5, size=1),
                batch(seed=6, size=3, seq=40), batch(seed=7)]
-    with pytest.warns(RuntimeWarning, match="other sizes than the plan's"):
+    with pytest.warns(RuntimeWarning, match="other sizes than the plan's") as warned:
         losses = _train(model, batches)
+    assert [w.filename for w in warned if "other sizes" in str(w.message)] == [__file__]  # once, at the call
     assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
     assert len(cut) == 3  # (1, 32), (2, 24), (3, 40): each size cut once, the second batch of one size reuses it
