@@ -58,26 +58,8 @@ SMALL_TOLERANCE_MS = 3.0
 
 
 class HandWritten:
-    """The chain's stages under plain non-reentrant ``torch.utils.checkpoint``, segment by segment."""
-
-    def __init__(self, chain: Any, *, preserve_rng_state: bool = True) -> None:
-        self.chain = chain
-        self.preserve_rng_state = preserve_rng_state
-
-    def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
-        n = self.chain.num_stages
-        bounds = (0, *sorted(checkpoints), n)
-        env: dict[str, Any] = {}
-        for k in range(len(bounds) - 2):
-            x, new = checkpoint(self.chain._segment, bounds[k] + 1, bounds[k + 1], x, dict(env), use_reentrant=False,
-                                preserve_rng_state=self.preserve_rng_state)
-            env.update(new)
-        return self.chain._run_stages(bounds[-2] + 1, n, x, env)
-
-
-class Reentrant:
-    """The chain's stages under reentrant ``torch.utils.checkpoint``, segment by segment (a diagnostic: what
-    checkpointing costs without a Python hook per saved tensor).
+    """The chain's stages under plain ``torch.utils.checkpoint``, segment by segment: non-reentrant, or with
+    ``reentrant`` (a diagnostic: what checkpointing costs without a Python hook per saved tensor).
 
     A reentrant segment runs its forward without grad and, in backward, re-runs it with grad and backpropagates
     it on its own; the non-reentrant one records the segment's graph in forward with a pack hook per saved
@@ -87,21 +69,24 @@ class Reentrant:
     variant's measured peak shows that price beside its time. A dummy input that requires grad keeps the
     first segment's parameters in the graph (a reentrant segment whose inputs need no grad gets no backward)."""
 
-    def __init__(self, chain: Any) -> None:
+    def __init__(self, chain: Any, *, preserve_rng_state: bool = True, reentrant: bool = False) -> None:
         self.chain = chain
+        self.preserve_rng_state = preserve_rng_state
+        self.reentrant = reentrant
 
     def run(self, x: Any, checkpoints: Sequence[int] = ()) -> Any:
         n = self.chain.num_stages
         bounds = (0, *sorted(checkpoints), n)
         env: dict[str, Any] = {}
-        dummy = torch.empty(0, device=x.device, requires_grad=True)
+        dummy = (torch.empty(0, device=x.device, requires_grad=True),) if self.reentrant else ()
         for k in range(len(bounds) - 2):
-            x, new = checkpoint(self._segment, bounds[k] + 1, bounds[k + 1], dummy, x, dict(env),
-                                use_reentrant=True, preserve_rng_state=True)
+            x, new = checkpoint(self._segment, bounds[k] + 1, bounds[k + 1], *dummy, x, dict(env),
+                                use_reentrant=self.reentrant, preserve_rng_state=self.preserve_rng_state)
             env.update(new)
         return self.chain._run_stages(bounds[-2] + 1, n, x, env)
 
-    def _segment(self, lo: int, hi: int, dummy: torch.Tensor, x: Any, env: dict[str, Any]) -> Any:
+    def _segment(self, lo: int, hi: int, *inputs: Any) -> Any:
+        *_, x, env = inputs  # without the reentrant dummy
         return self.chain._segment(lo, hi, x, env)
 
 
@@ -359,7 +344,9 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
     linear = make_plan(idle, "linear")
     variants = {"hand-written, no RNG preservation": HandWritten(chain, preserve_rng_state=False),
                 "remat, no BatchNorm restore": WithoutRestore(chain),
-                "hand-written reentrant": Reentrant(chain)} if args.variants and linear.checkpoints else {}
+                "hand-written reentrant": HandWritten(chain, reentrant=True)}
+    if not (args.variants and linear.checkpoints):
+        variants = {}
     runners += list(variants.values())
     cuts += [linear.checkpoints] * len(variants)
     common = {"grads": args.grads, "device": args.device, "precision": args.dtype}

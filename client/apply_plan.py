@@ -143,7 +143,7 @@ def _uninstalled(model: nn.Module) -> Iterator[None]:
 
 
 def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall, graph: Any = None) -> None:
-    state.sizes = _call_of(example).sizes
+    state.sizes = (example if isinstance(example, ModelCall) else ModelCall.bind(model, (example,), {})).sizes
     try:
         with _uninstalled(model):
             if state.plan.is_graph_plan:
@@ -155,10 +155,6 @@ def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall,
     except ModelError as exc:
         raise _mismatch(state.plan, str(exc)) from exc
     _check_stages(state)
-
-
-def _call_of(example: torch.Tensor | ModelCall) -> ModelCall:
-    return example if isinstance(example, ModelCall) else ModelCall(args=(example,), kwargs={})
 
 
 # NOTE [ other sizes ] torch.export writes every size of the call into the graph's views and expands, so a chain
