@@ -20,6 +20,7 @@ grad mode the class's own ``forward`` runs, unchanged. docs/apply.md lists what 
 from __future__ import annotations
 
 import contextlib
+import time
 import types
 import warnings
 from collections import OrderedDict
@@ -29,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
+from remat.client.graph.fx_trace import export_any_sizes, sizes_refused
 from remat.client.graph.hashing import architecture_hash
 from remat.client.graph.model_call import ModelCall, synthetic_call
 from remat.client.graph.op_graph import OpGraph, build_op_graph
@@ -48,8 +51,9 @@ _USER_FRAME = 7
 calls: that function, ``_planned``, dynamo's ``disable`` wrapper, ``_forward``, ``Module._call_impl`` and
 ``Module._wrapped_call_impl``."""
 MAX_SIZED_CHAINS = 8
-"""Chains an applied exported model keeps for calls at other sizes than its chain's (NOTE [ other sizes ]); the
-least recently used goes first. Each holds a graph and its stage modules (GPT-2's graph file is 0.5 MiB)."""
+"""Sizes other than its chain's whose chain an applied exported model keeps (NOTE [ other sizes ]); the least
+recently used goes first. A chain for one size holds a graph and its stage modules (GPT-2's graph file is
+0.5 MiB); sizes run on the chain for any sizes share it, and keeping them only spares asking its guards."""
 
 
 @dataclass(eq=False)
@@ -66,6 +70,9 @@ class _Applied:
     """``ModelCall.sizes`` of the call ``chain`` was cut for; None until known (set at the first training call)."""
     sized_chains: OrderedDict[str, StageChain] = field(default_factory=OrderedDict)
     """Chains of an exported model for calls at other sizes (NOTE [ other sizes ]), by their ``sizes``."""
+    any_sizes: StageChain | None = None
+    """The chain cut from the export for any sizes (NOTE [ any sizes ] in remat.client.graph.fx_trace)."""
+    any_sizes_tried: bool = False
     warned_sizes: bool = False
     graph_cache: Path | None = None
     """The plan cache directory whose ``graphs`` hold the exports of other sizes (``checkpoint(cache_dir=)``);
@@ -160,35 +167,79 @@ def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall,
 # NOTE [ other sizes ] torch.export writes every size of the call into the graph's views and expands, so a chain
 # cut from an exported graph runs only at the sizes it was exported for: the smaller last batch of an epoch
 # (a DataLoader's default) or a batch padded to another length failed inside the graph with a reshape error.
-# A training call at other sizes (the same inputs, dtypes and constants: ``ModelCall.same_inputs``) gets a
-# chain of its own, cut the first time those sizes are seen by the same ``build_stage_chain`` as the plan's
-# (export, disk-cached like any, and the no-grad probe) and kept for the next time (``MAX_SIZED_CHAINS``).
-# The export is traced at those very sizes, so whatever the code decides on sizes is in it. The fidelity
+# A training call at other sizes (the same inputs, dtypes and constants: ``ModelCall.same_inputs``) runs on
+# the chain cut from one more export of the model, for any sizes (NOTE [ any sizes ] in
+# remat.client.graph.fx_trace), when that export's guards hold for the call; otherwise (a size the code decides
+# on, a model export cannot follow with symbolic sizes) on a chain of its own sizes, cut by the same
+# ``build_stage_chain`` as the plan's (export, disk-cached like any, and the no-grad probe), a second or two
+# per new size. Either is kept for the next call at those sizes (``MAX_SIZED_CHAINS``). Both exports hold
+# what the code decides on sizes, as a guard or as the very sizes. The fidelity
 # check (an eager and a chain step without checkpoints) is not run again: what it guards against, a path
 # that depends on values or that export takes differently, was checked at the plan's sizes for this kind of
 # call, and every later batch of the plan's own sizes runs unchecked with other values anyway; while two
 # uncheckpointed steps at a larger padded length are what may not fit in memory at all. The plan's boundary
 # indices are used on the new chain only when it is cut into the same stages (``StageChain.layout``: the
 # modules, parameters and buffers each stage reads); otherwise, or when the model cannot be exported at those
-# sizes, the call is refused naming the sizes, never run on a graph made for other ones. Measured on the
-# zoo's GPT-2, Llama, BERT and T5 at batch 1, 2 and 3 and 24, 32 and 40 tokens: one layout each, and a new
-# size cut in 0.7-2.0 s on a 2-core CPU with nothing on disk. A chain cut for the plan's sizes predicts the
-# plan's peak; another size's peak scales with it and is not predicted.
+# sizes, the call is refused naming the sizes, never run on a graph made for other ones. Measured on a 2-core
+# CPU, for every allow-listed transformer (remat.client.hf_models) with and without a mask: the export for any
+# sizes took 0.9-3.4 s, was cut into the plan chain's stages and trained bit-equal at (1, 40), (3, 17) and
+# (2, 32); a chain for one size took 0.7-2.0 s each. On a 6-block GPT-2 trained 30 steps at 24 padded lengths,
+# remat took 30.5 s against 29.8 unmodified, and 59.8 s with one export per size (docs/benchmarks.md). A chain
+# cut for the plan's sizes predicts the plan's peak; another size's peak scales with it and is not predicted.
 def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> StageChain:
     """The chain for a training call at other sizes than ``state.chain``'s (NOTE [ other sizes ])."""
     assert isinstance(state.chain, StageChain) and state.sizes is not None
     known = state.sized_chains.get(call.sizes)
-    if known is not None:
-        state.sized_chains.move_to_end(call.sizes)
-        return known
-    sizes = f"{_short(call.sizes)} (the plan's chain: {_short(state.sizes)})"
-    if not call.same_inputs(state.sizes):
-        raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}")
-    if not state.warned_sizes:
-        warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}: its graph is exported "
-                      f"once per new size (seconds; pad batches to fixed sizes to avoid it), and its peak is not "
-                      f"the plan's prediction", RuntimeWarning, stacklevel=_USER_FRAME)
-        state.warned_sizes = True
+    if known is None:
+        sizes = f"{_short(call.sizes)} (the plan's chain: {_short(state.sizes)})"
+        if not call.same_inputs(state.sizes):
+            raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}")
+        started = time.perf_counter()
+        known = _any_sizes_chain(state, model, call)
+        how = "on its graph exported for any sizes (once)"
+        if known is None:
+            known = _one_size_chain(state, model, call, sizes)
+            how = "on a graph exported for these sizes (once per new size; pad batches to fixed sizes to avoid it)"
+        if not state.warned_sizes:
+            warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}, runs the plan's "
+                          f"checkpoints {how}: {time.perf_counter() - started:.1f} s; its peak is not the plan's "
+                          f"prediction", RuntimeWarning, stacklevel=_USER_FRAME)
+            state.warned_sizes = True
+        state.sized_chains[call.sizes] = known
+    state.sized_chains.move_to_end(call.sizes)
+    while len(state.sized_chains) > MAX_SIZED_CHAINS:
+        state.sized_chains.popitem(last=False)
+    return known
+
+
+def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall) -> StageChain | None:
+    """The chain for any sizes when it holds for ``call`` (its export's guards), else None. Exported and cut once,
+    from the first call at other sizes whose dimensions are all 2 or more (export fixes a dimension of size 1
+    for good), and kept only when cut into the plan chain's stages (NOTE [ any sizes ])."""
+    assert isinstance(state.chain, StageChain)
+    if not state.any_sizes_tried:
+        if any(size == 1 for leaf in call.leaves() for size in leaf.shape):
+            return None
+        state.any_sizes_tried = True
+        try:
+            with _uninstalled(model):
+                graph = export_any_sizes(model, call, train=True)
+                chain = build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
+                                          train=True, graph=graph, check=False)
+        except ModelError:
+            return None
+        if chain.layout() == state.chain.layout():
+            state.any_sizes = chain
+    chain = state.any_sizes
+    if chain is None or chain.graph_module is None:
+        return None
+    leaves, _ = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))
+    return chain if sizes_refused(chain.graph_module, leaves) is None else None
+
+
+def _one_size_chain(state: _Applied, model: nn.Module, call: ModelCall, sizes: str) -> StageChain:
+    """A chain exported and cut for ``call``'s very sizes (disk-cached like any export)."""
+    assert isinstance(state.chain, StageChain)
     try:
         with _uninstalled(model):
             graph = trace_model(model, train=True, call=call, cache_dir=state.graph_cache)
@@ -199,9 +250,6 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
     if chain.layout() != state.chain.layout():
         raise _mismatch(state.plan, f"at this call's sizes the model is cut into other stages ({chain.num_stages} "
                                     f"against {state.chain.num_stages}, or other modules in them), {sizes}")
-    state.sized_chains[call.sizes] = chain
-    while len(state.sized_chains) > MAX_SIZED_CHAINS:
-        state.sized_chains.popitem(last=False)
     return chain
 
 
@@ -214,15 +262,18 @@ def _cut_points(plan: Plan) -> tuple[int, ...]:
 
 
 def _check_call(state: _Applied, model: nn.Module, call: ModelCall) -> None:
-    """First training call: the input signature must be the one the plan was measured for."""
+    """First training call: the input signature must be the one the plan was measured for. For a call of
+    several inputs, only up to sizes: the first batch of a shuffled, dynamically padded loader is rarely the
+    example's length, and it runs on a chain of its own sizes like any later batch (NOTE [ other sizes ])."""
     key = state.key
     if key is None or not state.strict:
         return
     diffs = []
     x = call.main
-    if tuple(x.shape) != key.input_shape:
+    other_sizes = bool(key.inputs) and call.same_inputs(key.inputs)
+    if tuple(x.shape) != key.input_shape and not other_sizes:
         diffs.append(f"input_shape: plan {list(key.input_shape)} vs input {list(x.shape)}")
-    if call.signature != key.inputs:
+    if call.signature != key.inputs and not other_sizes:
         planned = ModelCall(args=(), kwargs={}, signature=key.inputs)
         diffs.append(f"inputs: {planned.describe_difference(call) or 'the plan was made for one tensor'} "
                      f"(plan vs call)")
@@ -279,8 +330,8 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not state.checked:
         _check_call(state, self, call)
         state.checked = True
-        if state.sizes is None:  # a chain handed over by checkpoint(): cut for the key, which this call matched
-            state.sizes = call.sizes
+        if state.sizes is None:  # a chain handed over by checkpoint(): cut for the key's call, or for this one
+            state.sizes = state.key.inputs if state.key is not None and state.key.inputs else call.sizes
     chain = state.chain
     assert chain is not None
     nested = {"nested": True} if state.plan.nested else {}  # a nested plan runs on a StageChain (_build)

@@ -36,7 +36,7 @@ from remat.client.errors import ModelError
 if TYPE_CHECKING:
     from remat.client.graph.model_call import ModelCall
 
-__all__ = ["trace_model"]
+__all__ = ["ANY_SIZES_GUARDS", "export_any_sizes", "sizes_refused", "trace_model"]
 
 
 def _extra_leaves() -> tuple[type[nn.Module], ...]:
@@ -192,9 +192,23 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
             gm = program.module()
         except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
             raise ModelError(f"torch.export cannot trace {type(model).__name__}: {one_line(exc)}") from exc
+    _finish_export(gm, train)
+    if key is not None:
+        export_cache.store_graph(model, gm, key, directory=cache_dir / "graphs" if cache_dir is not None else None)
+    _attach_hash_graph(gm, model, call, train, cache_dir, key)
+    return gm
+
+
+def _finish_export(gm: torch.fx.GraphModule, train: bool) -> tuple[nn.Module, tuple[int, ...]] | None:
+    """Clean an exported module up in place: its input guards and export's checking ops go (they compute
+    nothing a stage needs); returns the guards (the module and the flat inputs it reads), None without any."""
     graph = gm.graph
+    guards = None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for node in list(graph.nodes):
         if node.op == "call_module" and str(node.target) == "_guards_fn":
+            if all(arg in placeholders for arg in node.args) and not node.kwargs:
+                guards = (gm.get_submodule("_guards_fn"), tuple(placeholders.index(arg) for arg in node.args))
             graph.erase_node(node)
         elif node.op == "call_function" and any(name in str(node.target) for name in _EXPORT_NOISE) and not node.users:
             graph.erase_node(node)
@@ -205,10 +219,97 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
     gm.meta["remat_train"] = train
     gm.meta["remat_tracer"] = "export"
     gm.meta["remat_pytree"] = (info.in_spec, info.out_spec)
-    if key is not None:
-        export_cache.store_graph(model, gm, key, directory=cache_dir / "graphs" if cache_dir is not None else None)
-    _attach_hash_graph(gm, model, call, train, cache_dir, key)
+    return guards
+
+
+# NOTE [ any sizes ] An export at one call's sizes writes them into every view, so another size needs another
+# export and chain (NOTE [ other sizes ] in remat.client.apply_plan): a second or two per new size, and under a
+# collator that pads to each batch's longest sequence that is most batches. ``export_any_sizes`` leaves every
+# dimension of every tensor input to export (``Dim.AUTO``): what the code computes from sizes becomes
+# ``sym_size`` nodes and shape arithmetic, and what it decides on sizes becomes a guard (``seq_len >= 17``) or,
+# where the code needs one value, that value. The guards are kept (``ANY_SIZES_GUARDS``) and asked before each
+# call at new sizes: a call they refuse is never run on this graph. export keeps full slices
+# (``x[:, 0:sys.maxsize]``) that it writes as one ``alias`` at fixed sizes, where it knows them for no-ops; they
+# are written so here too, so that both graphs cut into the same stages (two views for one is one more place to
+# cut). Checked
+# on the zoo's GPT-2, Llama, BERT and T5 at batch 1 to 3 and 7 to 40 tokens: the same stages as at the plan's
+# sizes, losses and gradients bit-equal to the eager model's (tests/client/graph/test_export_any_sizes.py).
+ANY_SIZES_GUARDS = "remat_any_sizes_guards"
+"""``meta`` entry of a graph from ``export_any_sizes``: (export's guard module, the indices of the flat inputs
+it reads). Calling it raises on inputs the graph does not hold for."""
+
+
+def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True) -> torch.fx.GraphModule:
+    """``torch.export`` of ``model`` on ``call`` with every input dimension left to export (NOTE [ any sizes ]),
+    cleaned up like ``export_model``'s graphs, guards kept in ``meta[ANY_SIZES_GUARDS]``. Not cached on disk (its
+    sizes are symbols the cache's format does not hold). Raises ``ModelError`` when it cannot be exported, its
+    inputs cannot be bound to the forward's parameters, or export left no guards to ask."""
+    import inspect
+    import warnings
+
+    import torch.utils._pytree as pytree
+
+    try:
+        bound = inspect.signature(model.forward).bind(*call.args, **call.kwargs).arguments
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"the call's inputs do not bind to {type(model).__name__}.forward: {exc}") from None
+
+    def dims(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return dict.fromkeys(range(value.dim()), torch.export.Dim.AUTO)
+        return None
+
+    dynamic_shapes = {name: pytree.tree_map(dims, value) for name, value in bound.items()}
+    with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call):
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.export.export(model, tuple(call.args), dict(call.kwargs), dynamic_shapes=dynamic_shapes,
+                                          strict=False)
+            gm = program.module()
+        except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
+            raise ModelError(f"torch.export cannot trace {type(model).__name__} for any sizes: "
+                             f"{one_line(exc)}") from exc
+    _alias_full_slices(gm.graph)
+    guards = _finish_export(gm, train)
+    if guards is None:
+        raise ModelError("torch.export left no input guards to check other sizes against")
+    gm.meta[ANY_SIZES_GUARDS] = guards
     return gm
+
+
+def sizes_refused(gm: torch.fx.GraphModule, flat_inputs: list[Any]) -> str | None:
+    """Why a graph from ``export_any_sizes`` does not hold for these flat inputs (one line), None if it does."""
+    guards, indices = gm.meta[ANY_SIZES_GUARDS]
+    try:
+        guards(*(flat_inputs[i] for i in indices))
+    except Exception as exc:  # noqa: BLE001 - a guard that fails to run refuses as much as one that fails
+        return one_line(exc)
+    return None
+
+
+def _alias_full_slices(graph: torch.fx.Graph) -> None:
+    """Replace ``aten.slice.Tensor(x, dim, 0, sys.maxsize[, 1])`` by ``aten.alias(x)``, a chain of them by one,
+    as export writes them at fixed sizes (NOTE [ any sizes ])."""
+    alias = torch.ops.aten.alias.default
+    made: set[torch.fx.Node] = set()
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor or node.kwargs:
+            continue
+        args = node.args
+        start, end, step = (args[2] if len(args) > 2 else None, args[3] if len(args) > 3 else None,
+                            args[4] if len(args) > 4 else 1)
+        base = args[0]
+        if start not in (0, None) or end not in (sys.maxsize, None) or step != 1 or not isinstance(base, torch.fx.Node):
+            continue
+        if base in made:
+            replacement = base
+        else:
+            with graph.inserting_before(node):
+                replacement = graph.call_function(alias, (base,))
+            replacement.meta = dict(node.meta)
+            made.add(replacement)
+        node.replace_all_uses_with(replacement)
+        graph.erase_node(node)
 
 
 HASH_BATCH = 2
