@@ -20,8 +20,8 @@ grad mode the class's own ``forward`` runs, unchanged. docs/apply.md lists what 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
-import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -46,10 +46,10 @@ from remat.client.precision import autocast_dtype, precision_of_call
 __all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "example_for", "remove"]
 
 _STATE = "_remat_applied"
-_USER_FRAME = 7
+_USER_FRAME = 8
 """``stacklevel`` that names the user's line calling the model, for a warning raised in a function ``_planned``
-calls: that function, ``_planned``, dynamo's ``disable`` wrapper, ``_forward``, ``Module._call_impl`` and
-``Module._wrapped_call_impl``."""
+calls: that function, ``_planned``, dynamo's ``disable`` wrapper, ``_forward``, ``_PlanForward.__call__``,
+``Module._call_impl`` and ``Module._wrapped_call_impl``."""
 MAX_SIZED_CHAINS = 8
 """Sizes other than its chain's whose chain an applied exported model keeps (NOTE [ other sizes ]); the least
 recently used goes first. A chain for one size holds a graph and its stage modules (GPT-2's graph file is
@@ -81,6 +81,42 @@ class _Applied:
     def __deepcopy__(self, memo: dict) -> _Applied:
         # A deep-copied model gets its own chain, built from its own modules at its first training call.
         return _Applied(plan=self.plan, key=self.key, strict=self.strict, graph_cache=self.graph_cache)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled model (``torch.save(model)``) keeps its plan, not its chains (graph modules do not pickle):
+        # they are cut again at its first training call, as a deep copy's. The cache directory is this
+        # machine's; the loading one exports into its own.
+        return {"plan": self.plan, "key": self.key, "strict": self.strict}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+
+class _PlanForward:
+    """The instance ``forward`` that ``apply`` installs: ``_forward`` bound to the model, as a bound method
+    would be (``__func__``, ``__self__`` for tools that unwrap one), but with the class forward's signature
+    (transformers' ``Trainer`` keeps the dataset columns that ``forward`` names: of ``(*args, **kwargs)``, none)
+    and pickled by reference to its model (a bound method pickles as a lookup of its function's name on the
+    model, which fails on loading)."""
+
+    __slots__ = ("__self__",)
+
+    def __init__(self, model: nn.Module) -> None:
+        self.__self__ = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _forward(self.__self__, *args, **kwargs)
+
+    @property
+    def __func__(self) -> Any:
+        return _forward
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(type(self.__self__).forward.__get__(self.__self__))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_PlanForward, (self.__self__,))
 
 
 def _plan_key(plan: Plan, key: PlanKey | None) -> PlanKey | None:
@@ -437,7 +473,7 @@ def _check_key(plan: Plan, key: PlanKey, model_hash: str) -> None:
 
 def _install(model: nn.Module, state: _Applied) -> None:
     model.__dict__[_STATE] = state
-    model.__dict__["forward"] = types.MethodType(_forward, model)
+    model.__dict__["forward"] = _PlanForward(model)
 
 
 def remove(model: nn.Module) -> nn.Module:

@@ -4,6 +4,8 @@ the user relies on (parameters, state_dict keys, optimizers, eval/no_grad behavi
 from __future__ import annotations
 
 import copy
+import inspect
+import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -143,6 +145,32 @@ def test_parameters_optimizer_and_state_dict_are_the_originals(resnet: nn.Module
     model.load_state_dict(plain.state_dict())
     assert applied_plan(model) is not None
     assert remove(model) is model and applied_plan(model) is None and "forward" not in vars(model)
+
+
+def test_a_pickled_applied_model_loads_with_its_plan_and_trains_identically(resnet: nn.Module) -> None:
+    """``torch.save(model)`` of an applied model: its chains do not pickle (fx graph modules); it used to fail.
+    The loaded model keeps the plan and cuts its chain again at its first training call."""
+    model, ref = _applied_resnet(resnet)
+    _assert_same_step(model, ref, torch.randn(SHAPE))  # the chain exists when it is saved
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert applied_plan(loaded) == applied_plan(model) and applied_chain(loaded) is None
+    assert loaded.forward.__self__ is loaded
+    for p, q in zip(loaded.parameters(), ref.parameters(), strict=True):
+        p.grad, q.grad = None, None
+    _assert_same_step(loaded, ref, torch.randn(SHAPE))
+    chain = applied_chain(loaded)
+    assert chain is not None and chain.num_stages == 14
+
+
+def test_the_applied_forward_has_the_models_signature(resnet: nn.Module) -> None:
+    """Tools read ``inspect.signature(model.forward)``: transformers' Trainer keeps the dataset columns it names
+    (of ``(*args, **kwargs)``, none)."""
+    model, _ = _applied_resnet(resnet)
+    assert inspect.signature(model.forward) == inspect.signature(copy.deepcopy(resnet).forward)
+    assert list(inspect.signature(model.forward).parameters) == ["x"]
 
 
 def test_mismatched_plans_are_refused(resnet: nn.Module) -> None:

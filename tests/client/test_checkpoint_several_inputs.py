@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
+import io
 from pathlib import Path
 
 import pytest
@@ -218,3 +220,25 @@ def test_a_plan_applied_without_its_key_is_cut_at_the_first_training_call(cache_
     batches = [batch(seed=s) for s in (2, 3)]
     assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), _train(model, batches), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
+
+
+def test_a_pickled_transformer_keeps_its_plan_and_trains_exactly(cache_dir: Path) -> None:
+    """``torch.save(model)`` after training with a plan, ``torch.load`` and train on: the plan comes back, the
+    chain is cut again, and the steps equal the unmodified model's. Its forward names the model's inputs."""
+    reference = tiny("gpt2")
+    model = copy.deepcopy(reference)
+    remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1))
+    assert list(inspect.signature(model.forward).parameters) == \
+        list(inspect.signature(reference.forward).parameters)
+    batches = [batch(seed=2), batch(seed=3, seq=24)]
+    _train(reference, batches[:1])
+    _train(model, batches[:1])
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert applied_plan(loaded) == applied_plan(model)
+    with pytest.warns(RuntimeWarning, match="other sizes than the plan's"):
+        losses = _train(loaded, batches)
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), loaded.parameters(), strict=True))
