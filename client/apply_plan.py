@@ -229,7 +229,8 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
     if known is None:
         sizes = f"{_short(call.sizes)} (the plan's chain: {_short(state.sizes)})"
         if not call.same_inputs(state.sizes):
-            raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}")
+            raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}"
+                                        f"{_pass_them_too(call, state.sizes)}")
         started = time.perf_counter()
         known = _any_sizes_chain(state, model, call)
         how = "on its graph exported for any sizes (once)"
@@ -307,7 +308,7 @@ def _check_call(state: _Applied, model: nn.Module, call: ModelCall) -> None:
     diffs = []
     x = call.main
     other_sizes = bool(key.inputs) and call.same_inputs(key.inputs)
-    if tuple(x.shape) != key.input_shape and not other_sizes:
+    if tuple(x.shape) != key.input_shape and not key.inputs:  # a call of several inputs: its sizes are in them
         diffs.append(f"input_shape: plan {list(key.input_shape)} vs input {list(x.shape)}")
     if call.signature != key.inputs and not other_sizes:
         planned = ModelCall(args=(), kwargs={}, signature=key.inputs)
@@ -319,7 +320,18 @@ def _check_call(state: _Applied, model: nn.Module, call: ModelCall) -> None:
     if x.device.type != key.device:
         diffs.append(f"device: plan {key.device} vs input {x.device.type}")
     if diffs:
-        raise _mismatch(state.plan, "; ".join(diffs) + " (apply(..., strict=False) to use it anyway)")
+        hint = _pass_them_too(call, key.inputs) if key.inputs else ""
+        raise _mismatch(state.plan, "; ".join(diffs) + (hint or " (apply(..., strict=False) to use it anyway)"))
+
+
+def _pass_them_too(call: ModelCall, planned: str) -> str:
+    """A refusal's last words when the call passes inputs the plan's call did not (module docstring of
+    ``model_call``: ``inputs_beyond``)."""
+    extra = call.inputs_beyond(planned)
+    if extra is None:
+        return ""
+    return (f" (this call also passes {_short(extra, 120)}: give checkpoint() every input of the training call, "
+            f"e.g. checkpoint(model, **batch, num_items_in_batch=torch.tensor(1.0)) under transformers' Trainer)")
 
 
 def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

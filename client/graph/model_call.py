@@ -18,6 +18,7 @@ Public API::
     call.leaves()             # the tensors in order (pytree leaves of args and kwargs that are tensors)
     call.args, call.kwargs    # the canonical spelling, to call the model with
     call.describe_difference(other) -> str | None   # what differs, for refusing a plan made for another call
+    call.inputs_beyond(signature) -> str | None      # what it passes that the other does not (a refusal's hint)
     call.sizes                # the signature with every tensor's shape, a single tensor's too
     call.same_inputs(sizes)   # whether a call of those sizes passes the same inputs, at any sizes
     synthetic_call(signature, model, device)        # a call of that signature with made-up values
@@ -178,13 +179,31 @@ class ModelCall:
         if self.signature == other.signature:
             return None
         mine, theirs = _entries(self.signature), _entries(other.signature)
-        diffs = [f"{name}: {mine.get(name, 'absent')} vs {theirs.get(name, 'absent')}"
-                 for name in dict.fromkeys([*mine, *theirs]) if mine.get(name) != theirs.get(name)]
+        names = [name for name in dict.fromkeys([*mine, *theirs]) if mine.get(name) != theirs.get(name)]
+        # Inputs that differ in more than their sizes first: an input left out or added is what decides.
+        names.sort(key=lambda name: name in mine and name in theirs and _unsized(mine[name]) == _unsized(theirs[name]))
+        diffs = [f"{name}: {mine.get(name, 'absent')} vs {theirs.get(name, 'absent')}" for name in names]
         return "; ".join(diffs[:3]) + ("; …" if len(diffs) > 3 else "")
+
+
+    def inputs_beyond(self, signature: str) -> str | None:
+        """The inputs this call passes that a call of ``signature`` does not (``num_items_in_batch: float32[]``),
+        as a hint for a refusal: transformers' ``Trainer`` adds a loss argument to every training call of a model
+        whose forward takes ``**kwargs``, which the example given to ``checkpoint`` rarely has. None: no such
+        input."""
+        theirs = _entries(signature)
+        extra = [f"{name}: {value}" if value else name for name, value in _entries(self.signature).items()
+                 if name not in theirs]
+        return "; ".join(extra) if extra else None
 
 
 _SIZES = re.compile(r"((?:^|: )[a-z0-9_]+)\[[0-9, ]*\](?=;|$)")
 """A tensor's shape in a signature (``int64[2, 32]`` at its start or after a name's colon), for ``same_inputs``."""
+
+
+def _unsized(entry: str) -> str:
+    """An entry of a signature (``int64[2, 32]``) without its sizes (``int64[]``), for ordering differences."""
+    return _SIZES.sub(r"\1[]", f"x: {entry}")
 
 
 def _entries(signature: str) -> dict[str, str]:

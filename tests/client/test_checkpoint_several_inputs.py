@@ -242,3 +242,21 @@ def test_a_pickled_transformer_keeps_its_plan_and_trains_exactly(cache_dir: Path
         losses = _train(loaded, batches)
     assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), loaded.parameters(), strict=True))
+
+
+def test_the_loss_argument_trainer_adds_is_named_in_the_refusal_and_trains_when_given(cache_dir: Path) -> None:
+    """transformers' Trainer passes ``num_items_in_batch`` (a 0-dim tensor) to a model whose forward takes
+    ``**kwargs``. A plan made without it is refused at the first call, naming it first and saying what to do;
+    given in the example, the plan trains bit-equal at every padded length, whatever the count."""
+    reference = tiny("gpt2")
+    model = copy.deepcopy(reference)
+    without = copy.deepcopy(reference)
+    remat.client.checkpoint(without, cache_dir=cache_dir, **batch(seed=1))
+    with pytest.raises(PlanMismatchError, match=r"inputs: num_items_in_batch: absent vs float32\[\]; .*give "
+                                                r"checkpoint\(\) every input of the training call"):
+        without(**batch(seed=2, seq=24), num_items_in_batch=torch.tensor(40.0))
+    remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1), num_items_in_batch=torch.tensor(1.0))
+    batches = [{**batch(seed=2, seq=24), "num_items_in_batch": torch.tensor(40.0)},
+               {**batch(seed=3), "num_items_in_batch": torch.tensor(61.0)}]
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), _train(model, batches), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
