@@ -262,3 +262,48 @@ def test_the_loss_argument_trainer_adds_is_named_in_the_refusal_and_trains_when_
         losses = _train(model, batches)
     assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
+
+
+class _Strided(torch.nn.Module):
+    """One tensor in, but a branch on a size that fx cannot trace (so it is exported): feature maps wider than
+    40 pixels are strided down after each convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1) for i in range(6))
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+            if x.shape[-1] > 40:
+                x = x[..., ::2, ::2]
+        return self.head(x.mean((2, 3)))
+
+
+def test_an_exported_single_tensor_model_runs_other_sizes_on_one_export_and_refuses_another_cut(
+        cache_dir: Path) -> None:
+    """The same paths for a one-tensor model fx cannot follow: other batch sizes and image sizes run on the export
+    for any sizes, bit-identical; at 48 pixels its guard refuses (the strided branch), and that size's own graph
+    cuts into other stages, so the call is refused in one line."""
+    reference = _Strided()
+    model = copy.deepcopy(reference)
+    remat.client.checkpoint(model, torch.randn(4, 3, 32, 32), cache_dir=cache_dir)
+    chain = apply_plan.applied_chain(model)
+    assert chain is not None and chain.graph_module.meta["remat_tracer"] == "export"
+    with pytest.warns(RuntimeWarning, match="exported for any sizes"):
+        for shape in [(4, 3, 32, 32), (2, 3, 32, 32), (4, 3, 24, 24)]:
+            x = torch.randn(shape)
+            steps = []
+            for net in (reference, model):
+                loss = net(x).square().mean()
+                loss.backward()
+                steps.append((loss.detach(), [p.grad.clone() for p in net.parameters()]))
+                net.zero_grad()
+            assert torch.equal(steps[0][0], steps[1][0]), shape
+            assert all(torch.equal(a, b) for a, b in zip(steps[0][1], steps[1][1], strict=True)), shape
+    state = model.__dict__[apply_plan._STATE]
+    assert state.any_sizes is not None and set(state.sized_chains.values()) == {state.any_sizes}
+    with pytest.raises(PlanMismatchError, match=r"cut into other stages .*float32\[4, 3, 48, 48\]"):
+        model(torch.randn(4, 3, 48, 48))
