@@ -174,7 +174,6 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
     same nodes, names, targets, ``nn_module_stack`` and ``meta`` keys, hence the same architecture hash and
     chain; otherwise it is exported and stored for next time. ``cache_dir``: the plan cache directory the
     caller uses (``checkpoint(cache_dir=...)``), whose ``graphs`` folder holds them; default the user's."""
-    import warnings
 
     from remat.client.graph import export_cache
 
@@ -185,18 +184,28 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
         if cached is not None:
             _attach_hash_graph(cached, model, call, train, cache_dir, key)
             return cached
-    with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call):
-        warnings.simplefilter("ignore")
-        try:
-            program = torch.export.export(model, tuple(call.args), dict(call.kwargs), strict=False)
-            gm = program.module()
-        except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
-            raise ModelError(f"torch.export cannot trace {type(model).__name__}: {one_line(exc)}") from exc
+    gm = _exported(model, call, train)
     _finish_export(gm, train)
     if key is not None:
         export_cache.store_graph(model, gm, key, directory=cache_dir / "graphs" if cache_dir is not None else None)
     _attach_hash_graph(gm, model, call, train, cache_dir, key)
     return gm
+
+
+def _exported(model: nn.Module, call: ModelCall, train: bool, dynamic_shapes: dict[str, Any] | None = None,
+              *, what: str = "") -> torch.fx.GraphModule:
+    """``torch.export`` (non-strict) of ``model`` on ``call`` in ``train`` mode, with the libraries' eager paths
+    for this call, unlifted; ``ModelError`` naming why it failed (``what`` says which export)."""
+    import warnings
+
+    with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call):
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.export.export(model, tuple(call.args), dict(call.kwargs), dynamic_shapes=dynamic_shapes,
+                                          strict=False)
+            return program.module()
+        except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
+            raise ModelError(f"torch.export cannot trace {type(model).__name__}{what}: {one_line(exc)}") from exc
 
 
 def _finish_export(gm: torch.fx.GraphModule, train: bool) -> tuple[nn.Module, tuple[int, ...]] | None:
@@ -231,9 +240,8 @@ def _finish_export(gm: torch.fx.GraphModule, train: bool) -> tuple[nn.Module, tu
 # call at new sizes: a call they refuse is never run on this graph. export keeps full slices
 # (``x[:, 0:sys.maxsize]``) that it writes as one ``alias`` at fixed sizes, where it knows them for no-ops; they
 # are written so here too, so that both graphs cut into the same stages (two views for one is one more place to
-# cut). Checked
-# on the zoo's GPT-2, Llama, BERT and T5 at batch 1 to 3 and 7 to 40 tokens: the same stages as at the plan's
-# sizes, losses and gradients bit-equal to the eager model's (tests/client/graph/test_export_any_sizes.py).
+# cut). Checked on the zoo's GPT-2, Llama, BERT and T5 at batch 1 to 3 and 7 to 40 tokens: the same stages as at
+# the plan's sizes, losses and gradients bit-equal to the eager model's (tests/client/graph/test_export_any_sizes.py).
 ANY_SIZES_GUARDS = "remat_any_sizes_guards"
 """``meta`` entry of a graph from ``export_any_sizes``: (export's guard module, the indices of the flat inputs
 it reads). Calling it raises on inputs the graph does not hold for."""
@@ -245,7 +253,6 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True) -
     sizes are symbols the cache's format does not hold). Raises ``ModelError`` when it cannot be exported, its
     inputs cannot be bound to the forward's parameters, or export left no guards to ask."""
     import inspect
-    import warnings
 
     import torch.utils._pytree as pytree
 
@@ -260,15 +267,7 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True) -
         return None
 
     dynamic_shapes = {name: pytree.tree_map(dims, value) for name, value in bound.items()}
-    with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call):
-        warnings.simplefilter("ignore")
-        try:
-            program = torch.export.export(model, tuple(call.args), dict(call.kwargs), dynamic_shapes=dynamic_shapes,
-                                          strict=False)
-            gm = program.module()
-        except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
-            raise ModelError(f"torch.export cannot trace {type(model).__name__} for any sizes: "
-                             f"{one_line(exc)}") from exc
+    gm = _exported(model, call, train, dynamic_shapes, what=" for any sizes")
     _alias_full_slices(gm.graph)
     guards = _finish_export(gm, train)
     if guards is None:
