@@ -9,7 +9,9 @@ different program than the user's. So before a chain cut from an exported graph 
 1. a graph that routes by values (``topk``, ``sort``, ``argmax``, ``nonzero``… of activations: which code runs
    depends on the batch, as in a mixture of experts) is refused: one batch that agrees proves nothing for the
    next (transformers' Mixtral exports a sorted grouped-matmul path; its eager forward loops over the experts
-   a batch hit, and the two agree bit for bit on some shapes only);
+   a batch hit, and the two agree bit for bit on some shapes only). Only values computed from floating-point
+   ones count (NOTE [ routing by activations ]): the same ops on token ids alone pick a position, not code
+   (a classifier pooling each row's last non-padding token, CLIP's end-of-text token);
 2. one step of the eager model and one of the chain without checkpoints, from the same RNG state, must give
    ``torch.equal`` losses and gradients; otherwise the model is refused, with where they differ and why.
 """
@@ -25,7 +27,7 @@ from torch import nn
 from remat.client.errors import ModelError
 from remat.client.graph.write_probe import preserved_state
 
-__all__ = ["RTOL", "check_export_fidelity"]
+__all__ = ["RTOL", "check_export_fidelity", "custom_functions", "routing_ops"]
 
 RTOL = 1e-4
 """Tolerance off the CPU, relative to the largest gradient: the measured step's gradient check uses the same."""
@@ -41,29 +43,95 @@ def _loss(output: Any) -> torch.Tensor | None:
     return sum((t.float().sum() for t in leaves), torch.zeros(())) if leaves else None
 
 
-def _step(run: Any, params: list[nn.Parameter], seed: int) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+MAX_BACKWARD_NODES = 1_000_000
+"""How many nodes of a loss's backward graph :func:`custom_functions` visits at most."""
+
+
+def custom_functions(loss: torch.Tensor) -> list[str]:
+    """The ``torch.autograd.Function`` classes in ``loss``'s backward graph, each once.
+
+    ``torch.export`` traces such a function's forward and differentiates it like any other code: the class's own
+    ``backward`` (BLOOM's GeLU, fused kernels, straight-through estimators) is not in the exported graph, so its
+    gradients are at best equal in value, and a refusal should say that rather than blame control flow.
+    """
+    found: list[str] = []
+    seen: set[int] = set()
+    keep: list[Any] = []  # holds the visited nodes, so that their ids stay theirs
+    stack = [loss.grad_fn]
+    while stack and len(seen) < MAX_BACKWARD_NODES:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        keep.append(node)
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            name = type(node).__name__.removesuffix("Backward")
+            if name not in found:
+                found.append(name)
+        stack.extend(fn for fn, _ in node.next_functions)
+    return found
+
+
+def _step(run: Any, params: list[nn.Parameter], seed: int
+          ) -> tuple[torch.Tensor | None, list[torch.Tensor | None], list[str]]:
+    """One step from ``seed``: the loss, every gradient, and the custom autograd functions it backpropagated."""
     torch.manual_seed(seed)
     for p in params:
         p.grad = None
     with torch.enable_grad():
         loss = _loss(run())
     if loss is None or not loss.requires_grad:
-        return loss, []
+        return loss, [], []
+    functions = custom_functions(loss)
     loss.backward()
-    return loss.detach(), [None if p.grad is None else p.grad.detach().clone() for p in params]
+    return loss.detach(), [None if p.grad is None else p.grad.detach().clone() for p in params], functions
 
 
 ROUTING_OPS = ("topk", "sort", "argsort", "argmax", "argmin", "nonzero", "multinomial", "unique", "histc")
 """aten ops whose result orders or selects by values: in a training forward they route (mixture of experts)."""
 
 
+SIZE_QUERIES = ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset")
+"""aten ops that read a tensor's sizes, not its values: a value computed from a size does not depend on the data."""
+
+# NOTE [ routing by activations ]
+# A mixture of experts picks its code by scores its forward computes: ``topk`` of a softmax of router logits.
+# The same ops also pool by position: ``GPT2ForSequenceClassification`` and every decoder's
+# ``…ForSequenceClassification`` take ``argmax`` of ``arange * (input_ids != pad)`` to find each row's last
+# token, CLIP's text model ``argmax`` of its token ids. There the exported graph is the eager code (one
+# gather, whatever the batch), and refusing them refused every decoder classifier and reward model. So a
+# routing op counts only when its input depends on a floating-point value: a float input, parameter or
+# activation, followed through every op except size queries (a sequence length read off hidden states is a
+# size, not a value). A node whose value export did not record counts as floating (refusing is the safe side).
+
+
+def _float_dependent(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose value is floating point or computed from one (graph order is topological)."""
+    dependent: set[torch.fx.Node] = set()
+    for n in graph.nodes:
+        if n.op == "output":
+            continue
+        if n.op == "call_function" and str(n.target).removeprefix("aten.").split(".")[0] in SIZE_QUERIES:
+            continue
+        if "val" not in n.meta:
+            floating = n.op in ("placeholder", "get_attr") or n.op == "call_function" and not n.all_input_nodes
+        else:
+            floating = any(isinstance(v, torch.Tensor) and v.is_floating_point()
+                           for v in pytree.tree_leaves(n.meta["val"]))
+        if floating or any(a in dependent for a in n.all_input_nodes):
+            dependent.add(n)
+    return dependent
+
+
 def routing_ops(graph: torch.fx.Graph) -> list[str]:
-    """The routing ops (``ROUTING_OPS``) a graph runs, in order, each once."""
+    """The routing ops (``ROUTING_OPS``) a graph runs on floating-point values, in order, each once."""
+    dependent = _float_dependent(graph)
     found = []
     for n in graph.nodes:
         if n.op == "call_function":
             name = str(n.target).removeprefix("aten.").split(".")[0]
-            if name.lstrip("_") in ROUTING_OPS and name not in found:
+            if name.lstrip("_") in ROUTING_OPS and name not in found and any(
+                    a in dependent for a in n.all_input_nodes):
                 found.append(name)
     return found
 
@@ -95,12 +163,17 @@ def check_export_fidelity(model: nn.Module, chain: Any, call: Any, *, train: boo
     params = [p for p in model.parameters() if p.requires_grad]
     devices = [call.device]
     with preserved_state(model, devices=devices), training_mode(model, train):
-        eager_loss, eager_grads = _step(
+        eager_loss, eager_grads, functions = _step(
             lambda: type(model).forward(model, *call.args, **call.kwargs), params, seed=0)
-        chain_loss, chain_grads = _step(lambda: chain.run_call(call, ()), params, seed=0)
+        chain_loss, chain_grads, _ = _step(lambda: chain.run_call(call, ()), params, seed=0)
     exact = call.device.type == "cpu"  # elsewhere two eager steps may differ in their last bits (atomics)
-    reason = ("its forward takes another path when exported (data-dependent control flow), so a plan would "
-              "train another program")
+    if functions:
+        reason = (f"its forward applies torch.autograd.Function {', '.join(functions)}, whose own backward "
+                  f"torch.export does not keep (it differentiates the function's forward instead), so a plan "
+                  f"would train another program")
+    else:
+        reason = ("its forward takes another path when exported (data-dependent control flow), so a plan would "
+                  "train another program")
     ones = _all_ones_inputs(call)
     if ones:
         # transformers skips an attention mask without padding in its eager forward (SDPA's is_causal path),

@@ -96,6 +96,9 @@ class StageChain:
     ``apply``) only, since ``stage(i)`` may need values from the build-time example run that it did not make."""
     main_input: str = ""
     """The graph input stage 1 receives as ``x``: the only one, or a call's first tensor (``input_ids``)."""
+    main_handed: bool = False
+    """The main input is also handed, by name, to later stages that read it (token ids: NOTE [ token ids are
+    held ] in stage_graph.py), as the call's other inputs are."""
     input_names: tuple[str, ...] = ()
     """Every graph input (placeholder) in order: the call's flat pytree leaves for an exported model."""
     side_values: tuple[str, ...] = ()
@@ -183,7 +186,7 @@ class StageChain:
         if spec != self.pytree_specs[0] or len(leaves) != len(self.input_names):
             raise PlanError("this call's inputs are not those the chain was built for (names or structure differ)")
         named = dict(zip(self.input_names, leaves, strict=True))
-        return named.pop(self.main_input), named
+        return (named[self.main_input] if self.main_handed else named.pop(self.main_input)), named
 
     def fold_output(self, flat: Any) -> Any:
         """The model's output from the last stage's: an exported model's flat leaves folded back."""

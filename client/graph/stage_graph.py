@@ -231,14 +231,26 @@ def _flat_inputs(gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall) ->
     return leaves
 
 
+# NOTE [ token ids are held ]
+# A call's inputs other than the main one (masks, labels) are held by the caller for the whole step and handed
+# to every stage that reads them, so their edges never decide a boundary. The main input used to be the one
+# exception: an edge from it to a late node jumps over every block. Token ids are read late by every decoder
+# classifier (``…ForSequenceClassification`` pools each row's last token that is not padding, from
+# ``input_ids != pad``): with that edge deciding, GPT-2's whole transformer was one stage and no plan could
+# checkpoint anything. Ids are held by the caller like the other inputs and never differentiated, so a main
+# input that is not floating point is handed the same way (``StageChain.main_handed``). A floating main input
+# (an image) still decides: its late readers (a global skip) would change the chains plans are stored for.
+
+
 def _boundaries(model: nn.Module, nodes: list[torch.fx.Node], main: torch.fx.Node, tensor_at: list[int],
-                has_tensor: Mapping[str, bool], is_tensor: Mapping[str, bool], hits: list[tuple[str, str]]
-                ) -> tuple[list[str], list[str], list[str], dict[str, list[str]]]:
+                has_tensor: Mapping[str, bool], is_tensor: Mapping[str, bool], hits: list[tuple[str, str]],
+                main_handed: bool = False) -> tuple[list[str], list[str], list[str], dict[str, list[str]]]:
     """(cut vertices, safe boundaries, cut vertices dropped as unsafe, on-path tensor edges) of a traced graph.
 
     Paths start at every tensor input. Inputs besides the main one (masks, labels) are held by the caller for
     the whole step and side values (NOTE [side values]) by every stage that reads them: their edges never
-    decide a boundary. A boundary is on the main input's paths (not a mask's) and carries one tensor (a cut
+    decide a boundary, nor do the main input's when it is handed too (NOTE [ token ids are held ]). A
+    boundary is on the main input's paths (not a mask's) and carries one tensor (a cut
     vertex whose value is a tuple, shufflenet's channel split, is none: the nodes that unpack it stay in its
     stage).
     """
@@ -255,7 +267,8 @@ def _boundaries(model: nn.Module, nodes: list[torch.fx.Node], main: torch.fx.Nod
             edges[node_name(n)] = [node_name(u) for u in n.users]
     path_edges = on_path_edges(order, edges, SOURCE, OUTPUT)
     side = side_values(nodes, module_lists(model), dict(has_tensor)) & set(path_edges)
-    jump_edges = {u: vs for u, vs in path_edges.items() if u not in side and u not in others and u != SOURCE}
+    held = others | ({INPUT} if main_handed else set())
+    jump_edges = {u: vs for u, vs in path_edges.items() if u not in side and u not in held and u != SOURCE}
     from_main = reachable(path_edges, INPUT)
     cuts = [c for c in cut_vertices(order, jump_edges, SOURCE, OUTPUT)
             if c != INPUT and c in from_main and is_tensor.get(c, False)]
@@ -280,7 +293,8 @@ def _build_from_fx(
     if not tensor_at:
         raise ModelError(f"{type(model).__name__}: the example passes no tensor")
     main = placeholders[tensor_at[0]]
-    extra_inputs = {n.name: v for n, v in zip(placeholders, flat, strict=True) if n is not main}
+    main_handed = not (flat[tensor_at[0]].is_floating_point() or flat[tensor_at[0]].is_complex())
+    extra_inputs = {n.name: v for n, v in zip(placeholders, flat, strict=True) if n is not main or main_handed}
     device = flat[tensor_at[0]].device
 
     small_values: dict[str, Any] = {}
@@ -300,7 +314,8 @@ def _build_from_fx(
         buffer_writes = recorder.buffer_writes
         small_values = interp.small_values
 
-    cuts, bounds, unsafe, path_edges = _boundaries(model, nodes, main, tensor_at, has_tensor, is_tensor, hits)
+    cuts, bounds, unsafe, path_edges = _boundaries(model, nodes, main, tensor_at, has_tensor, is_tensor, hits,
+                                                   main_handed)
 
     # Every node goes to a stage by its position: stage k holds the nodes after boundary k-1 up to and
     # including boundary k. Keeping fx's order (rather than moving nodes next to their users) keeps the
@@ -318,9 +333,10 @@ def _build_from_fx(
             members[stage_of[n.name] - 1].append(n)
 
     # The last stage that uses each value computed in an earlier stage; the main input counts as stage 1's
-    # value (a later `x.shape` reads it from there), the other inputs are handed to every stage that reads them.
+    # value (a later `x.shape` reads it from there) unless it is handed; the other inputs are handed to every
+    # stage that reads them.
     def handed(u: torch.fx.Node) -> bool:
-        return u.op == "placeholder" and u is not main
+        return u.op == "placeholder" and (u is not main or main_handed)
 
     last_use: dict[str, int] = {}
     for n in nodes:
@@ -392,6 +408,7 @@ def _build_from_fx(
         probe_facts=facts,
         probed=probed,
         main_input=main.name,
+        main_handed=main_handed,
         input_names=tuple(n.name for n in placeholders),
         side_values=tuple(n.name for n in nodes if n.name in last_use and n.name not in bound_set
                           and n.op != "placeholder" and has_tensor.get(n.name, False)),

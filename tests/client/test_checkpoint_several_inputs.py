@@ -21,7 +21,7 @@ from remat.client.apply_plan import applied_plan
 from remat.client.errors import ModelError, PlanMismatchError
 from remat.client.graph.stage_chain import StageChain
 from remat.worker import local
-from tests.utils.tiny_transformers import batch, tiny
+from tests.utils.tiny_transformers import batch, classifier_batch, tiny
 
 
 def _train(model: torch.nn.Module, batches: list[dict]) -> list[torch.Tensor]:
@@ -104,6 +104,22 @@ def test_calls_at_other_sizes_train_exactly_with_the_plans_checkpoints(cache_dir
     assert [cps for _, cps in ran] == [tuple(plan.checkpoints)] * len(batches)
     chains = [chain for chain, _ in ran]
     assert chains[0] == chains[5] and chains[1] == chains[3] and chains[2] == chains[4] and len(set(chains)) == 3
+
+
+def test_a_decoder_classifier_fine_tunes_exactly_at_padded_lengths(cache_dir: Path) -> None:
+    """Fine-tuning a decoder as a classifier (``GPT2ForSequenceClassification``: it pools each row's last token
+    that is not padding with an ``argmax`` over token ids) was refused as a mixture of experts. It trains
+    bit-equal with its plan, at the example's sizes and on the export for any sizes."""
+    reference = tiny("gpt2-classifier")
+    model = copy.deepcopy(reference)
+    remat.client.checkpoint(model, cache_dir=cache_dir, **classifier_batch(seed=1))
+    plan = applied_plan(model)
+    assert plan is not None and plan.checkpoints
+    batches = [classifier_batch(seed=2), classifier_batch(seed=3, seq=24), classifier_batch(seed=4, size=3, seq=40)]
+    with pytest.warns(RuntimeWarning, match="other sizes than the plan's"):
+        losses = _train(model, batches)
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
 
 
 def test_without_an_export_for_any_sizes_each_size_gets_its_own_chain(cache_dir: Path,

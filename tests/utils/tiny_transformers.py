@@ -22,12 +22,25 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", module="transformers")
 
 
+PAD = 0
+"""The pad token of the classifiers (``…-classifier``): they pool each row's last token that is not PAD."""
+
+
 def tiny(arch: str, *, layers: int = 2) -> nn.Module:
-    """A two-block model of ``arch`` in train mode: gpt2, llama, bert (masked LM), t5, mixtral."""
+    """A two-block model of ``arch`` in train mode: gpt2, llama, bert (masked LM), t5, mixtral, bloom, and
+    gpt2-classifier, llama-classifier (sequence classification, 3 labels)."""
     _quiet()
     torch.manual_seed(0)
     auto = transformers.AutoModelForCausalLM
-    if arch == "gpt2":
+    if arch.endswith("-classifier"):
+        cfg = tiny(arch.removesuffix("-classifier"), layers=layers).config
+        cfg.pad_token_id, cfg.num_labels = PAD, 3
+        torch.manual_seed(0)
+        return transformers.AutoModelForSequenceClassification.from_config(cfg).train()
+    if arch == "bloom":
+        cfg = transformers.AutoConfig.for_model("bloom", n_layer=layers, hidden_size=64, n_head=4, vocab_size=VOCAB,
+                                                use_cache=False)
+    elif arch == "gpt2":
         cfg = transformers.AutoConfig.for_model("gpt2", n_layer=layers, n_embd=64, n_head=4, vocab_size=VOCAB,
                                                 n_positions=128, use_cache=False)
     elif arch == "llama":
@@ -53,6 +66,17 @@ def tiny(arch: str, *, layers: int = 2) -> nn.Module:
     model = auto.from_config(cfg)
     model.train()
     return model
+
+
+def classifier_batch(*, seed: int = 0, seq: int = SEQ, size: int = BATCH) -> dict[str, Any]:
+    """A sequence classifier's call: every row but the first padded (PAD) after a different length, the mask
+    that says so, one label per row."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(PAD + 1, VOCAB, (size, seq), generator=gen)
+    for row in range(1, size):
+        ids[row, seq - 2 * row:] = PAD
+    return {"input_ids": ids, "attention_mask": (ids != PAD).long(),
+            "labels": torch.randint(0, 3, (size,), generator=gen)}
 
 
 def batch(*, seed: int = 0, seq: int = SEQ, mask: bool = True, size: int = BATCH) -> dict[str, Any]:

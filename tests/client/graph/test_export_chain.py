@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from remat.client.errors import ModelError, PlanError
+from remat.client.graph.fidelity import custom_functions, routing_ops
+from remat.client.graph.fx_trace import export_any_sizes
 from remat.client.graph.model_call import ModelCall, synthetic_call
 from remat.client.graph.stage_graph import build_stage_chain
-from tests.utils.tiny_transformers import batch, chain_step, same_step, step, tiny
+from tests.utils.tiny_transformers import batch, chain_step, classifier_batch, same_step, step, tiny
 
 ARCHITECTURES = ["gpt2", "llama", "bert", "t5"]
 
@@ -42,6 +44,75 @@ def test_mixture_of_experts_is_refused_with_the_reason() -> None:
     call = ModelCall.bind(model, (), batch())
     with pytest.raises(ModelError, match=r"MixtralForCausalLM routes tokens by their values \(aten.topk"):
         build_stage_chain(model, call)
+
+
+@pytest.mark.parametrize("arch", ["gpt2-classifier", "llama-classifier"])
+def test_a_classifier_pooling_by_token_ids_is_planned(arch: str) -> None:
+    """A decoder classifier pools each row's last token that is not padding with ``argmax`` over
+    ``arange * (input_ids != pad)``: a position picked from the token ids, not code picked from activations
+    (NOTE [ routing by activations ]). It was refused as a mixture of experts; its chain trains bit-equal."""
+    model = tiny(arch)
+    kwargs = classifier_batch()
+    call = ModelCall.bind(model, (), kwargs)
+    chain = build_stage_chain(model, call)
+    assert any("argmax" in str(n.target) for n in chain.graph_module.graph.nodes)
+    # Cut between and inside the blocks although the pooling reads input_ids again at the end: token ids are
+    # held like the call's other inputs (NOTE [ token ids are held ]); the transformer was one stage before.
+    assert chain.main_handed and chain.num_stages >= 8, chain.names
+    reference = step(model, kwargs)
+    for checkpoints in [(), tuple(range(1, chain.num_stages))]:
+        assert same_step(reference, chain_step(model, chain, call, checkpoints)), checkpoints
+    # At any sizes the sequence length is a symbol read off a tensor: a size, not a value that routes.
+    assert routing_ops(export_any_sizes(model, call).graph) == []
+
+
+class _Router(nn.Module):
+    """Two experts and a gate: each row runs the expert its gate scores highest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 2)
+        self.experts = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        choice = self.gate(x).argmax(-1) + 0 * ids.argmax(-1)  # ids' argmax alone would not route
+        out = self.experts(x).view(x.shape[0], 2, 8)
+        return out.gather(1, choice.view(-1, 1, 1).expand(-1, 1, 8)).squeeze(1)
+
+
+def test_routing_by_scores_is_refused_and_pooling_by_ids_is_not() -> None:
+    model = _Router()
+    call = ModelCall.bind(model, (torch.randn(4, 8), torch.randint(0, 9, (4, 5))), {})
+    with pytest.raises(ModelError, match=r"_Router routes tokens by their values \(aten.argmax: a mixture"):
+        build_stage_chain(model, call)
+    # A classifier's pooling at any sizes: argmax(arange(hidden.size(1)) * ids), the length read off a float.
+    graph = torch.fx.Graph()
+    hidden, ids = graph.placeholder("hidden"), graph.placeholder("ids")
+    hidden.meta["val"], ids.meta["val"] = torch.zeros(4, 5, 8), torch.zeros(4, 5, dtype=torch.long)
+    length = graph.call_function(torch.ops.aten.sym_size.int, (hidden, 1))
+    length.meta["val"] = 5
+    positions = graph.call_function(torch.ops.aten.arange.default, (length,))
+    positions.meta["val"] = torch.zeros(5, dtype=torch.long)
+    product = graph.call_function(torch.ops.aten.mul.Tensor, (positions, ids))
+    product.meta["val"] = torch.zeros(4, 5, dtype=torch.long)
+    graph.output(graph.call_function(torch.ops.aten.argmax.default, (product, -1)))
+    assert routing_ops(graph) == []  # a position picked from token ids and a size
+    ids.meta["val"] = torch.zeros(4, 5)
+    assert routing_ops(graph) == ["argmax"]  # picked from floating-point values, it routes
+
+
+def test_a_custom_autograd_function_is_named_when_export_loses_its_backward() -> None:
+    """BLOOM's GeLU is a ``torch.autograd.Function`` in training; export differentiates its forward instead of
+    running its backward, so the gradients differ in their last bits. The refusal names the function instead
+    of blaming control flow."""
+    model = tiny("bloom")
+    kwargs = batch()
+    loss = model(**kwargs).loss
+    assert custom_functions(loss) == ["GeLUFunction"]
+    assert custom_functions(tiny("gpt2")(**kwargs).loss) == []
+    with pytest.raises(ModelError, match=r"BloomForCausalLM cannot be planned exactly: .*applies "
+                                         r"torch.autograd.Function GeLUFunction, whose own backward"):
+        build_stage_chain(model, ModelCall.bind(model, (), kwargs))
 
 
 class _Branchy(nn.Module):
