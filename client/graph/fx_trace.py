@@ -205,7 +205,28 @@ def _exported(model: nn.Module, call: ModelCall, train: bool, dynamic_shapes: di
                                           strict=False)
             return program.module()
         except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
-            raise ModelError(f"torch.export cannot trace {type(model).__name__}{what}: {one_line(exc)}") from exc
+            raise ModelError(f"torch.export cannot trace {type(model).__name__}{what}: {one_line(exc)}"
+                             f"{_where(exc)}") from exc
+
+
+_LAYERDROP_HINT = ("LayerDrop skips layers at random, a different program at every step: set the configuration's "
+                   "layerdrop fields to 0 to plan it")
+
+
+def _where(exc: BaseException) -> str:
+    """Where in the model's own code export failed, as `` at file:line: `code` ``: the innermost frame outside
+    torch and remat (export's message names an expression such as ``Eq(u0, 1)``, rarely the line of Python
+    that branched on a tensor's value, which is what the user can change). Empty when there is none."""
+    import traceback
+
+    skipped = (Path(torch.__file__).parent, Path(__file__).parents[1])
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.line and not any(Path(f.filename).is_relative_to(root) for root in skipped)]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    hint = f"; {_LAYERDROP_HINT}" if "layerdrop" in frame.line.lower() else ""
+    return f" at {Path(frame.filename).name}:{frame.lineno}: `{frame.line.strip()}`{hint}"
 
 
 def _finish_export(gm: torch.fx.GraphModule, train: bool) -> tuple[nn.Module, tuple[int, ...]] | None:

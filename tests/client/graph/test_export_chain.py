@@ -129,10 +129,36 @@ class _Branchy(nn.Module):
         return self.b(x) * scale
 
 
-def test_data_dependent_control_flow_is_refused_naming_the_tracer() -> None:
+def test_data_dependent_control_flow_is_refused_naming_the_tracer_and_the_line() -> None:
     model = _Branchy()
     call = ModelCall.bind(model, (torch.randn(4, 8), torch.ones(4, 1)), {})
-    with pytest.raises(ModelError, match="torch.export cannot trace _Branchy"):
+    with pytest.raises(ModelError, match=r"torch.export cannot trace _Branchy: .* at test_export_chain.py:\d+: "
+                                         r"`if x.sum\(\) > 0:`$"):
+        build_stage_chain(model, call)
+
+
+class _LayerDrop(nn.Module):
+    """LayerDrop as transformers writes it (M2M100/NLLB, wav2vec2): each layer skipped at random in training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.layerdrop = 0.05
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            dropout_probability = torch.rand([])
+            if self.training and dropout_probability < self.layerdrop:
+                continue
+            x = layer(x) * scale
+        return x
+
+
+def test_layerdrop_is_refused_saying_how_to_plan_it() -> None:
+    model = _LayerDrop().train()
+    call = ModelCall.bind(model, (torch.randn(4, 8), torch.ones(4, 1)), {})
+    with pytest.raises(ModelError, match=r"`if self.training and dropout_probability < self.layerdrop:`; LayerDrop "
+                                         r"skips layers at random.*set the configuration's layerdrop fields to 0"):
         build_stage_chain(model, call)
 
 
