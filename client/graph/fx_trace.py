@@ -258,10 +258,11 @@ def _finish_export(gm: torch.fx.GraphModule, train: bool) -> tuple[nn.Module, tu
 # dimension of every tensor input to export (``Dim.AUTO``): what the code computes from sizes becomes
 # ``sym_size`` nodes and shape arithmetic, and what it decides on sizes becomes a guard (``seq_len >= 17``) or,
 # where the code needs one value, that value. The guards are kept (``ANY_SIZES_GUARDS``) and asked before each
-# call at new sizes: a call they refuse is never run on this graph. export keeps full slices
+# call at new sizes, with the sizes export assumed (NOTE [ sizes export assumed ]: no dimension of 1): a call
+# they refuse is never run on this graph. export keeps full slices
 # (``x[:, 0:sys.maxsize]``) that it writes as one ``alias`` at fixed sizes, where it knows them for no-ops; they
 # are written so here too, so that both graphs cut into the same stages (two views for one is one more place to
-# cut). Checked on the zoo's GPT-2, Llama, BERT and T5 at batch 1 to 3 and 7 to 40 tokens: the same stages as at
+# cut). Checked on the zoo's GPT-2, Llama, BERT and T5 at batch 2 to 4 and 7 to 40 tokens: the same stages as at
 # the plan's sizes, losses and gradients bit-equal to the eager model's (tests/client/graph/test_export_any_sizes.py).
 ANY_SIZES_GUARDS = "remat_any_sizes_guards"
 """``meta`` entry of a graph from ``export_any_sizes``: (export's guard module, the indices of the flat inputs
@@ -298,12 +299,55 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True) -
 
 
 def sizes_refused(gm: torch.fx.GraphModule, flat_inputs: list[Any]) -> str | None:
-    """Why a graph from ``export_any_sizes`` does not hold for these flat inputs (one line), None if it does."""
+    """Why a graph from ``export_any_sizes`` does not hold for these flat inputs (one line), None if it does:
+    a size outside what export assumed (NOTE [ sizes export assumed ]) or a guard that fails."""
+    outside = _outside_assumed_sizes(gm, flat_inputs)
+    if outside is not None:
+        return outside
     guards, indices = gm.meta[ANY_SIZES_GUARDS]
     try:
         guards(*(flat_inputs[i] for i in indices))
     except Exception as exc:  # noqa: BLE001 - a guard that fails to run refuses as much as one that fails
         return one_line(exc)
+    return None
+
+
+# NOTE [ sizes export assumed ] Export's guards module does not check everything the graph assumes. A dimension
+# left to export (``Dim.AUTO``) from an example size of 2 or more becomes a symbol whose range starts at 2: export
+# assumes it is never 0 or 1 and takes, without a guard, the branch a size other than 1 takes (``if
+# h.shape[0] == 1:`` is False for every call). The guards module accepted batch 1 all the same, and a model that
+# branches on a size of 1 then trained the other branch's program, silently. So every input dimension is checked
+# against the placeholder's size: a number it must equal, a symbol whose range (``var_to_range``) must hold the
+# call's size and which must be the same size wherever it appears.
+
+
+def _outside_assumed_sizes(gm: torch.fx.GraphModule, flat_inputs: list[Any]) -> str | None:
+    """The first input dimension outside what export assumed (NOTE [ sizes export assumed ]), None if none."""
+    seen: dict[Any, tuple[str, int]] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, flat_inputs, strict=False):
+        assumed = node.meta.get("val")
+        if not isinstance(assumed, torch.Tensor) or not isinstance(value, torch.Tensor):
+            continue
+        if assumed.dim() != value.dim():
+            return f"{node.name} has {value.dim()} dimensions, the graph's {assumed.dim()}"
+        for dim, (size, actual) in enumerate(zip(assumed.shape, value.shape, strict=True)):
+            where = f"{node.name}.shape[{dim}]"
+            if not isinstance(size, torch.SymInt):
+                if int(size) != actual:
+                    return f"{where} is {actual}, the graph's {int(size)}"
+                continue
+            expr = size.node.expr
+            if not expr.is_Symbol:
+                continue  # a size computed from others: it holds when they do
+            first = seen.setdefault(expr, (where, actual))
+            if first[1] != actual:
+                return f"{where} is {actual} where {first[0]} is {first[1]}: the graph has them equal"
+            bounds = size.node.shape_env.var_to_range.get(expr)
+            if bounds is not None and not (bool(bounds.lower <= actual) and bool(actual <= bounds.upper)):
+                span = f"{bounds.lower} or more" if "oo" in str(bounds.upper) else f"{bounds.lower} to {bounds.upper}"
+                why = "; a size of 1 may take branches the graph does not hold" if actual <= 1 else ""
+                return f"{where} is {actual}, outside the sizes export assumed ({span}{why})"
     return None
 
 

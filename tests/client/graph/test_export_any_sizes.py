@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from remat.client.errors import ModelError
-from remat.client.graph.fx_trace import export_any_sizes, sizes_refused
+from remat.client.graph.fx_trace import ANY_SIZES_GUARDS, export_any_sizes, sizes_refused
 from remat.client.graph.model_call import ModelCall
 from remat.client.graph.stage_graph import build_stage_chain
 from tests.utils.tiny_transformers import batch, chain_step, same_step, step, tiny
@@ -38,13 +38,16 @@ def test_one_export_cuts_like_the_plans_and_trains_exactly_at_every_size(arch: s
     chain = build_stage_chain(model, first_other, graph=graph, check=False)
     assert chain.layout() == planned.layout(), (chain.names, planned.names)
     n = chain.num_stages
-    for size, seq in [(2, 32), (1, 32), (2, 24), (3, 40), (1, 7)]:
+    for size, seq in [(2, 32), (2, 24), (3, 40), (4, 7)]:
         kwargs = batch(seed=10 * size + seq, size=size, seq=seq)
         call = ModelCall.bind(model, (), kwargs)
         assert sizes_refused(graph, _leaves(call)) is None, (size, seq)
         reference = step(model, kwargs)
         for checkpoints in [(), tuple(range(2, n, 3))]:
             assert same_step(reference, chain_step(model, chain, call, checkpoints)), (arch, size, seq, checkpoints)
+    # Export assumed no size of 1 (NOTE [ sizes export assumed ]): a batch of one row gets a graph of its own.
+    refusal = sizes_refused(graph, _leaves(ModelCall.bind(model, (), batch(size=1, seq=7))))
+    assert refusal is not None and "shape[0] is 1, outside the sizes export assumed (2 or more" in refusal
 
 
 class _LongOnly(nn.Module):
@@ -71,8 +74,46 @@ def test_what_the_code_decides_on_sizes_is_a_guard_that_refuses_other_calls() ->
 
     graph = export_any_sizes(model, call(2, 32))
     assert sizes_refused(graph, _leaves(call(3, 20))) is None
-    refusal = sizes_refused(graph, _leaves(call(2, 8)))
-    assert refusal is not None and ">= 17" in refusal  # the graph holds the long branch only
+    # The graph holds the long branch only: export's range for the length says so.
+    assert sizes_refused(graph, _leaves(call(2, 8))) == \
+        "input_ids.shape[1] is 8, outside the sizes export assumed (17 or more)"
+
+
+class _OneRowScaled(nn.Module):
+    """A model whose code takes another branch for a batch of one row, with no guard export would write: it
+    assumes a size it was given as 2 or more is never 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.embed(input_ids)
+        if h.shape[0] == 1:
+            h = h * 2
+        return ((self.head(h).squeeze(-1) - labels) ** 2).mean()
+
+
+def test_a_size_of_one_is_outside_what_export_assumed_and_is_refused() -> None:
+    model = _OneRowScaled()
+
+    def call(size: int, seq: int) -> ModelCall:
+        ids = torch.arange(size * seq).reshape(size, seq) % 32
+        return ModelCall.bind(model, (), {"input_ids": ids, "labels": torch.zeros(size, seq)})
+
+    graph = export_any_sizes(model, call(2, 8))
+    assert sizes_refused(graph, _leaves(call(3, 5))) is None
+    # The guards module alone let a batch of one through, onto the graph of the other branch.
+    guards, indices = graph.meta[ANY_SIZES_GUARDS]
+    guards(*(_leaves(call(1, 8))[i] for i in indices))
+    assert sizes_refused(graph, _leaves(call(1, 8))) == ("input_ids.shape[0] is 1, outside the sizes export assumed "
+                                                         "(2 or more; a size of 1 may take branches the graph does "
+                                                         "not hold)")
+    refusal = sizes_refused(graph, _leaves(call(3, 5))[:1] + [torch.zeros(3, 6)])
+    assert refusal is not None and "labels.shape[1] is 6 where input_ids.shape[1] is 5" in refusal
+    assert sizes_refused(graph, [torch.zeros(3, 5, 1, dtype=torch.long), torch.zeros(3, 5)]) == \
+        "input_ids has 3 dimensions, the graph's 2"
 
 
 def test_a_call_that_does_not_bind_to_the_forward_is_refused() -> None:
