@@ -21,8 +21,8 @@ median step at a length seen for the first time (after that first one) and at on
 ``--architectures`` checks instead every allow-listed transformer (``remat.client.hf_models``, at the zoo's
 sizes or alike), with and without an attention mask: the plan chain at (2, 32), the export for any sizes from a
 call at (3, 24) (its time, export and cut), whether it is cut into the same stages, and whether a training step
-on it with checkpoints at (1, 40), (3, 17) and (2, 32) is bit-equal to the eager model's (``refused`` where its
-guards refuse the size).
+on it with checkpoints at (1, 40), (4, 40), (3, 17) and (2, 32) is bit-equal to the eager model's (``refused``
+where its guards, or the sizes export assumed, refuse the size: a batch of one row always is).
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def _check_architectures() -> None:
                                                                               torch.equal(x, y))
                                                for x, y in zip(a[1], b[1], strict=True))
 
-    print("| architecture | mask | stages | same stages as the plan's | export and cut | (1, 40), (3, 17), (2, 32) |")
+    print("| architecture | mask | stages | same stages as the plan's | export and cut | "
+          "(1, 40), (4, 40), (3, 17), (2, 32) |")
     print("|---|---|---:|---|---:|---|")
     for name, arch in HF_ARCHITECTURES.items():
         if not is_token_model(f"hf:{name}"):
@@ -157,7 +158,7 @@ def _check_architectures() -> None:
             chain = build_stage_chain(model, first, graph=graph, check=False)
             took = time.perf_counter() - started
             results = []
-            for batch, seq in [(1, 40), (3, 17), (2, 32)]:
+            for batch, seq in [(1, 40), (4, 40), (3, 17), (2, 32)]:
                 values = kwargs(model, causal, batch, seq, 7, mask)
                 call = ModelCall.bind(model, (), values)
                 if sizes_refused(graph, pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]):
