@@ -50,58 +50,39 @@ def test_one_export_cuts_like_the_plans_and_trains_exactly_at_every_size(arch: s
     assert refusal is not None and "shape[0] is 1, outside the sizes export assumed (2 or more" in refusal
 
 
-class _LongOnly(nn.Module):
-    """A model whose code decides on a size: sequences longer than 16 tokens are scaled."""
+class _Branching(nn.Module):
+    """A model whose code decides on a size: ``long`` scales sequences longer than 16 tokens (export writes a
+    guard), ``one_row`` a batch of one row (export, given 2 rows or more, assumes 1 never comes: no guard)."""
 
-    def __init__(self) -> None:
+    def __init__(self, branch: str) -> None:
         super().__init__()
+        self.branch = branch
         self.embed = nn.Embedding(32, 8)
         self.head = nn.Linear(8, 1)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         h = self.embed(input_ids)
-        if input_ids.shape[1] > 16:
+        if (input_ids.shape[1] > 16) if self.branch == "long" else (h.shape[0] == 1):
             h = h * 2
         return ((self.head(h).squeeze(-1) - labels) ** 2).mean()
+
+    def call(self, size: int, seq: int) -> ModelCall:
+        ids = torch.arange(size * seq).reshape(size, seq) % 32
+        return ModelCall.bind(self, (), {"input_ids": ids, "labels": torch.zeros(size, seq)})
 
 
 def test_what_the_code_decides_on_sizes_is_a_guard_that_refuses_other_calls() -> None:
-    model = _LongOnly()
-
-    def call(size: int, seq: int) -> ModelCall:
-        ids = torch.arange(size * seq).reshape(size, seq) % 32
-        return ModelCall.bind(model, (), {"input_ids": ids, "labels": torch.zeros(size, seq)})
-
-    graph = export_any_sizes(model, call(2, 32))
-    assert sizes_refused(graph, _leaves(call(3, 20))) is None
+    model = _Branching("long")
+    graph = export_any_sizes(model, model.call(2, 32))
+    assert sizes_refused(graph, _leaves(model.call(3, 20))) is None
     # The graph holds the long branch only: export's range for the length says so.
-    assert sizes_refused(graph, _leaves(call(2, 8))) == \
+    assert sizes_refused(graph, _leaves(model.call(2, 8))) == \
         "input_ids.shape[1] is 8, outside the sizes export assumed (17 or more)"
 
 
-class _OneRowScaled(nn.Module):
-    """A model whose code takes another branch for a batch of one row, with no guard export would write: it
-    assumes a size it was given as 2 or more is never 1."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(32, 8)
-        self.head = nn.Linear(8, 1)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        h = self.embed(input_ids)
-        if h.shape[0] == 1:
-            h = h * 2
-        return ((self.head(h).squeeze(-1) - labels) ** 2).mean()
-
-
 def test_a_size_of_one_is_outside_what_export_assumed_and_is_refused() -> None:
-    model = _OneRowScaled()
-
-    def call(size: int, seq: int) -> ModelCall:
-        ids = torch.arange(size * seq).reshape(size, seq) % 32
-        return ModelCall.bind(model, (), {"input_ids": ids, "labels": torch.zeros(size, seq)})
-
+    model = _Branching("one_row")
+    call = model.call
     graph = export_any_sizes(model, call(2, 8))
     assert sizes_refused(graph, _leaves(call(3, 5))) is None
     # The guards module alone let a batch of one through, onto the graph of the other branch.
@@ -117,8 +98,8 @@ def test_a_size_of_one_is_outside_what_export_assumed_and_is_refused() -> None:
 
 
 def test_a_call_that_does_not_bind_to_the_forward_is_refused() -> None:
-    model = _LongOnly()
+    model = _Branching("long")
     stray = ModelCall(args=(), kwargs={"input_ids": torch.zeros(2, 4, dtype=torch.long), "mask": None},
                       signature="input_ids: int64[2, 4]; mask=None")
-    with pytest.raises(ModelError, match="do not bind to _LongOnly.forward"):
+    with pytest.raises(ModelError, match="do not bind to _Branching.forward"):
         export_any_sizes(model, stray)
