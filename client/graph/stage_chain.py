@@ -181,7 +181,8 @@ class StageChain:
         """A call's (``x`` for stage 1, the other graph inputs by name); ``call``: a tensor or a ``ModelCall``
         with the signature the chain was built for."""
         if isinstance(call, torch.Tensor) or self.pytree_specs is None:
-            return (call if isinstance(call, torch.Tensor) else call.main), {}
+            x = call if isinstance(call, torch.Tensor) else call.main
+            return x, ({self.main_input: x} if self.main_handed else {})
         leaves, spec = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))
         if spec != self.pytree_specs[0] or len(leaves) != len(self.input_names):
             raise PlanError("this call's inputs are not those the chain was built for (names or structure differ)")
@@ -247,6 +248,8 @@ class StageChain:
         ):
             raise PlanError(f"checkpoints {list(checkpoints)} must be distinct boundaries in 1..{n - 1}")
         env: dict[str, Any] = dict(extra) if extra else {}
+        if self.main_handed:  # later stages read x by name (NOTE [ token ids are held ] in stage_graph)
+            env[self.main_input] = x
         if not torch.is_grad_enabled():
             return self._run_stages(1, n, x, env)
         bounds = (0, *cps, n)

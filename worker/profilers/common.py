@@ -881,8 +881,10 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         raise ValueError("remat profiler: the stage chain has no stages")
     call = example_input.to(backend.device)
     precision = normalize_precision(precision) if precision is not None else precision_of_call(model, call)
-    # A call of several inputs: stage 1 receives its main tensor, every stage may read the others by name.
-    x0 = chain.bind_inputs(call) if not isinstance(call, torch.Tensor) else call
+    # A call of several inputs: stage 1 receives its main tensor, every stage may read the others by name (and
+    # the main one too when it holds token ids: NOTE [ token ids are held ] in stage_graph).
+    bind = getattr(chain, "bind_inputs", None)
+    x0 = bind(call) if bind is not None else call
 
     def amp() -> contextlib.AbstractContextManager[Any]:
         return autocast_context(precision, backend.device.type)
