@@ -140,6 +140,15 @@ def _segformer() -> tuple[torch.nn.Module, Batches]:
     return transformers.AutoModelForSemanticSegmentation.from_config(config), _images(64, segmentation=True)
 
 
+def _lora() -> tuple[torch.nn.Module, Batches]:
+    """Llama with LoRA adapters on its attention's query and value projections (peft, when installed: ``uv pip
+    install peft``; ``uv sync`` removes it again): the base weights frozen, the adapters' dropout on."""
+    from peft import LoraConfig, get_peft_model
+
+    adapters = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
+    return get_peft_model(_auto("lm").from_config(_config("llama")), adapters), _token_batches("lm")
+
+
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, Batches]]] = {
     # decoders (causal LM)
     **{name: _text(name, "lm") for name in (
@@ -150,6 +159,7 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, Batches]]] = {
     "mixtral": _text("mixtral", "lm", num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": _text("qwen2_moe", "lm", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                        shared_expert_intermediate_size=64),
+    "llama + LoRA (peft)": _lora,
     # classifiers: a decoder pools each row's last token that is not padding
     **{f"{name}-classifier": _text(name, "class") for name in ("gpt2", "llama", "qwen2", "bert")},
     # encoders (masked LM)
