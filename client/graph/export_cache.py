@@ -26,7 +26,9 @@ strings, tuples, lists, dicts, slices, dtypes, devices, layouts and memory forma
 be tensors of the model; the pytree specs use torch's ``treespec_dumps``, which names only registered types.
 A graph with anything else (higher-order ops, constants export lifted) is not stored, and a file that is
 malformed, unresolvable, too large or for another key is ignored: the model is exported again and the file
-rewritten. Before a graph is stored, it is rebuilt from its JSON and must generate the same code.
+rewritten. Before a graph is stored, it is rebuilt from its JSON and must generate the same code. The folder
+keeps the :data:`MAX_CACHED_GRAPHS` most recently used graphs (and as many hash files), removing the others as
+it stores a new one.
 
 Public API::
 
@@ -47,6 +49,7 @@ import inspect
 import json
 import logging
 import operator
+import os
 import platform
 import re
 import sys
@@ -78,6 +81,11 @@ decisions): part of the pre-key, so a graph exported by an older recipe is expor
 change there."""
 MAX_GRAPH_BYTES = 64 * 1024 * 1024
 """A graph file larger than this is ignored (GPT-2's is about 0.5 MiB)."""
+MAX_CACHED_GRAPHS = 256
+"""Graph files ``graphs/`` keeps, and as many hash files: storing one more removes the least recently used
+(a hit counts as a use). A graph is stored per model and call signature, sizes included, and calls at sizes the
+export for any sizes refuses (a batch of one row) each store one: unbounded, the folder grew with every size a
+script ever met."""
 MAX_NODES = 500_000
 MAX_DEPTH = 24
 """Nesting of argument values and of described state beyond this is not cached."""
@@ -483,10 +491,39 @@ def store_graph(model: nn.Module, gm: torch.fx.GraphModule, key: str, *, directo
         logger.debug("remat: exported graph of %s not cached: %s", type(model).__name__, exc)
         return None
     try:
-        return write_json_atomically(_graph_path(key, directory), data, indent=None)
+        path = write_json_atomically(_graph_path(key, directory), data, indent=None)
     except OSError as exc:  # a read-only or full cache directory costs the next start an export, no more
         logger.info("remat: exported graph not cached (%s)", exc)
         return None
+    _keep_recent(path.parent, ".json", keep=path)
+    return path
+
+
+def _used(path: Path) -> None:
+    """Mark a cache file as just used (its modification time), so that pruning keeps it longest."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache still serves; it is only pruned less well
+
+
+def _keep_recent(directory: Path, suffix: str, *, keep: Path) -> None:
+    """Remove the least recently used files ending in ``suffix`` (graphs: ``.json`` but not ``.hash.json``)
+    beyond :data:`MAX_CACHED_GRAPHS`, never ``keep``. Another process pruning or reading at the same time loses
+    nothing but a cache hit."""
+    def age(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return float("inf")  # already gone
+
+    graphs = suffix == ".json"
+    files = [f for f in directory.glob(f"*{suffix}") if not (graphs and f.name.endswith(".hash.json"))]
+    if len(files) <= MAX_CACHED_GRAPHS:
+        return
+    for old in sorted(files, key=age)[: len(files) - MAX_CACHED_GRAPHS]:
+        if old != keep:
+            old.unlink(missing_ok=True)
 
 
 HASH_FORMAT = "remat-graph-hash/1"
@@ -511,7 +548,10 @@ def load_hash(key: str, hash_format: str, *, directory: Path | None = None) -> s
             or data.get("hash_format") != hash_format):
         return None
     value = data.get("architecture_hash")
-    return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) else None
+    if not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value)):
+        return None
+    _used(_hash_path(key, directory))
+    return value
 
 
 def store_hash(key: str, hash_format: str, architecture_hash: str, *, directory: Path | None = None) -> None:
@@ -521,9 +561,11 @@ def store_hash(key: str, hash_format: str, architecture_hash: str, *, directory:
 
     body = {"format": HASH_FORMAT, "key": key, "hash_format": hash_format, "architecture_hash": architecture_hash}
     try:
-        write_json_atomically(_hash_path(key, directory), body, indent=None)
+        path = write_json_atomically(_hash_path(key, directory), body, indent=None)
     except OSError as exc:
         logger.debug("remat: architecture hash not cached: %s", exc)
+        return
+    _keep_recent(path.parent, ".hash.json", keep=path)
 
 
 def load_graph(model: nn.Module, key: str, *, train: bool,
@@ -538,10 +580,12 @@ def load_graph(model: nn.Module, key: str, *, train: bool,
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     try:
-        return decode_graph(data, model, key, train=train)
+        graph = decode_graph(data, model, key, train=train)
     except Exception as exc:  # noqa: BLE001 - a cache file that does not rebuild is ignored, whatever is wrong
         logger.info("remat: ignoring the cached graph %s (%s)", path, exc)
         return None
+    _used(path)
+    return graph
 
 
 def encode_graph(model: nn.Module, gm: torch.fx.GraphModule, key: str) -> dict[str, Any]:

@@ -119,6 +119,27 @@ def test_another_model_or_call_misses(exports: _ExportCounter) -> None:
     assert exports.calls == 2 and len(_graph_files()) == 2
 
 
+def test_the_folder_keeps_the_most_recently_used_graphs(exports: _ExportCounter,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each signature's sizes store a graph of their own; the folder keeps the MAX_CACHED_GRAPHS used last (a
+    hit counts as a use), not every size a script ever met."""
+    monkeypatch.setattr(export_cache, "MAX_CACHED_GRAPHS", 2)
+    model = tiny("gpt2")
+    calls = [ModelCall.bind(model, (), batch(seq=seq)) for seq in (16, 24, 40)]
+    keys = [export_cache.pre_key(model, call, train=True) for call in calls]
+    paths = [export_cache.graph_cache_dir() / f"{key}.json" for key in keys]
+    trace_model(model, train=True, call=calls[0])
+    trace_model(model, train=True, call=calls[1])
+    past = paths[0].stat().st_mtime - 60
+    os.utime(paths[0], (past - 60, past - 60))  # stored two minutes ago, the second one a minute ago;
+    os.utime(paths[1], (past, past))  # then the first is used again
+    trace_model(model, train=True, call=calls[0])
+    assert exports.calls == 2  # a hit
+    trace_model(model, train=True, call=calls[2])
+    assert exports.calls == 3 and not paths[1].exists() and paths[0].exists() and paths[2].exists()
+    assert len([p for p in _graph_files() if not p.name.endswith(".hash.json")]) == 2
+
+
 MODULE_SOURCE = '''
 import torch
 from torch import nn
