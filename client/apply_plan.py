@@ -218,8 +218,9 @@ def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall,
 # modules, parameters and buffers each stage reads); otherwise, or when the model cannot be exported at those
 # sizes, the call is refused naming the sizes, never run on a graph made for other ones. Measured on a 2-core
 # CPU, for every allow-listed transformer (remat.client.hf_models) with and without a mask: the export for any
-# sizes took 0.9-3.4 s, was cut into the plan chain's stages and trained bit-equal at (1, 40), (3, 17) and
-# (2, 32); a chain for one size took 0.7-2.0 s each. On a 6-block GPT-2 trained 30 steps at 24 padded lengths,
+# sizes took 0.6-3.4 s, was cut into the plan chain's stages and trained bit-equal at (4, 40), (3, 17) and
+# (2, 32), a batch of one row going to a chain of its own (NOTE [ sizes export assumed ]); a chain for one
+# size took 0.7-2.0 s each. On a 6-block GPT-2 trained 30 steps at 24 padded lengths,
 # remat took 30.5 s against 29.8 unmodified, and 59.8 s with one export per size (docs/benchmarks.md). A chain
 # cut for the plan's sizes predicts the plan's peak; another size's peak scales with it and is not predicted.
 def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> StageChain:

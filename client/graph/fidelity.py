@@ -55,15 +55,13 @@ def custom_functions(loss: torch.Tensor) -> list[str]:
     gradients are at best equal in value, and a refusal should say that rather than blame control flow.
     """
     found: list[str] = []
-    seen: set[int] = set()
-    keep: list[Any] = []  # holds the visited nodes, so that their ids stay theirs
+    seen: set[Any] = set()  # autograd nodes: one Python object per node while it is referenced
     stack = [loss.grad_fn]
     while stack and len(seen) < MAX_BACKWARD_NODES:
         node = stack.pop()
-        if node is None or id(node) in seen:
+        if node is None or node in seen:
             continue
-        seen.add(id(node))
-        keep.append(node)
+        seen.add(node)
         if isinstance(node, torch.autograd.function.BackwardCFunction):
             name = type(node).__name__.removesuffix("Backward")
             if name not in found:
@@ -72,9 +70,10 @@ def custom_functions(loss: torch.Tensor) -> list[str]:
     return found
 
 
-def _step(run: Any, params: list[nn.Parameter], seed: int
+def _step(run: Any, params: list[nn.Parameter], seed: int, *, find_functions: bool = False
           ) -> tuple[torch.Tensor | None, list[torch.Tensor | None], list[str]]:
-    """One step from ``seed``: the loss, every gradient, and the custom autograd functions it backpropagated."""
+    """One step from ``seed``: the loss, every gradient, and (``find_functions``) the custom autograd functions
+    it backpropagated."""
     torch.manual_seed(seed)
     for p in params:
         p.grad = None
@@ -82,7 +81,7 @@ def _step(run: Any, params: list[nn.Parameter], seed: int
         loss = _loss(run())
     if loss is None or not loss.requires_grad:
         return loss, [], []
-    functions = custom_functions(loss)
+    functions = custom_functions(loss) if find_functions else []
     loss.backward()
     return loss.detach(), [None if p.grad is None else p.grad.detach().clone() for p in params], functions
 
@@ -105,13 +104,18 @@ SIZE_QUERIES = ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset")
 # size, not a value). A node whose value export did not record counts as floating (refusing is the safe side).
 
 
+def _op_name(node: torch.fx.Node) -> str:
+    """``topk`` for ``aten.topk.default``: the op a ``call_function`` node runs, without namespace or overload."""
+    return str(node.target).removeprefix("aten.").split(".")[0]
+
+
 def _float_dependent(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Nodes whose value is floating point or computed from one (graph order is topological)."""
     dependent: set[torch.fx.Node] = set()
     for n in graph.nodes:
         if n.op == "output":
             continue
-        if n.op == "call_function" and str(n.target).removeprefix("aten.").split(".")[0] in SIZE_QUERIES:
+        if n.op == "call_function" and _op_name(n) in SIZE_QUERIES:
             continue
         if "val" not in n.meta:
             floating = n.op in ("placeholder", "get_attr") or n.op == "call_function" and not n.all_input_nodes
@@ -129,7 +133,7 @@ def routing_ops(graph: torch.fx.Graph) -> list[str]:
     found = []
     for n in graph.nodes:
         if n.op == "call_function":
-            name = str(n.target).removeprefix("aten.").split(".")[0]
+            name = _op_name(n)
             if name.lstrip("_") in ROUTING_OPS and name not in found and any(
                     a in dependent for a in n.all_input_nodes):
                 found.append(name)
@@ -164,7 +168,7 @@ def check_export_fidelity(model: nn.Module, chain: Any, call: Any, *, train: boo
     devices = [call.device]
     with preserved_state(model, devices=devices), training_mode(model, train):
         eager_loss, eager_grads, functions = _step(
-            lambda: type(model).forward(model, *call.args, **call.kwargs), params, seed=0)
+            lambda: type(model).forward(model, *call.args, **call.kwargs), params, seed=0, find_functions=True)
         chain_loss, chain_grads, _ = _step(lambda: chain.run_call(call, ()), params, seed=0)
     exact = call.device.type == "cpu"  # elsewhere two eager steps may differ in their last bits (atomics)
     if functions:

@@ -181,13 +181,12 @@ class StageChain:
         """A call's (``x`` for stage 1, the other graph inputs by name); ``call``: a tensor or a ``ModelCall``
         with the signature the chain was built for."""
         if isinstance(call, torch.Tensor) or self.pytree_specs is None:
-            x = call if isinstance(call, torch.Tensor) else call.main
-            return x, ({self.main_input: x} if self.main_handed else {})
+            return (call if isinstance(call, torch.Tensor) else call.main), {}
         leaves, spec = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))
         if spec != self.pytree_specs[0] or len(leaves) != len(self.input_names):
             raise PlanError("this call's inputs are not those the chain was built for (names or structure differ)")
         named = dict(zip(self.input_names, leaves, strict=True))
-        return (named[self.main_input] if self.main_handed else named.pop(self.main_input)), named
+        return named.pop(self.main_input), named
 
     def fold_output(self, flat: Any) -> Any:
         """The model's output from the last stage's: an exported model's flat leaves folded back."""
@@ -201,9 +200,10 @@ class StageChain:
         return self.fold_output(self.run(x, checkpoints, extra=extra, nested=nested))
 
     def bind_inputs(self, call: Any) -> Any:
-        """Make ``call``'s inputs other than ``x`` what ``stage(i)`` reads; returns ``x``."""
+        """Make ``call``'s inputs what ``stage(i)`` reads by name (all but ``x``, and ``x`` too when the main
+        input is handed: ``run`` puts it by name itself); returns ``x``."""
         x, extra = self.split_call(call)
-        self._extra_inputs = extra
+        self._extra_inputs = {**extra, self.main_input: x} if self.main_handed else extra
         return x
 
     def stage(self, i: int) -> Callable[[Any], Any]:

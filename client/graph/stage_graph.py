@@ -292,10 +292,10 @@ def _build_from_fx(
     tensor_at = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
     if not tensor_at:
         raise ModelError(f"{type(model).__name__}: the example passes no tensor")
-    main = placeholders[tensor_at[0]]
-    main_handed = not (flat[tensor_at[0]].is_floating_point() or flat[tensor_at[0]].is_complex())
+    main, main_value = placeholders[tensor_at[0]], flat[tensor_at[0]]
+    main_handed = not (main_value.is_floating_point() or main_value.is_complex())
     extra_inputs = {n.name: v for n, v in zip(placeholders, flat, strict=True) if n is not main or main_handed}
-    device = flat[tensor_at[0]].device
+    device = main_value.device
 
     small_values: dict[str, Any] = {}
     if facts is not None and facts.fits(model, gm):
