@@ -34,8 +34,9 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
-from remat.client.graph.fx_trace import export_any_sizes, sizes_refused
+from remat.client.graph.fx_trace import ANY_SIZES_GUARDS, export_any_sizes, export_model, sizes_refused
 from remat.client.graph.hashing import architecture_hash
+from remat.client.graph.mask_skips import MASK_SKIPS, PRECONDITION, mask_decisions
 from remat.client.graph.model_call import ModelCall, synthetic_call
 from remat.client.graph.op_graph import OpGraph, build_op_graph
 from remat.client.graph.stage_graph import StageChain, build_stage_chain, trace_model
@@ -70,10 +71,11 @@ class _Applied:
     """``ModelCall.sizes`` of the call ``chain`` was cut for; None until known (set at the first training call)."""
     sized_chains: OrderedDict[str, StageChain] = field(default_factory=OrderedDict)
     """Chains of an exported model for calls at other sizes (NOTE [ other sizes ]), by their ``sizes``."""
-    any_sizes: StageChain | None = None
-    """The chain cut from the export for any sizes (NOTE [ any sizes ] in remat.client.graph.fx_trace)."""
-    any_sizes_tried: bool = False
+    any_sizes: dict[tuple[bool, ...], StageChain | None] = field(default_factory=dict)
+    """The chains cut from the export for any sizes (NOTE [ any sizes ] in remat.client.graph.fx_trace), by the
+    mask decisions they were exported with (NOTE [ masks without padding ]); None: tried, not usable."""
     warned_sizes: bool = False
+    warned_masks: bool = False
     graph_cache: Path | None = None
     """The plan cache directory whose ``graphs`` hold the exports of other sizes (``checkpoint(cache_dir=)``);
     None: the user's."""
@@ -250,29 +252,85 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
     return known
 
 
-def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall) -> StageChain | None:
-    """The chain for any sizes when it holds for ``call`` (its export's guards), else None. Exported and cut once,
-    from the first call at other sizes whose dimensions are all 2 or more (export fixes a dimension of size 1
-    for good), and kept only when cut into the plan chain's stages (NOTE [ any sizes ])."""
+def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
+                     mask_skips: tuple[bool, ...] = ()) -> StageChain | None:
+    """The chain for any sizes, exported with ``mask_skips``, when it holds for ``call`` (its export's guards),
+    else None. Exported and cut once per ``mask_skips``, from the first call at other sizes whose dimensions are
+    all 2 or more (export fixes a dimension of size 1 for good), and kept only when cut into the plan chain's
+    stages (NOTE [ any sizes ])."""
     assert isinstance(state.chain, StageChain)
-    if not state.any_sizes_tried:
+    if mask_skips not in state.any_sizes:
         if any(size == 1 for leaf in call.leaves() for size in leaf.shape):
             return None
-        state.any_sizes_tried = True
+        state.any_sizes[mask_skips] = None
         try:
             with _uninstalled(model):
-                graph = export_any_sizes(model, call, train=True)
+                graph = export_any_sizes(model, call, train=True, mask_skips=mask_skips)
                 chain = build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
                                           train=True, graph=graph, check=False)
         except ModelError:
             return None
         if chain.layout() == state.chain.layout():
-            state.any_sizes = chain
-    chain = state.any_sizes
+            state.any_sizes[mask_skips] = chain
+    chain = state.any_sizes[mask_skips]
     if chain is None or chain.graph_module is None:
         return None
-    leaves, _ = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))
-    return chain if sizes_refused(chain.graph_module, leaves) is None else None
+    return chain if sizes_refused(chain.graph_module, _flat(call)) is None else None
+
+
+def _flat(call: ModelCall) -> list[Any]:
+    """The call's flat inputs, as an exported graph's placeholders take them."""
+    return pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]
+
+
+# NOTE [ masks per batch ] A chain is cut from a graph exported with the mask decisions of one call (NOTE [ masks
+# without padding ] in remat.client.graph.mask_skips): a batch padded or not, the model's own forward builds its
+# attention masks or leaves them out, and a graph holds one of the two. Before each training call the chain's
+# precondition gives the call's own decisions (one host sync, as the model's own forward reads its mask); a
+# call whose decisions differ runs on a chain exported with them, at its sizes: from the export for any sizes
+# with those decisions when its guards hold, else exported for its very sizes (disk-cached), kept like a chain
+# of other sizes (``MAX_SIZED_CHAINS``). Like those, it is used only when cut into the plan chain's stages;
+# otherwise the call runs on the chain at hand, whose masks give the same numbers up to float rounding, and the
+# first such call warns.
+def _chain_for_masks(state: _Applied, model: nn.Module, call: ModelCall, chain: StageChain) -> StageChain:
+    """``chain``, or the chain of the same sizes exported with ``call``'s own mask decisions when they differ
+    from ``chain``'s (NOTE [ masks per batch ])."""
+    graph = chain.graph_module
+    if graph is None or graph.meta.get(PRECONDITION) is None:
+        return chain
+    wanted = mask_decisions(graph, _flat(call))
+    if wanted is None or wanted == graph.meta[MASK_SKIPS]:
+        return chain
+    name = f"{call.sizes}, masks skipped {''.join('1' if w else '0' for w in wanted)}"
+    known = state.sized_chains.get(name)
+    if known is None:
+        known = _any_sizes_chain(state, model, call, wanted) if ANY_SIZES_GUARDS in graph.meta else None
+        if known is None:
+            try:
+                with _uninstalled(model):
+                    exported = export_model(model, call, train=True, cache_dir=state.graph_cache, mask_skips=wanted)
+                    known = build_stage_chain(model, call.single_tensor if call.single_tensor is not None
+                                              else call, train=True, graph=exported, check=False)
+            except ModelError as exc:
+                reason = str(exc)
+                known = None
+            else:
+                reason = f"it is cut into other stages ({known.num_stages} against {state.chain.num_stages})"
+                if known.layout() != state.chain.layout():  # type: ignore[union-attr]
+                    known = None
+        if known is None:
+            if not state.warned_masks:
+                warnings.warn(f"remat: the model's own forward would build or skip this training call's attention "
+                              f"masks otherwise than the plan's graph does ({_short(name)}), and a graph exported "
+                              f"for them cannot be used: {_short(reason)}; the call runs on the plan's graph, the "
+                              f"same numbers up to float rounding", RuntimeWarning, stacklevel=_USER_FRAME)
+                state.warned_masks = True
+            known = chain
+        state.sized_chains[name] = known
+    state.sized_chains.move_to_end(name)
+    while len(state.sized_chains) > MAX_SIZED_CHAINS:
+        state.sized_chains.popitem(last=False)
+    return known
 
 
 def _one_size_chain(state: _Applied, model: nn.Module, call: ModelCall, sizes: str) -> StageChain:
@@ -387,6 +445,7 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if isinstance(chain, StageChain) and chain.pytree_specs is not None:
         if call.sizes != state.sizes:
             chain = _chain_for_sizes(state, self, call)
+        chain = _chain_for_masks(state, self, call, chain)
         return chain.run_call(example, _cut_points(state.plan), **nested)
     if call.single_tensor is None:  # a chain cut for one tensor (no key), called with several inputs
         return _unplanned(state, self, args, kwargs)

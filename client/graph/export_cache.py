@@ -75,10 +75,10 @@ __all__ = ["GRAPH_FORMAT", "HASH_FORMAT", "Uncacheable", "decode_graph", "encode
 logger = logging.getLogger("remat")
 
 GRAPH_FORMAT = "remat-graph/1"
-EXPORT_RECIPE = 2
+EXPORT_RECIPE = 3
 """What ``fx_trace.export_model`` does around ``torch.export`` (node clean-up, transformers' eager mask
-decisions): part of the pre-key, so a graph exported by an older recipe is exported again. Bump it with any
-change there."""
+decisions and, from 3, their markers): part of the pre-key, so a graph exported by an older recipe is exported
+again. Bump it with any change there."""
 MAX_GRAPH_BYTES = 64 * 1024 * 1024
 """A graph file larger than this is ignored (GPT-2's is about 0.5 MiB)."""
 MAX_CACHED_GRAPHS = 256
@@ -122,11 +122,13 @@ def graph_cache_dir() -> Path:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def pre_key(model: nn.Module, call: ModelCall, *, train: bool) -> str | None:
+def pre_key(model: nn.Module, call: ModelCall, *, train: bool, mask_skips: tuple[bool, ...] = ()) -> str | None:
     """Hex sha256 of what ``torch.export`` of ``model`` on ``call`` depends on (module docstring), computed
-    without tracing; None when the model or call is not cached (the reason is logged at debug level)."""
+    without tracing, with the mask decisions it is exported with (remat.client.graph.mask_skips); None when the
+    model or call is not cached (the reason is logged at debug level)."""
     try:
         description = _description(model, call, train)
+        description["mask_skips"] = [bool(skip) for skip in mask_skips]
     except Uncacheable as exc:
         logger.debug("remat: exported graph of %s not cached: %s", type(model).__name__, exc)
         return None

@@ -178,10 +178,13 @@ def check_export_fidelity(model: nn.Module, chain: Any, call: Any, *, train: boo
     else:
         reason = ("its forward takes another path when exported (data-dependent control flow), so a plan would "
                   "train another program")
-    ones = _all_ones_inputs(call)
+    from remat.client.graph.mask_skips import PRECONDITION
+
+    ones = _all_ones_inputs(call) if chain.graph_module.meta.get(PRECONDITION) is None else []
     if ones:
-        # transformers skips an attention mask without padding in its eager forward (SDPA's is_causal path),
-        # never in an exported graph, which must hold for every batch.
+        # transformers skips an attention mask without padding in its eager forward (SDPA's is_causal path);
+        # an exported graph takes the same decision where remat sees it (NOTE [ masks without padding ]), a
+        # model deciding in its own code is exported with the mask built, which holds for every batch.
         reason += (f"; input {ones[0]} is all ones: the model's own forward skips such a mask, its exported graph "
                    f"cannot; pass {ones[0]}=None when no position is padded")
     if eager_loss is None or chain_loss is None:

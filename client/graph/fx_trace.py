@@ -106,7 +106,7 @@ def _fx_trace(model: nn.Module, train: bool) -> torch.fx.GraphModule:
 
 
 @contextlib.contextmanager
-def _library_eager_paths(call: ModelCall) -> Iterator[None]:
+def _library_eager_paths(call: ModelCall, mask_skips: tuple[bool, ...] = ()) -> Iterator[None]:
     """Let libraries take, while remat exports, the code path their eager forward takes for this call (a change
     here changes exported graphs: bump ``export_cache.EXPORT_RECIPE``).
 
@@ -117,88 +117,101 @@ def _library_eager_paths(call: ModelCall) -> Iterator[None]:
     - ``find_packed_sequence_indices``: eagerly, position ids that count up from zero mean one sequence per
       row (no packing); exported, it must assume packing. When the call passes no ``position_ids`` the model
       makes them from the length (an arange): not packed, for every call of this signature.
-    - ``_ignore_causal_mask_sdpa``: eagerly, without an attention mask and at equal query and key lengths, the
-      causal mask is left to SDPA's ``is_causal``; exported, never. Without a mask in the call, the eager answer
-      holds for every call of this signature (same shapes, the mask absent).
+    - ``_ignore_causal_mask_sdpa`` and ``_ignore_bidirectional_mask_sdpa``: eagerly, a mask without padding
+      (or none) at equal query and key lengths is left out (SDPA's ``is_causal``, or no mask); exported,
+      never. Without a mask in the call the eager answer holds for every call of this signature; with one it
+      depends on the mask's values, and the export takes ``mask_skips`` (NOTE [ masks without padding ] in
+      remat.client.graph.mask_skips).
 
-    With a mask or position ids passed as tensors, whose values export cannot see, the exporting answers
-    stand, as for every other library branch; a plan's graph runs only calls of its own signature.
+    With position ids passed as tensors, whose values export cannot see, the exporting answer stands, as for
+    every other library branch; a plan's graph runs only calls of its own signature.
     """
+    from remat.client.graph.mask_skips import export_skips
+
     module = sys.modules.get("transformers.masking_utils")
     if module is None:
         yield
         return
-    original_skip = getattr(module, "_ignore_causal_mask_sdpa", None)
     original_packed = getattr(module, "find_packed_sequence_indices", None)
     given = set(call.kwargs)
-
-    def eager_skip(padding_mask: Any, q_length: int, kv_length: int, q_offset: Any, kv_offset: Any,
-                   local_attention_size: int | None = None) -> bool:
-        if padding_mask is not None:
-            return original_skip(padding_mask, q_length, kv_length, q_offset, kv_offset,  # type: ignore[misc]
-                                 local_attention_size)
-        if local_attention_size is not None and kv_length >= local_attention_size:
-            return False
-        return q_length == 1 or kv_length == q_length
 
     def eager_packed(position_ids: Any) -> Any:
         if "position_ids" in given:
             return original_packed(position_ids)  # type: ignore[misc]
         return None
 
-    patches = [(name, fn) for name, fn in (("_ignore_causal_mask_sdpa", eager_skip),
-                                           ("find_packed_sequence_indices", eager_packed))
-               if getattr(module, name, None) is not None]
-    saved = {name: getattr(module, name) for name, _ in patches}
-    for name, fn in patches:
-        setattr(module, name, fn)
+    if original_packed is not None:
+        module.find_packed_sequence_indices = eager_packed
     try:
-        yield
+        with export_skips(mask_skips):
+            yield
     finally:
-        for name, fn in saved.items():
-            setattr(module, name, fn)
+        if original_packed is not None:
+            module.find_packed_sequence_indices = original_packed
 
 
 _EXPORT_NOISE = ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range")
 """aten ops export adds to check what it assumed (dtypes, shapes); they compute nothing a stage needs."""
 
 
-def export_model(model: nn.Module, call: ModelCall, *, train: bool = True,
-                 cache_dir: Path | None = None) -> torch.fx.GraphModule:
+def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache_dir: Path | None = None,
+                 mask_skips: tuple[bool, ...] | None = None) -> torch.fx.GraphModule:
     """``torch.export`` of ``model`` on ``call`` (non-strict), unlifted: parameters and buffers are ``get_attr``
     nodes named by their qualified names in the model, the input guards are dropped (a plan's key checks the
     call's signature instead). Raises ``ModelError`` naming why export failed (data-dependent control flow,
     say): such a model cannot be cut, and is refused rather than half-planned.
 
+    ``mask_skips``: the decisions to take at transformers' mask decision points (NOTE [ masks without padding ]
+    in remat.client.graph.mask_skips); None, the eager forward's for this call's values: a call whose masks have
+    no padding is exported twice, the second time skipping them as the eager forward does.
+
     The graph comes from the disk cache (``export_cache``) when the model and call have been exported before:
     same nodes, names, targets, ``nn_module_stack`` and ``meta`` keys, hence the same architecture hash and
     chain; otherwise it is exported and stored for next time. ``cache_dir``: the plan cache directory the
     caller uses (``checkpoint(cache_dir=...)``), whose ``graphs`` folder holds them; default the user's."""
+    import torch.utils._pytree as pytree
 
-    from remat.client.graph import export_cache
+    from remat.client.graph.mask_skips import MASK_SKIPS, mask_decisions
 
-    key = export_cache.pre_key(model, call, train=train)
-    if key is not None:
-        directory = cache_dir / "graphs" if cache_dir is not None else None
-        cached = export_cache.load_graph(model, key, train=train, directory=directory)
-        if cached is not None:
-            _attach_hash_graph(cached, model, call, train, cache_dir, key)
-            return cached
-    gm = _exported(model, call, train)
-    _finish_export(gm, train)
-    if key is not None:
-        export_cache.store_graph(model, gm, key, directory=cache_dir / "graphs" if cache_dir is not None else None)
+    gm, key = _export_cached(model, call, train, cache_dir, mask_skips or ())
+    if mask_skips is None:
+        own = mask_decisions(gm, pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0])
+        if own is not None and own != gm.meta[MASK_SKIPS]:
+            gm, key = _export_cached(model, call, train, cache_dir, own)
     _attach_hash_graph(gm, model, call, train, cache_dir, key)
     return gm
 
 
+def _export_cached(model: nn.Module, call: ModelCall, train: bool, cache_dir: Path | None,
+                   mask_skips: tuple[bool, ...]) -> tuple[torch.fx.GraphModule, str | None]:
+    """``export_model``'s graph for these mask decisions, from the disk cache or exported and stored; with the
+    pre-key it is stored under (None: not cacheable)."""
+    from remat.client.graph import export_cache
+    from remat.client.graph.mask_skips import split_precondition
+
+    key = export_cache.pre_key(model, call, train=train, mask_skips=mask_skips)
+    directory = cache_dir / "graphs" if cache_dir is not None else None
+    if key is not None:
+        cached = export_cache.load_graph(model, key, train=train, directory=directory)
+        if cached is not None:
+            split_precondition(cached, mask_skips)
+            return cached, key
+    gm = _exported(model, call, train, mask_skips=mask_skips)
+    _finish_export(gm, train)
+    if key is not None:
+        export_cache.store_graph(model, gm, key, directory=directory)  # markers and all: split once loaded
+    split_precondition(gm, mask_skips)
+    return gm, key
+
+
 def _exported(model: nn.Module, call: ModelCall, train: bool, dynamic_shapes: dict[str, Any] | None = None,
-              *, what: str = "") -> torch.fx.GraphModule:
+              *, what: str = "", mask_skips: tuple[bool, ...] = ()) -> torch.fx.GraphModule:
     """``torch.export`` (non-strict) of ``model`` on ``call`` in ``train`` mode, with the libraries' eager paths
-    for this call, unlifted; ``ModelError`` naming why it failed (``what`` says which export)."""
+    for this call and ``mask_skips`` (``_library_eager_paths``), unlifted; ``ModelError`` naming why it failed
+    (``what`` says which export)."""
     import warnings
 
-    with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call):
+    with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call, mask_skips):
         warnings.simplefilter("ignore")
         try:
             program = torch.export.export(model, tuple(call.args), dict(call.kwargs), dynamic_shapes=dynamic_shapes,
@@ -269,7 +282,8 @@ ANY_SIZES_GUARDS = "remat_any_sizes_guards"
 it reads). Calling it raises on inputs the graph does not hold for."""
 
 
-def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True) -> torch.fx.GraphModule:
+def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True,
+                     mask_skips: tuple[bool, ...] = ()) -> torch.fx.GraphModule:
     """``torch.export`` of ``model`` on ``call`` with every input dimension left to export (NOTE [ any sizes ]),
     cleaned up like ``export_model``'s graphs, guards kept in ``meta[ANY_SIZES_GUARDS]``. Not cached on disk (its
     sizes are symbols the cache's format does not hold). Raises ``ModelError`` when it cannot be exported, its
@@ -277,6 +291,8 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True) -
     import inspect
 
     import torch.utils._pytree as pytree
+
+    from remat.client.graph.mask_skips import split_precondition
 
     try:
         bound = inspect.signature(model.forward).bind(*call.args, **call.kwargs).arguments
@@ -289,9 +305,10 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True) -
         return None
 
     dynamic_shapes = {name: pytree.tree_map(dims, value) for name, value in bound.items()}
-    gm = _exported(model, call, train, dynamic_shapes, what=" for any sizes")
+    gm = _exported(model, call, train, dynamic_shapes, what=" for any sizes", mask_skips=mask_skips)
     _alias_full_slices(gm.graph)
     guards = _finish_export(gm, train)
+    split_precondition(gm, mask_skips)
     if guards is None:
         raise ModelError("torch.export left no input guards to check other sizes against")
     gm.meta[ANY_SIZES_GUARDS] = guards
@@ -434,6 +451,8 @@ def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCa
     and no trace could be derived for batch 8 from them (remat.client.derived_trace). The hash describes the
     model's graph at ``HASH_BATCH`` instead, exported (and cached on disk, like any export) only when a hash is
     asked for. Two architectures share a hash only where their graphs at batch 2 are the same."""
+    from remat.client.graph.mask_skips import MASK_SKIPS
+
     small: ModelCall | None = hash_call(model, call)
     if small is None:
         return
@@ -444,7 +463,8 @@ def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCa
         if not memo:
             assert small is not None
             try:
-                memo.append(export_model(model, small, train=train, cache_dir=cache_dir))
+                memo.append(export_model(model, small, train=train, cache_dir=cache_dir,
+                                         mask_skips=gm.meta.get(MASK_SKIPS, ())))
             except ModelError:
                 memo.append(None)  # not exportable at batch 2: the hash describes the graph at hand
             small = None  # the graph outlives the hash (a chain keeps it): it need not keep two rows of inputs

@@ -106,6 +106,39 @@ def test_calls_at_other_sizes_train_exactly_with_the_plans_checkpoints(cache_dir
     assert chains[0] == chains[5] and chains[1] == chains[3] and chains[2] == chains[4] and len(set(chains)) == 3
 
 
+@pytest.mark.parametrize("example_padded", [True, False], ids=["planned-padded", "planned-unpadded"])
+def test_each_batch_runs_the_attention_path_the_model_runs_for_it(cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  example_padded: bool) -> None:
+    """NOTE [ masks per batch ]: transformers leaves out a mask without padding (SDPA's ``is_causal``) and builds
+    one with padding. Fixed-length chunks of text (no padding) and a padding collator's batches both come; each
+    runs on a chain exported with the model's own decision for it, at the plan's sizes and at others, with the
+    plan's checkpoints, and trains bit-equal to the unmodified model."""
+    reference = tiny("llama")
+    model = copy.deepcopy(reference)
+    example = batch(seed=1, size=3, seq=16)
+    if not example_padded:
+        example["attention_mask"] = torch.ones_like(example["attention_mask"])
+    remat.client.checkpoint(model, cache_dir=cache_dir, **example)
+    plan = applied_plan(model)
+    assert plan is not None and plan.checkpoints
+    ran: list[tuple[tuple[bool, ...], tuple[int, ...]]] = []
+    run_call = StageChain.run_call
+    monkeypatch.setattr(StageChain, "run_call", lambda self, call, cps=(), **k: ran.append(
+        (self.graph_module.meta["remat_mask_skips"], tuple(cps))) or run_call(self, call, cps, **k))
+    kinds = [(3, 16, True), (3, 16, False), (2, 24, False), (2, 24, True), (3, 16, True), (4, 12, False)]
+    batches = []
+    for seed, (size, seq, padded) in enumerate(kinds):
+        kwargs = batch(seed=seed + 2, size=size, seq=seq)
+        if not padded:
+            kwargs["attention_mask"] = torch.ones_like(kwargs["attention_mask"])
+        batches.append(kwargs)
+    with pytest.warns(RuntimeWarning, match="other sizes than the plan's"):
+        losses = _train(model, batches)
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
+    assert ran == [((not padded,), tuple(plan.checkpoints)) for _, _, padded in kinds]
+
+
 def test_a_decoder_classifier_fine_tunes_exactly_at_padded_lengths(cache_dir: Path) -> None:
     """Fine-tuning a decoder as a classifier (``GPT2ForSequenceClassification``: it pools each row's last token
     that is not padding with an ``argmax`` over token ids) was refused as a mixture of experts. It trains
@@ -202,7 +235,7 @@ def test_a_size_the_code_decides_on_is_not_run_on_the_export_for_any_sizes(
         optimizer.step()
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
     state = model.__dict__[apply_plan._STATE]
-    any_sizes = state.any_sizes
+    any_sizes = state.any_sizes[()]
     assert any_sizes is not None
     assert state.sized_chains["input_ids: int64[3, 40]; labels: float32[3, 40]"] is any_sizes
     sizes = ", ".join(map(str, other))
@@ -335,6 +368,6 @@ def test_an_exported_single_tensor_model_runs_other_sizes_on_one_export_and_refu
             assert torch.equal(steps[0][0], steps[1][0]), shape
             assert all(torch.equal(a, b) for a, b in zip(steps[0][1], steps[1][1], strict=True)), shape
     state = model.__dict__[apply_plan._STATE]
-    assert state.any_sizes is not None and set(state.sized_chains.values()) == {state.any_sizes}
+    assert state.any_sizes[()] is not None and set(state.sized_chains.values()) == {state.any_sizes[()]}
     with pytest.raises(PlanMismatchError, match=r"cut into other stages .*float32\[4, 3, 48, 48\]"):
         model(torch.randn(4, 3, 48, 48))
