@@ -438,9 +438,9 @@ def hf_example_call(model: nn.Module, spec: str, *, batch_size: int, seq_len: in
 
     Token models: ``input_ids`` ``(batch_size, seq_len)`` below the vocabulary size and ``labels`` (so the
     model returns its own loss: the ids again for a causal LM, as a tensor of their own; other token ids for
-    masked and seq2seq LMs). No attention mask: the batch has no padding, and transformers' own forward skips
-    an all-ones mask (SDPA's causal path) where an exported graph cannot, so a mask would make the plan's
-    program differ from the model's (remat.client.graph.fidelity). ``seq_len`` None: :func:`default_seq_len`, at
+    masked and seq2seq LMs). No attention mask: the batch has no padding, and a mask without padding is left
+    out by the model's forward anyway (remat.client.graph.mask_skips); the plan keys of the zoo's profiles name
+    no mask. ``seq_len`` None: :func:`default_seq_len`, at
     most the model's position limit. Vision models: ``pixel_values`` ``(batch_size, C, H, W)`` at the
     configuration's image size in the model's floating dtype, and ``labels`` below ``num_labels``.
 

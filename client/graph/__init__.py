@@ -3,6 +3,7 @@
 One subsystem, several modules cut by concern (each module's docstring says what it owns)::
 
     fx_trace.py      the tracer (StochasticDepth a leaf), trace_model, the train/eval mode context
+    mask_skips.py    transformers' attention masks built or left out per call, as its eager forward does
     write_probe.py   the recording probe run (in-place and buffer writes), ProbeFacts, preserved_state
     boundaries.py    cut vertices over tensor edges, in-place safety of boundaries, the brute-force reference
     stage_chain.py   StageChain: segments under non-reentrant checkpoint with BN-safe recompute and RNG replay
