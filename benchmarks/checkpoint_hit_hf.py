@@ -9,10 +9,13 @@ alone (``import remat.client`` is reported beside it), the median of ``--runs`` 
 The first run fills the cache: it exports, probes and profiles GPT-2 here (minutes on a CPU) and writes the
 plan, the probe facts and the exported graph to the cache directory. ``--cache DIR`` keeps that directory
 between invocations (the fill runs only when DIR holds no plan yet); without it a temporary one is used.
-``--without-graph-cache`` also times hits with the exported-graph cache turned off (torch.export at every
-start, as before it existed). ``--split`` runs as many more interpreters with timers around each step of the
-hit (importing remat's modules, which the call otherwise does on first use, export-cache pre-key and load,
-torch.export if it ran, architecture hash, chain cut, plan lookup, apply) to say where the time goes.
+``--mask ones`` (or ``padded``) adds an ``attention_mask`` without padding (or with) to the call: a mask
+without padding reads two graphs back (the model's own decisions are asked of the first: NOTE [ masks without
+padding ] in client/graph/mask_skips.py). ``--without-graph-cache`` also times hits with the exported-graph
+cache turned off (torch.export at every start, as before it existed). ``--split`` runs as many more
+interpreters with timers around each step of the hit (importing remat's modules, which the call otherwise
+does on first use, export-cache pre-key and load, torch.export if it ran, architecture hash, chain cut, plan
+lookup, apply) to say where the time goes.
 
     uv run python benchmarks/checkpoint_hit_hf.py --runs 5 --split --without-graph-cache
     uv run python benchmarks/checkpoint_hit_hf.py --cache /tmp/gpt2-cache --layers 2   # n_layer=2, both ways
@@ -76,7 +79,12 @@ if {no_graph_cache}:  # the behaviour before the graph cache: export at every st
     from remat.client.graph import export_cache
     export_cache.pre_key = lambda *args, **kwargs: None
 t_call0 = time.perf_counter()
-remat.client.checkpoint(model, input_ids=ids, labels=ids.clone())
+mask = {{}}
+if {mask!r} != "none":
+    mask["attention_mask"] = torch.ones_like(ids)
+    if {mask!r} == "padded":
+        mask["attention_mask"][0, -8:] = 0
+remat.client.checkpoint(model, input_ids=ids, labels=ids.clone(), **mask)
 t_call = time.perf_counter()
 print(json.dumps({{"model_s": t_model - t0, "import_s": t_import - t_model, "call_s": t_call - t_call0,
                   "steps": steps}}))
@@ -86,7 +94,7 @@ print(json.dumps({{"model_s": t_model - t0, "import_s": t_import - t_model, "cal
 def run_child(cache: str, args: argparse.Namespace, *, split: bool = False, no_graph_cache: bool = False) -> dict:
     overrides = f", n_layer={args.layers}" if args.layers else ""
     code = CHILD.format(threads=args.threads, root=str(ROOT), overrides=overrides, batch=args.batch, seq=args.seq,
-                        split=split, no_graph_cache=no_graph_cache)
+                        split=split, no_graph_cache=no_graph_cache, mask=args.mask)
     env = {**os.environ, "REMAT_PLAN_CACHE_DIR": cache, "REMAT_DATABASE_URL": f"sqlite:///{cache}/local.sqlite",
            "PYTHONDONTWRITEBYTECODE": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
@@ -102,6 +110,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--layers", type=int, default=0, help="n_layer override (0: GPT-2's own 12)")
+    parser.add_argument("--mask", choices=("none", "ones", "padded"), default="none",
+                        help="attention_mask in the call: none, without padding (all ones), or padded")
     parser.add_argument("--cache", help="cache directory kept between invocations (default: a temporary one)")
     parser.add_argument("--split", action="store_true", help="also time each step of the hit")
     parser.add_argument("--without-graph-cache", action="store_true",
@@ -118,7 +128,8 @@ def main() -> None:
         runs = [run_child(cache, args) for _ in range(args.runs)]
         calls = sorted(r["call_s"] * 1e3 for r in runs)
         imports = statistics.median(r["import_s"] for r in runs) * 1e3
-        label = f"GPT-2{f' n_layer={args.layers}' if args.layers else ''}, batch {args.batch}, seq {args.seq}"
+        mask = {"none": "", "ones": ", mask without padding", "padded": ", padded mask"}[args.mask]
+        label = f"GPT-2{f' n_layer={args.layers}' if args.layers else ''}, batch {args.batch}, seq {args.seq}{mask}"
         print("| model | import remat.client ms | checkpoint() on a hit ms (median) | runs ms |")
         print("|---|---|---|---|")
         print(f"| {label} | {imports:.0f} | {statistics.median(calls):.0f} | {', '.join(f'{c:.0f}' for c in calls)} |")
