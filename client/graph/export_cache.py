@@ -55,6 +55,7 @@ import re
 import sys
 import types
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +71,8 @@ if TYPE_CHECKING:
     from remat.client.graph.model_call import ModelCall
 
 __all__ = ["GRAPH_FORMAT", "HASH_FORMAT", "Uncacheable", "decode_graph", "encode_graph", "graph_cache_dir",
-           "load_graph", "load_hash", "pre_key", "store_graph", "store_hash"]
+           "load_graph", "load_hash", "load_skips", "pre_key", "pre_keys", "store_graph", "store_hash",
+           "store_skips"]
 
 logger = logging.getLogger("remat")
 
@@ -126,14 +128,24 @@ def pre_key(model: nn.Module, call: ModelCall, *, train: bool, mask_skips: tuple
     """Hex sha256 of what ``torch.export`` of ``model`` on ``call`` depends on (module docstring), computed
     without tracing, with the mask decisions it is exported with (remat.client.graph.mask_skips); None when the
     model or call is not cached (the reason is logged at debug level)."""
+    keys = pre_keys(model, call, train=train)
+    return None if keys is None else keys(mask_skips)
+
+
+def pre_keys(model: nn.Module, call: ModelCall, *, train: bool) -> Callable[[tuple[bool, ...]], str] | None:
+    """``pre_key`` for any mask decisions, the model and call described once; None when not cached."""
     try:
         description = _description(model, call, train)
-        description["mask_skips"] = [bool(skip) for skip in mask_skips]
     except Uncacheable as exc:
         logger.debug("remat: exported graph of %s not cached: %s", type(model).__name__, exc)
         return None
-    text = json.dumps(description, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+
+    def key(mask_skips: tuple[bool, ...]) -> str:
+        text = json.dumps({**description, "mask_skips": [bool(skip) for skip in mask_skips]}, sort_keys=True,
+                          separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    return key
 
 
 def _description(model: nn.Module, call: ModelCall, train: bool) -> dict[str, Any]:
@@ -510,7 +522,8 @@ def _used(path: Path) -> None:
 
 
 def _keep_recent(directory: Path, suffix: str, *, keep: Path) -> None:
-    """Remove the least recently used files ending in ``suffix`` (graphs: ``.json`` but not ``.hash.json``)
+    """Remove the least recently used files ending in ``suffix`` (graphs: ``.json`` but not ``.hash.json`` or
+    ``.skips.json``)
     beyond :data:`MAX_CACHED_GRAPHS`, never ``keep``. Another process pruning or reading at the same time loses
     nothing but a cache hit."""
     def age(path: Path) -> float:
@@ -520,12 +533,51 @@ def _keep_recent(directory: Path, suffix: str, *, keep: Path) -> None:
             return float("inf")  # already gone
 
     graphs = suffix == ".json"
-    files = [f for f in directory.glob(f"*{suffix}") if not (graphs and f.name.endswith(".hash.json"))]
+    files = [f for f in directory.glob(f"*{suffix}")
+             if not (graphs and f.name.endswith((".hash.json", ".skips.json")))]
     if len(files) <= MAX_CACHED_GRAPHS:
         return
     for old in sorted(files, key=age)[: len(files) - MAX_CACHED_GRAPHS]:
         if old != keep:
             old.unlink(missing_ok=True)
+
+
+SKIPS_FORMAT = "remat-mask-skips/1"
+
+
+def _skips_path(key: str, directory: Path | None) -> Path:
+    return (directory if directory is not None else graph_cache_dir()) / f"{key}.skips.json"
+
+
+def load_skips(key: str, *, directory: Path | None = None) -> tuple[bool, ...] | None:
+    """The mask decisions a call under ``key`` (the pre-key without decisions) took last (:func:`store_skips`),
+    or None. A guess, checked by the graph read back with it (``fx_trace.export_model``): it spares a start
+    with a mask without padding the graph that builds every mask, read only to learn the call's decisions."""
+    try:
+        data = json.loads(_skips_path(key, directory).read_bytes()[:4096])
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != SKIPS_FORMAT or data.get("key") != key:
+        return None
+    skips = data.get("mask_skips")
+    if not (isinstance(skips, list) and len(skips) <= 4096 and all(isinstance(s, bool) for s in skips)):
+        return None
+    _used(_skips_path(key, directory))
+    return tuple(skips)
+
+
+def store_skips(key: str, mask_skips: tuple[bool, ...], *, directory: Path | None = None) -> None:
+    """Keep the decisions a call under ``key`` took for :func:`load_skips`; a directory that cannot be written
+    costs the next start one more graph read, no more."""
+    from remat.client.local_plans import write_json_atomically
+
+    body = {"format": SKIPS_FORMAT, "key": key, "mask_skips": [bool(s) for s in mask_skips]}
+    try:
+        path = write_json_atomically(_skips_path(key, directory), body, indent=None)
+    except OSError as exc:
+        logger.debug("remat: mask decisions not cached: %s", exc)
+        return
+    _keep_recent(path.parent, ".skips.json", keep=path)
 
 
 HASH_FORMAT = "remat-graph-hash/1"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -162,8 +162,10 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache
     say): such a model cannot be cut, and is refused rather than half-planned.
 
     ``mask_skips``: the decisions to take at transformers' mask decision points (NOTE [ masks without padding ]
-    in remat.client.graph.mask_skips); None, the eager forward's for this call's values: a call whose masks have
-    no padding is exported twice, the second time skipping them as the eager forward does.
+    in remat.client.graph.mask_skips); None, the eager forward's for this call's values, asked of the
+    precondition of a graph exported with other decisions and exported (or read back) again when they differ:
+    a call whose masks have no padding costs two exports the first time, and a start that takes the same
+    decisions as the last one reads one graph back (``export_cache.load_skips``).
 
     The graph comes from the disk cache (``export_cache``) when the model and call have been exported before:
     same nodes, names, targets, ``nn_module_stack`` and ``meta`` keys, hence the same architecture hash and
@@ -171,25 +173,47 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache
     caller uses (``checkpoint(cache_dir=...)``), whose ``graphs`` folder holds them; default the user's."""
     import torch.utils._pytree as pytree
 
+    from remat.client.graph import export_cache
     from remat.client.graph.mask_skips import MASK_SKIPS, mask_decisions
 
-    gm, key = _export_cached(model, call, train, cache_dir, mask_skips or ())
-    if mask_skips is None:
-        own = mask_decisions(gm, pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0])
-        if own is not None and own != gm.meta[MASK_SKIPS]:
-            gm, key = _export_cached(model, call, train, cache_dir, own)
+    keys = export_cache.pre_keys(model, call, train=train)
+    directory = cache_dir / "graphs" if cache_dir is not None else None
+    if mask_skips is not None:
+        gm, key = _export_cached(model, call, train, cache_dir, mask_skips, keys)
+        _attach_hash_graph(gm, model, call, train, cache_dir, key)
+        return gm
+    # The call's own decisions: asked of a graph's precondition, first of the one exported with the decisions
+    # this model and signature took last (one graph read on a start like the last), else of the export that
+    # builds every mask. A graph without a precondition builds every mask, as export does.
+    flat = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]
+    guess = export_cache.load_skips(keys(()), directory=directory) if keys is not None else None
+    skips = guess or ()
+    for _ in range(2):
+        gm, key = _export_cached(model, call, train, cache_dir, skips, keys)
+        own = mask_decisions(gm, flat)
+        if own is None:
+            own = tuple(False for _ in gm.meta[MASK_SKIPS])
+        if own == gm.meta[MASK_SKIPS]:
+            break
+        skips = own
+    else:  # the decisions moved twice: build every mask, which holds for every call
+        gm, key = _export_cached(model, call, train, cache_dir, (), keys)
+        own = gm.meta[MASK_SKIPS]
+    if keys is not None and own != (guess or ()) and (guess is not None or any(own)):
+        export_cache.store_skips(keys(()), own, directory=directory)
     _attach_hash_graph(gm, model, call, train, cache_dir, key)
     return gm
 
 
 def _export_cached(model: nn.Module, call: ModelCall, train: bool, cache_dir: Path | None,
-                   mask_skips: tuple[bool, ...]) -> tuple[torch.fx.GraphModule, str | None]:
+                   mask_skips: tuple[bool, ...],
+                   keys: Callable[[tuple[bool, ...]], str] | None) -> tuple[torch.fx.GraphModule, str | None]:
     """``export_model``'s graph for these mask decisions, from the disk cache or exported and stored; with the
-    pre-key it is stored under (None: not cacheable)."""
+    pre-key it is stored under (None: not cacheable; ``keys``: ``export_cache.pre_keys``)."""
     from remat.client.graph import export_cache
     from remat.client.graph.mask_skips import split_precondition
 
-    key = export_cache.pre_key(model, call, train=train, mask_skips=mask_skips)
+    key = keys(mask_skips) if keys is not None else None
     directory = cache_dir / "graphs" if cache_dir is not None else None
     if key is not None:
         cached = export_cache.load_graph(model, key, train=train, directory=directory)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from remat.client.graph import fx_trace, mask_skips
+from remat.client.graph import export_cache, fx_trace, mask_skips
 from remat.client.graph.fx_trace import export_any_sizes, export_model, sizes_refused
 from remat.client.graph.mask_skips import MASK_SKIPS, mask_decisions
 from remat.client.graph.model_call import ModelCall
@@ -114,6 +114,30 @@ def test_the_markers_leave_the_graph_of_a_padded_batch_as_it_was(tmp_path: Path,
     assert mask_decisions(again, _flat(call)) == (False,)
     unpadded = ModelCall.bind(model, (), _unpadded(batch(seq=16, size=3)))
     assert mask_decisions(again, _flat(unpadded)) == (True,)
+
+
+def test_a_start_like_the_last_reads_one_graph_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decisions a model and call signature took last are the first guess: a training script restarted
+    with its mask without padding reads the graph that skips it, and only that one; a guess the call's own
+    decisions contradict is corrected (and remembered)."""
+    model = tiny("gpt2")
+    unpadded = ModelCall.bind(model, (), _unpadded(batch(seq=16, size=3)))
+    padded = ModelCall.bind(model, (), batch(seq=16, size=3))
+    assert export_model(model, unpadded, cache_dir=tmp_path).meta[MASK_SKIPS] == (True,)
+    assert export_model(model, padded, cache_dir=tmp_path).meta[MASK_SKIPS] == (False,)
+    loads: list[str] = []
+    load = export_cache.load_graph
+    monkeypatch.setattr(export_cache, "load_graph", lambda model, key, **k: loads.append(key) or load(model, key, **k))
+
+    def no_export(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("exported although the graph is cached")
+
+    monkeypatch.setattr(fx_trace, "_exported", no_export)
+    for call, skipped, reads in ((padded, False, 1), (unpadded, True, 2), (unpadded, True, 1), (padded, False, 2)):
+        loads.clear()
+        gm = export_model(model, call, cache_dir=tmp_path)
+        assert gm.meta[MASK_SKIPS] == (skipped,) and _graph_masks(gm)[0] is not skipped
+        assert len(loads) == reads, (skipped, loads)
 
 
 def test_the_export_for_any_sizes_takes_the_decisions_it_is_given() -> None:
