@@ -67,7 +67,7 @@ if {split}:
             finally:
                 steps[label] = steps.get(label, 0.0) + time.perf_counter() - t
         setattr(owner, name, wrapper)
-    timed(export_cache, "pre_key", "graph pre-key")
+    timed(export_cache, "pre_keys", "graph pre-key")
     timed(export_cache, "load_graph", "graph load")
     timed(torch.export, "export", "torch.export")
     timed(hashing, "architecture_hash", "architecture hash")
