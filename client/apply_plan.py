@@ -235,7 +235,7 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
             raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}"
                                         f"{_pass_them_too(call, state.sizes)}")
         started = time.perf_counter()
-        known = _any_sizes_chain(state, model, call)
+        known = _any_sizes_chain(state, model, call, _skips_of(state.chain))
         how = "on its graph exported for any sizes (once)"
         if known is None:
             known = _one_size_chain(state, model, call, sizes)
@@ -276,6 +276,12 @@ def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
     if chain is None or chain.graph_module is None:
         return None
     return chain if sizes_refused(chain.graph_module, _flat(call)) is None else None
+
+
+def _skips_of(chain: StageChain | OpGraph | None) -> tuple[bool, ...]:
+    """The mask decisions the graph of ``chain`` was exported with (NOTE [ masks without padding ])."""
+    graph = getattr(chain, "graph_module", None)
+    return graph.meta.get(MASK_SKIPS, ()) if graph is not None else ()
 
 
 def _flat(call: ModelCall) -> list[Any]:
@@ -319,11 +325,18 @@ def _chain_for_masks(state: _Applied, model: nn.Module, call: ModelCall, chain: 
                 if known.layout() != state.chain.layout():  # type: ignore[union-attr]
                     known = None
         if known is None:
+            have = graph.meta[MASK_SKIPS]
+            if any(h and not w for h, w in zip(have, wanted, strict=True)):
+                # The chain at hand leaves out a mask this call needs: it would attend to its padding.
+                raise _mismatch(state.plan, f"this training call's attention masks have padding the plan's graph "
+                                            f"leaves out (it was made from a batch without padding), and a graph "
+                                            f"that builds them cannot run the plan: {reason}; {_short(name)} "
+                                            f"(give checkpoint() a padded batch to plan for both)")
             if not state.warned_masks:
-                warnings.warn(f"remat: the model's own forward would build or skip this training call's attention "
-                              f"masks otherwise than the plan's graph does ({_short(name)}), and a graph exported "
-                              f"for them cannot be used: {_short(reason)}; the call runs on the plan's graph, the "
-                              f"same numbers up to float rounding", RuntimeWarning, stacklevel=_USER_FRAME)
+                warnings.warn(f"remat: the model's own forward leaves out this training call's attention masks "
+                              f"(no padding), and a graph exported so cannot run the plan: {_short(reason)}; the "
+                              f"call runs on the plan's graph, which builds them: the same numbers up to float "
+                              f"rounding ({_short(name)})", RuntimeWarning, stacklevel=_USER_FRAME)
                 state.warned_masks = True
             known = chain
         state.sized_chains[name] = known
@@ -338,7 +351,12 @@ def _one_size_chain(state: _Applied, model: nn.Module, call: ModelCall, sizes: s
     assert isinstance(state.chain, StageChain)
     try:
         with _uninstalled(model):
-            graph = trace_model(model, train=True, call=call, cache_dir=state.graph_cache)
+            if state.chain.graph_module is not None and state.chain.graph_module.meta.get("remat_tracer") == "export":
+                # the plan chain's mask decisions (NOTE [ masks per batch ]); the call's own are asked next
+                graph = export_model(model, call, train=True, cache_dir=state.graph_cache,
+                                     mask_skips=_skips_of(state.chain))
+            else:
+                graph = trace_model(model, train=True, call=call, cache_dir=state.graph_cache)
             chain = build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
                                       train=True, graph=graph, check=False)
     except ModelError as exc:

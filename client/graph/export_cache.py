@@ -549,29 +549,35 @@ def _skips_path(key: str, directory: Path | None) -> Path:
     return (directory if directory is not None else graph_cache_dir()) / f"{key}.skips.json"
 
 
-def load_skips(key: str, *, directory: Path | None = None) -> tuple[bool, ...] | None:
-    """The mask decisions a call under ``key`` (the pre-key without decisions) took last (:func:`store_skips`),
-    or None. A guess, checked by the graph read back with it (``fx_trace.export_model``): it spares a start
-    with a mask without padding the graph that builds every mask, read only to learn the call's decisions."""
+def load_skips(key: str, *, directory: Path | None = None) -> tuple[tuple[bool, ...], bool | None] | None:
+    """What :func:`store_skips` kept under ``key`` (the pre-key without decisions), or None: the mask decisions
+    a call under it took last, and whether a chain cut from the graph exported with them has other stages than
+    the one that builds every mask (None: not compared). The decisions are a guess, checked by the graph read
+    back with them (``fx_trace.export_model``): it spares a start with a mask without padding the graph that
+    builds every mask, read only to learn the call's decisions."""
     try:
-        data = json.loads(_skips_path(key, directory).read_bytes()[:4096])
+        data = json.loads(_skips_path(key, directory).read_bytes()[:16384])
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("format") != SKIPS_FORMAT or data.get("key") != key:
         return None
-    skips = data.get("mask_skips")
+    skips, differ = data.get("mask_skips"), data.get("layouts_differ")
     if not (isinstance(skips, list) and len(skips) <= 4096 and all(isinstance(s, bool) for s in skips)):
         return None
+    if differ is not None and not isinstance(differ, bool):
+        return None
     _used(_skips_path(key, directory))
-    return tuple(skips)
+    return tuple(skips), differ
 
 
-def store_skips(key: str, mask_skips: tuple[bool, ...], *, directory: Path | None = None) -> None:
-    """Keep the decisions a call under ``key`` took for :func:`load_skips`; a directory that cannot be written
-    costs the next start one more graph read, no more."""
+def store_skips(key: str, mask_skips: tuple[bool, ...], layouts_differ: bool | None = None, *,
+                directory: Path | None = None) -> None:
+    """Keep what :func:`load_skips` reads; a directory that cannot be written costs the next start one more
+    graph read (or chain cut), no more."""
     from remat.client.local_plans import write_json_atomically
 
-    body = {"format": SKIPS_FORMAT, "key": key, "mask_skips": [bool(s) for s in mask_skips]}
+    body = {"format": SKIPS_FORMAT, "key": key, "mask_skips": [bool(s) for s in mask_skips],
+            "layouts_differ": layouts_differ}
     try:
         path = write_json_atomically(_skips_path(key, directory), body, indent=None)
     except OSError as exc:

@@ -186,8 +186,9 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache
     # this model and signature took last (one graph read on a start like the last), else of the export that
     # builds every mask. A graph without a precondition builds every mask, as export does.
     flat = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]
-    guess = export_cache.load_skips(keys(()), directory=directory) if keys is not None else None
-    skips = guess or ()
+    note = export_cache.load_skips(keys(()), directory=directory) if keys is not None else None
+    guess, differ = note if note is not None else ((), None)
+    skips = guess
     for _ in range(2):
         gm, key = _export_cached(model, call, train, cache_dir, skips, keys)
         own = mask_decisions(gm, flat)
@@ -195,14 +196,51 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache
             own = tuple(False for _ in gm.meta[MASK_SKIPS])
         if own == gm.meta[MASK_SKIPS]:
             break
-        skips = own
+        skips, differ = own, None
     else:  # the decisions moved twice: build every mask, which holds for every call
         gm, key = _export_cached(model, call, train, cache_dir, (), keys)
         own = gm.meta[MASK_SKIPS]
-    if keys is not None and own != (guess or ()) and (guess is not None or any(own)):
-        export_cache.store_skips(keys(()), own, directory=directory)
+    if any(own):
+        # NOTE [ one layout for every batch ]: a padded batch runs the plan on a chain that builds its masks,
+        # which must be cut into the plan chain's stages. Without the mask a chain may have more (ALBERT and
+        # ModernBERT inside their first block, a one-block Llama between its rotary table and the block). Then
+        # the plan's graph builds every mask (a batch without padding runs on it too: the same numbers up to
+        # rounding), unless that graph does not train like the model on this call, where the plan stays on
+        # the skipping graph and a padded batch is refused at its call (it was refused at planning before).
+        if differ is None:
+            differ = _cut_otherwise(model, call, gm, train, cache_dir, keys)
+        if differ:
+            gm, key = _export_cached(model, call, train, cache_dir, tuple(False for _ in own), keys)
+    if keys is not None and any(own) and (own, differ) != (guess, note[1] if note is not None else None):
+        export_cache.store_skips(keys(()), own, differ, directory=directory)  # a padded call leaves it be
     _attach_hash_graph(gm, model, call, train, cache_dir, key)
     return gm
+
+
+def _cut_otherwise(model: nn.Module, call: ModelCall, gm: torch.fx.GraphModule, train: bool,
+                   cache_dir: Path | None, keys: Callable[[tuple[bool, ...]], str] | None) -> bool:
+    """Whether the plan's graph for ``call`` must build every mask although ``gm`` skips one (NOTE [ one layout
+    for every batch ]): the two are cut into chains of other layouts, and the one that builds the masks trains
+    like the model on ``call`` (``fidelity``). Each cut probes the model once without gradients, the check runs
+    two steps. A graph that cannot be cut at all leaves the decision to ``build_stage_chain``."""
+    from remat.client.graph.fidelity import check_export_fidelity
+    from remat.client.graph.mask_skips import MASK_SKIPS
+    from remat.client.graph.stage_graph import build_stage_chain
+
+    skips = gm.meta[MASK_SKIPS]
+    graphs = [_export_cached(model, call, train, cache_dir, s, keys)[0] for s in (skips, tuple(False for _ in skips))]
+    example = call.single_tensor if call.single_tensor is not None else call
+    try:  # copies of the graphs: the caller cuts its own
+        skipping, masked = (build_stage_chain(model, example, train=train, graph=g, check=False) for g in graphs)
+    except ModelError:
+        return False
+    if skipping.layout() == masked.layout():
+        return False
+    try:
+        check_export_fidelity(model, masked, call, train=train)
+    except ModelError:
+        return False  # only the skipping graph trains like the model here: a padded batch is refused at its call
+    return True
 
 
 def _export_cached(model: nn.Module, call: ModelCall, train: bool, cache_dir: Path | None,

@@ -117,9 +117,9 @@ def test_the_markers_leave_the_graph_of_a_padded_batch_as_it_was(tmp_path: Path,
 
 
 def test_a_start_like_the_last_reads_one_graph_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The decisions a model and call signature took last are the first guess: a training script restarted
-    with its mask without padding reads the graph that skips it, and only that one; a guess the call's own
-    decisions contradict is corrected (and remembered)."""
+    """The decisions that skip a mask, once a model and call signature took them, are the first guess: a
+    training script restarted with its mask without padding reads the graph that skips it, and only that one;
+    a padded call, whose decisions contradict the guess, reads both."""
     model = tiny("gpt2")
     unpadded = ModelCall.bind(model, (), _unpadded(batch(seq=16, size=3)))
     padded = ModelCall.bind(model, (), batch(seq=16, size=3))
@@ -133,7 +133,7 @@ def test_a_start_like_the_last_reads_one_graph_back(tmp_path: Path, monkeypatch:
         raise AssertionError("exported although the graph is cached")
 
     monkeypatch.setattr(fx_trace, "_exported", no_export)
-    for call, skipped, reads in ((padded, False, 1), (unpadded, True, 2), (unpadded, True, 1), (padded, False, 2)):
+    for call, skipped, reads in ((padded, False, 2), (unpadded, True, 1), (unpadded, True, 1), (padded, False, 2)):
         loads.clear()
         gm = export_model(model, call, cache_dir=tmp_path)
         assert gm.meta[MASK_SKIPS] == (skipped,) and _graph_masks(gm)[0] is not skipped
