@@ -296,8 +296,9 @@ def _flat(call: ModelCall) -> list[Any]:
 # call whose decisions differ runs on a chain exported with them, at its sizes: from the export for any sizes
 # with those decisions when its guards hold, else exported for its very sizes (disk-cached), kept like a chain
 # of other sizes (``MAX_SIZED_CHAINS``). Like those, it is used only when cut into the plan chain's stages;
-# otherwise the call runs on the chain at hand, whose masks give the same numbers up to float rounding, and the
-# first such call warns.
+# otherwise a call without padding runs on the chain at hand, which builds the mask it would leave out (the
+# same numbers up to float rounding; the first such call warns), and a padded call whose mask the chain at
+# hand leaves out is refused (NOTE [ one layout for every batch ] in remat.client.graph.fx_trace).
 def _chain_for_masks(state: _Applied, model: nn.Module, call: ModelCall, chain: StageChain) -> StageChain:
     """``chain``, or the chain of the same sizes exported with ``call``'s own mask decisions when they differ
     from ``chain``'s (NOTE [ masks per batch ])."""
