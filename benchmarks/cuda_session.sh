@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The CUDA figures of docs/benchmarks.md for step time (issue 29), max-batch (issue 27) and the Hugging Face peer
-# (issue 26), in one short device session: a lent GPU machine has torch, torchvision and transformers but not
+# The CUDA figures of docs/benchmarks.md for step time (issue 29), max-batch (issue 27), the Hugging Face peer
+# and batches without padding (issue 26), in one short device session: a lent GPU machine has torch, torchvision and transformers but not
 # remat's service-side dependencies, so they travel as wheels in .whl/ (with remat's own wheel, `uv build --wheel
 # -o .whl`; docs/benchmarks.md says which), and every section has its own time limit so that one slow section
 # cannot take the others' time. Run from the repository root:
@@ -50,5 +50,7 @@ for dtype in float32 autocast_bfloat16; do
     section 90 "hf-peer-$dtype" $PY benchmarks/hf_peer.py --device "$DEVICE" --dtype "$dtype" --models gpt2,llama,bert,t5 \
         --batch-size 2 --seq-len "$SEQ" --rounds 5 --candidates 3
 done
+section 50 unpadded $PY benchmarks/unpadded_batches.py --device "$DEVICE" --models gpt2,llama --batch-size 2 \
+    --seq-len "$SEQ" --rounds 5
 tar czf "$OUT/where_time_goes.tgz" -C /tmp where 2>/dev/null
 echo "=== done $(date +%T)" | tee -a "$LOG"
