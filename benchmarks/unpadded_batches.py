@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
+from hf_peer import MIB, HfForward  # a sibling script, not a package: the model's own forward as a runner
 
 from remat.client.graph.built_model import build
 from remat.client.graph.fx_trace import export_model
@@ -37,18 +37,6 @@ from remat.client.request import ModelRequest
 from remat.worker.measure import gradient_check, measure_step, time_plans
 from remat.worker.profilers import profile
 
-MIB = 2**20
-
-
-class Eager:
-    """The model's own forward: a runner for the measured step (``run_call``), like a stage chain."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-
-    def run_call(self, call: Any, checkpoints: Any = ()) -> Any:
-        return self.model(*call.args, **call.kwargs)
-
 
 def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     [entry] = [m for m in hf_zoo() if m.name == name]
@@ -58,15 +46,15 @@ def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                            device=args.device, dtype=args.dtype)
     built = build(request)
     model = built.model
+    eager = HfForward(model, checkpointing=False)
     kwargs = dict(built.example.kwargs)
     kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
     call = ModelCall.bind(model, (), kwargs)
     common = {"grads": "kept", "precision": args.dtype, "device": args.device}
-    graphs = {"masked": None, "as the model": export_model(model, call)}
-    flat = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]
-    decided = mask_decisions(graphs["as the model"], flat)
-    graphs["masked"] = export_model(model, call, mask_skips=tuple(False for _ in decided or ()))
-    modes: list[tuple[str, Any, tuple[int, ...], int | None]] = [("none (the model's forward)", Eager(model), (),
+    masked = export_model(model, call, mask_skips=())
+    decided = mask_decisions(masked, call.flat_inputs()) or ()
+    graphs = {"masked": masked, "as the model": export_model(model, call, mask_skips=decided)}
+    modes: list[tuple[str, Any, tuple[int, ...], int | None]] = [("none (the model's forward)", eager, (),
                                                                   None)]
     stages = {}
     for label, graph in graphs.items():
@@ -83,7 +71,7 @@ def run(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append({"model": name, "mode": label, "peak": measured.measured_peak_bytes, "predicted": predicted})
     times = time_plans(model, call, [m[2] for m in modes], runners=[m[1] for m in modes], rounds=args.rounds,
                        **common)
-    checks = gradient_check(model, call, [m[2] for m in modes], runners=[m[1] for m in modes], chain=Eager(model),
+    checks = gradient_check(model, call, [m[2] for m in modes], runners=[m[1] for m in modes], chain=eager,
                             **common)
     for row, ms, (_, diff) in zip(rows, times, checks, strict=True):
         row["step_ms"], row["grad_diff"] = ms, diff

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch import nn
 
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
@@ -246,10 +245,16 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
                           f"prediction", RuntimeWarning, stacklevel=_USER_FRAME)
             state.warned_sizes = True
         state.sized_chains[call.sizes] = known
-    state.sized_chains.move_to_end(call.sizes)
+    return _used(state, call.sizes)
+
+
+def _used(state: _Applied, name: str) -> StageChain:
+    """The kept chain ``name``, marked the most recently used; the least recently used beyond
+    ``MAX_SIZED_CHAINS`` go."""
+    state.sized_chains.move_to_end(name)
     while len(state.sized_chains) > MAX_SIZED_CHAINS:
         state.sized_chains.popitem(last=False)
-    return known
+    return state.sized_chains[name]
 
 
 def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
@@ -275,18 +280,13 @@ def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
     chain = state.any_sizes[mask_skips]
     if chain is None or chain.graph_module is None:
         return None
-    return chain if sizes_refused(chain.graph_module, _flat(call)) is None else None
+    return chain if sizes_refused(chain.graph_module, call.flat_inputs()) is None else None
 
 
 def _skips_of(chain: StageChain | OpGraph | None) -> tuple[bool, ...]:
     """The mask decisions the graph of ``chain`` was exported with (NOTE [ masks without padding ])."""
     graph = getattr(chain, "graph_module", None)
     return graph.meta.get(MASK_SKIPS, ()) if graph is not None else ()
-
-
-def _flat(call: ModelCall) -> list[Any]:
-    """The call's flat inputs, as an exported graph's placeholders take them."""
-    return pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]
 
 
 # NOTE [ masks per batch ] A chain is cut from a graph exported with the mask decisions of one call (NOTE [ masks
@@ -305,7 +305,7 @@ def _chain_for_masks(state: _Applied, model: nn.Module, call: ModelCall, chain: 
     graph = chain.graph_module
     if graph is None or graph.meta.get(PRECONDITION) is None:
         return chain
-    wanted = mask_decisions(graph, _flat(call))
+    wanted = mask_decisions(graph, call.flat_inputs())
     if wanted is None or wanted == graph.meta[MASK_SKIPS]:
         return chain
     name = f"{call.sizes}, masks skipped {''.join('1' if w else '0' for w in wanted)}"
@@ -314,13 +314,9 @@ def _chain_for_masks(state: _Applied, model: nn.Module, call: ModelCall, chain: 
         known = _any_sizes_chain(state, model, call, wanted) if ANY_SIZES_GUARDS in graph.meta else None
         if known is None:
             try:
-                with _uninstalled(model):
-                    exported = export_model(model, call, train=True, cache_dir=state.graph_cache, mask_skips=wanted)
-                    known = build_stage_chain(model, call.single_tensor if call.single_tensor is not None
-                                              else call, train=True, graph=exported, check=False)
+                known = _cut_for(state, model, call, wanted)
             except ModelError as exc:
                 reason = str(exc)
-                known = None
             else:
                 reason = f"it is cut into other stages ({known.num_stages} against {state.chain.num_stages})"
                 if known.layout() != state.chain.layout():  # type: ignore[union-attr]
@@ -341,25 +337,29 @@ def _chain_for_masks(state: _Applied, model: nn.Module, call: ModelCall, chain: 
                 state.warned_masks = True
             known = chain
         state.sized_chains[name] = known
-    state.sized_chains.move_to_end(name)
-    while len(state.sized_chains) > MAX_SIZED_CHAINS:
-        state.sized_chains.popitem(last=False)
-    return known
+    return _used(state, name)
+
+
+def _cut_for(state: _Applied, model: nn.Module, call: ModelCall, mask_skips: tuple[bool, ...]) -> StageChain:
+    """A chain cut for ``call``'s very sizes, exported with ``mask_skips`` when the plan chain's graph was
+    exported, traced as the plan chain's otherwise (disk-cached like any export); ``ModelError`` when it cannot
+    be. Its stages are the caller's to compare with the plan chain's."""
+    assert isinstance(state.chain, StageChain)
+    with _uninstalled(model):
+        if state.chain.graph_module is not None and state.chain.graph_module.meta.get("remat_tracer") == "export":
+            graph = export_model(model, call, train=True, cache_dir=state.graph_cache, mask_skips=mask_skips)
+        else:
+            graph = trace_model(model, train=True, call=call, cache_dir=state.graph_cache)
+        return build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
+                                 train=True, graph=graph, check=False)
 
 
 def _one_size_chain(state: _Applied, model: nn.Module, call: ModelCall, sizes: str) -> StageChain:
-    """A chain exported and cut for ``call``'s very sizes (disk-cached like any export)."""
+    """A chain exported and cut for ``call``'s very sizes with the plan chain's mask decisions (the call's own
+    are asked next: NOTE [ masks per batch ])."""
     assert isinstance(state.chain, StageChain)
     try:
-        with _uninstalled(model):
-            if state.chain.graph_module is not None and state.chain.graph_module.meta.get("remat_tracer") == "export":
-                # the plan chain's mask decisions (NOTE [ masks per batch ]); the call's own are asked next
-                graph = export_model(model, call, train=True, cache_dir=state.graph_cache,
-                                     mask_skips=_skips_of(state.chain))
-            else:
-                graph = trace_model(model, train=True, call=call, cache_dir=state.graph_cache)
-            chain = build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
-                                      train=True, graph=graph, check=False)
+        chain = _cut_for(state, model, call, _skips_of(state.chain))
     except ModelError as exc:
         raise _mismatch(state.plan, f"the model cannot be cut at this call's sizes, {sizes}: {exc}") from None
     if chain.layout() != state.chain.layout():

@@ -542,11 +542,38 @@ def _keep_recent(directory: Path, suffix: str, *, keep: Path) -> None:
             old.unlink(missing_ok=True)
 
 
+def _side_path(key: str, suffix: str, directory: Path | None) -> Path:
+    return (directory if directory is not None else graph_cache_dir()) / f"{key}{suffix}"
+
+
+def _read_side(key: str, suffix: str, file_format: str, directory: Path | None) -> dict[str, Any] | None:
+    """The body of a small file kept beside a graph (a hash, mask decisions) when it is well-formed for
+    ``key`` and ``file_format``, marked used; None otherwise (none stored or malformed: ignored)."""
+    path = _side_path(key, suffix, directory)
+    try:
+        data = json.loads(path.read_bytes()[:16384])
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != file_format or data.get("key") != key:
+        return None
+    _used(path)
+    return data
+
+
+def _write_side(key: str, suffix: str, body: dict[str, Any], directory: Path | None, what: str) -> None:
+    """Write a small file beside the graphs (``_read_side``), keeping the most recently used of its kind; a
+    directory that cannot be written costs the next start what the file spares, no more."""
+    from remat.client.local_plans import write_json_atomically
+
+    try:
+        path = write_json_atomically(_side_path(key, suffix, directory), body, indent=None)
+    except OSError as exc:
+        logger.debug("remat: %s not cached: %s", what, exc)
+        return
+    _keep_recent(path.parent, suffix, keep=path)
+
+
 SKIPS_FORMAT = "remat-mask-skips/1"
-
-
-def _skips_path(key: str, directory: Path | None) -> Path:
-    return (directory if directory is not None else graph_cache_dir()) / f"{key}.skips.json"
 
 
 def load_skips(key: str, *, directory: Path | None = None) -> tuple[tuple[bool, ...], bool | None] | None:
@@ -555,42 +582,26 @@ def load_skips(key: str, *, directory: Path | None = None) -> tuple[tuple[bool, 
     the one that builds every mask (None: not compared). The decisions are a guess, checked by the graph read
     back with them (``fx_trace.export_model``): it spares a start with a mask without padding the graph that
     builds every mask, read only to learn the call's decisions."""
-    try:
-        data = json.loads(_skips_path(key, directory).read_bytes()[:16384])
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != SKIPS_FORMAT or data.get("key") != key:
+    data = _read_side(key, ".skips.json", SKIPS_FORMAT, directory)
+    if data is None:
         return None
     skips, differ = data.get("mask_skips"), data.get("layouts_differ")
     if not (isinstance(skips, list) and len(skips) <= 4096 and all(isinstance(s, bool) for s in skips)):
         return None
     if differ is not None and not isinstance(differ, bool):
         return None
-    _used(_skips_path(key, directory))
     return tuple(skips), differ
 
 
 def store_skips(key: str, mask_skips: tuple[bool, ...], layouts_differ: bool | None = None, *,
                 directory: Path | None = None) -> None:
-    """Keep what :func:`load_skips` reads; a directory that cannot be written costs the next start one more
-    graph read (or chain cut), no more."""
-    from remat.client.local_plans import write_json_atomically
-
+    """Keep what :func:`load_skips` reads."""
     body = {"format": SKIPS_FORMAT, "key": key, "mask_skips": [bool(s) for s in mask_skips],
             "layouts_differ": layouts_differ}
-    try:
-        path = write_json_atomically(_skips_path(key, directory), body, indent=None)
-    except OSError as exc:
-        logger.debug("remat: mask decisions not cached: %s", exc)
-        return
-    _keep_recent(path.parent, ".skips.json", keep=path)
+    _write_side(key, ".skips.json", body, directory, "mask decisions")
 
 
 HASH_FORMAT = "remat-graph-hash/1"
-
-
-def _hash_path(key: str, directory: Path | None) -> Path:
-    return (directory if directory is not None else graph_cache_dir()) / f"{key}.hash.json"
 
 
 def load_hash(key: str, hash_format: str, *, directory: Path | None = None) -> str | None:
@@ -600,32 +611,19 @@ def load_hash(key: str, hash_format: str, *, directory: Path | None = None) -> s
     The hash is a function of what the pre-key covers (the model's code, state, parameters and the call's
     signature), so a file under the key may answer for it; it spares a start the second graph a batch other
     than 2 hashes (remat.client.graph.fx_trace, ``HASH_BATCH``)."""
-    try:
-        data = json.loads(_hash_path(key, directory).read_bytes()[:4096])
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if (not isinstance(data, dict) or data.get("format") != HASH_FORMAT or data.get("key") != key
-            or data.get("hash_format") != hash_format):
+    data = _read_side(key, ".hash.json", HASH_FORMAT, directory)
+    if data is None or data.get("hash_format") != hash_format:
         return None
     value = data.get("architecture_hash")
     if not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value)):
         return None
-    _used(_hash_path(key, directory))
     return value
 
 
 def store_hash(key: str, hash_format: str, architecture_hash: str, *, directory: Path | None = None) -> None:
-    """Keep ``architecture_hash`` under ``key`` for :func:`load_hash`; a cache directory that cannot be written
-    costs the next start the hash's own graph, no more."""
-    from remat.client.local_plans import write_json_atomically
-
+    """Keep ``architecture_hash`` under ``key`` for :func:`load_hash`."""
     body = {"format": HASH_FORMAT, "key": key, "hash_format": hash_format, "architecture_hash": architecture_hash}
-    try:
-        path = write_json_atomically(_hash_path(key, directory), body, indent=None)
-    except OSError as exc:
-        logger.debug("remat: architecture hash not cached: %s", exc)
-        return
-    _keep_recent(path.parent, ".hash.json", keep=path)
+    _write_side(key, ".hash.json", body, directory, "architecture hash")
 
 
 def load_graph(model: nn.Module, key: str, *, train: bool,

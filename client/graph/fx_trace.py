@@ -171,8 +171,6 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache
     same nodes, names, targets, ``nn_module_stack`` and ``meta`` keys, hence the same architecture hash and
     chain; otherwise it is exported and stored for next time. ``cache_dir``: the plan cache directory the
     caller uses (``checkpoint(cache_dir=...)``), whose ``graphs`` folder holds them; default the user's."""
-    import torch.utils._pytree as pytree
-
     from remat.client.graph import export_cache
     from remat.client.graph.mask_skips import MASK_SKIPS, mask_decisions
 
@@ -185,7 +183,7 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache
     # The call's own decisions: asked of a graph's precondition, first of the one exported with the decisions
     # this model and signature took last (one graph read on a start like the last), else of the export that
     # builds every mask. A graph without a precondition builds every mask, as export does.
-    flat = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]
+    flat = call.flat_inputs()
     note = export_cache.load_skips(keys(()), directory=directory) if keys is not None else None
     guess, differ = note if note is not None else ((), None)
     skips = guess
@@ -211,7 +209,7 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache
             differ = _cut_otherwise(model, call, gm, train, cache_dir, keys)
         if differ:
             gm, key = _export_cached(model, call, train, cache_dir, tuple(False for _ in own), keys)
-    if keys is not None and any(own) and (own, differ) != (guess, note[1] if note is not None else None):
+    if keys is not None and any(own) and note != (own, differ):
         export_cache.store_skips(keys(()), own, differ, directory=directory)  # a padded call leaves it be
     _attach_hash_graph(gm, model, call, train, cache_dir, key)
     return gm
@@ -227,11 +225,11 @@ def _cut_otherwise(model: nn.Module, call: ModelCall, gm: torch.fx.GraphModule, 
     from remat.client.graph.mask_skips import MASK_SKIPS
     from remat.client.graph.stage_graph import build_stage_chain
 
-    skips = gm.meta[MASK_SKIPS]
-    graphs = [_export_cached(model, call, train, cache_dir, s, keys)[0] for s in (skips, tuple(False for _ in skips))]
+    masked_graph, _ = _export_cached(model, call, train, cache_dir, tuple(False for _ in gm.meta[MASK_SKIPS]), keys)
     example = call.single_tensor if call.single_tensor is not None else call
-    try:  # copies of the graphs: the caller cuts its own
-        skipping, masked = (build_stage_chain(model, example, train=train, graph=g, check=False) for g in graphs)
+    try:  # cutting reads a graph, never changes it: the caller cuts ``gm`` again for its own chain
+        skipping, masked = (build_stage_chain(model, example, train=train, graph=g, check=False)
+                            for g in (gm, masked_graph))
     except ModelError:
         return False
     if skipping.layout() == masked.layout():

@@ -101,6 +101,9 @@ def split_precondition(gm: torch.fx.GraphModule, skips: tuple[bool, ...]) -> Non
     graph = gm.graph
     marks = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten._assert_async.msg
              and isinstance(n.args[1], str) and n.args[1].startswith(_MARK)]
+    if not marks:  # no decision point: nothing to move, and the graph's code stands (no recompile on a hit)
+        gm.meta[MASK_SKIPS], gm.meta[PRECONDITION] = (), None
+        return
     marks.sort(key=lambda n: int(n.args[1].removeprefix(_MARK)))
     flags = [m.args[0] for m in marks]
     needed: set[torch.fx.Node] = set()
@@ -111,7 +114,7 @@ def split_precondition(gm: torch.fx.GraphModule, skips: tuple[bool, ...]) -> Non
             needed.add(node)
             stack.extend(node.all_input_nodes)
     precondition = None
-    if flags and all(n.op in ("placeholder", "call_function") for n in needed):
+    if all(n.op in ("placeholder", "call_function") for n in needed):
         small = torch.fx.Graph()
         env: dict[torch.fx.Node, torch.fx.Node] = {}
         for node in graph.nodes:

@@ -16,6 +16,7 @@ Public API::
     call.main                 # the tensor the key's input_shape is read from (first tensor input)
     call.signature            # "input_ids: int64[2, 256]; labels: int64[2, 256]; use_cache=False" ("" if single)
     call.leaves()             # the tensors in order (pytree leaves of args and kwargs that are tensors)
+    call.flat_inputs()        # every pytree leaf, constants too: an exported graph's placeholders' values
     call.args, call.kwargs    # the canonical spelling, to call the model with
     call.describe_difference(other) -> str | None   # what differs, for refusing a plan made for another call
     call.inputs_beyond(signature) -> str | None      # what it passes that the other does not (a refusal's hint)
@@ -130,7 +131,11 @@ class ModelCall:
 
     def leaves(self) -> list[torch.Tensor]:
         """Every tensor input, in the order the call passes them."""
-        return [leaf for leaf in pytree.tree_leaves((self.args, self.kwargs)) if isinstance(leaf, torch.Tensor)]
+        return [leaf for leaf in self.flat_inputs() if isinstance(leaf, torch.Tensor)]
+
+    def flat_inputs(self) -> list[Any]:
+        """Every input, constants included, in the order an exported graph's placeholders take them."""
+        return pytree.tree_leaves((tuple(self.args), dict(self.kwargs)))
 
     @property
     def main(self) -> torch.Tensor:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 
 from remat.client.graph import export_cache, fx_trace, mask_skips
 from remat.client.graph.fx_trace import export_any_sizes, export_model, sizes_refused
@@ -27,10 +26,6 @@ from tests.utils.tiny_transformers import batch, chain_step, same_step, step, ti
 
 def _unpadded(kwargs: dict[str, Any]) -> dict[str, Any]:
     return dict(kwargs, attention_mask=torch.ones_like(kwargs["attention_mask"]))
-
-
-def _flat(call: ModelCall) -> list[Any]:
-    return pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]
 
 
 def _graph_masks(gm: torch.fx.GraphModule) -> list[bool]:
@@ -72,9 +67,9 @@ def test_a_batch_without_padding_is_exported_without_its_mask_as_the_model_runs_
         assert masks and masks == _eager_masks(model, kwargs, monkeypatch) == [not skipped] * len(masks)
         assert not [n for n in gm.graph.nodes if "assert_async" in str(n.target)]  # the markers are gone
         # The precondition answers for both kinds of batch at these sizes, whichever graph it came from.
-        assert mask_decisions(gm, _flat(call)) == (skipped,)
+        assert mask_decisions(gm, call.flat_inputs()) == (skipped,)
         other = padded if skipped else _unpadded(padded)
-        assert mask_decisions(gm, _flat(ModelCall.bind(model, (), other))) == (not skipped,)
+        assert mask_decisions(gm, ModelCall.bind(model, (), other).flat_inputs()) == (not skipped,)
         chain = build_stage_chain(model, call, graph=gm)  # the fidelity check: an eager and a chain step agree
         checkpoints = tuple(range(1, chain.num_stages, 2))
         assert same_step(step(model, kwargs), chain_step(model, chain, call, checkpoints))
@@ -111,9 +106,9 @@ def test_the_markers_leave_the_graph_of_a_padded_batch_as_it_was(tmp_path: Path,
     monkeypatch.setattr(fx_trace, "_exported", no_export)
     again = export_model(model, call, cache_dir=tmp_path)
     assert again.code == marked.code and again.meta[MASK_SKIPS] == (False,)
-    assert mask_decisions(again, _flat(call)) == (False,)
+    assert mask_decisions(again, call.flat_inputs()) == (False,)
     unpadded = ModelCall.bind(model, (), _unpadded(batch(seq=16, size=3)))
-    assert mask_decisions(again, _flat(unpadded)) == (True,)
+    assert mask_decisions(again, unpadded.flat_inputs()) == (True,)
 
 
 def test_a_start_like_the_last_reads_one_graph_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,4 +145,4 @@ def test_the_export_for_any_sizes_takes_the_decisions_it_is_given() -> None:
             kwargs = batch(seq=seq, size=size, seed=size)
             other = ModelCall.bind(model, (), kwargs if not skips[0] else _unpadded(kwargs))
             # Its precondition holds at any sizes: what the model did to the mask is in symbols.
-            assert sizes_refused(gm, _flat(other)) is None and mask_decisions(gm, _flat(other)) == skips
+            assert sizes_refused(gm, other.flat_inputs()) is None and mask_decisions(gm, other.flat_inputs()) == skips
