@@ -282,13 +282,17 @@ def _wait_running_on(cluster: Cluster, job_id: str) -> dict[str, Any]:
                      120, f"job {job_id} to be running", interval_s=0.2)
 
 
+@pytest.mark.parametrize("rounds", [1, pytest.param(3, marks=pytest.mark.soak, id="soak")])
 @pytest.mark.parametrize("kill", ["child", "whole worker"])
-def test_a_job_survives_a_killed_worker_with_another_running(cluster_workers: Cluster, kill: str) -> None:
+def test_a_job_survives_a_killed_worker_with_another_running(cluster_workers: Cluster, kill: str, rounds: int) -> None:
+    """One kill in the default run; ``-m soak`` kills again in each of three rounds (the survivor or the
+    replacement takes the next job and survives its kill too): each round is a profile run twice, the suite's
+    heaviest half-minute."""
     cluster = cluster_workers
     first = cluster.start_worker("a")
     second = cluster.start_worker("b")
-    for repeat, batch in enumerate((3, 4) if kill == "child" else (5, 6)):
-        job = cluster.submit(_request(batch))
+    for repeat in range(rounds):
+        job = cluster.submit(_request(3 if kill == "child" else 5, side=32 + 8 * repeat))
         running = _wait_running_on(cluster, job["id"])
         child = int(running["lease_owner"].rsplit(":", 1)[1])  # the lease names host:pid of the process
         (victim,) = [w for w in (first, second) if child in _child_pids(w.pid)]
@@ -303,7 +307,7 @@ def test_a_job_survives_a_killed_worker_with_another_running(cluster_workers: Cl
         assert time.monotonic() - killed_at < 120
         assert done["attempts"] >= 2 and done["result"]["reused"] is False
         assert cluster.counts(done["plan_key"]) == _stored_once(done["result"]), f"repeat {repeat}"
-        if kill == "whole worker":  # a node came back: the next round has two workers again
+        if kill == "whole worker" and repeat + 1 < rounds:  # a node came back: the next round has two workers again
             replacement = cluster.start_worker(f"r{repeat}")
             first, second = (second, replacement) if victim is first else (first, replacement)
 
