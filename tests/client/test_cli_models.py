@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from remat.client.cli import main
 from remat.client.planning.planners import PLANNERS
 from remat.client.trace import load_trace
 from tests.utils.cli import run_cli
@@ -23,12 +27,31 @@ def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return url
 
 
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """A store that ``plan SMALL`` filled (a profile, every plan measured: the module's one such run), and the
+    report that run printed."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('planned') / 'plans.sqlite'}"
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
+        patch.setenv("REMAT_DATABASE_URL", url)
+        main(["plan", *SMALL, "--json"])
+    assert exit_.value.code == 0
+    return url, json.loads(out.getvalue())
 
 
-def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, store_url: str) -> None:
-    code, out, err = run_cli(capsys, "plan", *SMALL, "--json")
-    assert code == 0, err
-    first = json.loads(out)
+@pytest.fixture
+def planned_store(planned: tuple[str, dict], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The planned store, as this test's ``REMAT_DATABASE_URL``."""
+    monkeypatch.setenv("REMAT_DATABASE_URL", planned[0])
+    return planned[0]
+
+
+
+
+def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, planned: tuple[str, dict],
+                                                                   planned_store: str) -> None:
+    first = planned[1]
     assert first["from_store"] is False
     assert [p["algorithm"] for p in first["plans"]] == list(PLANNERS)
     assert first["key"]["input_shape"] == [2, 3, 32, 32] and first["key"]["grads"] == "none"
@@ -51,7 +74,7 @@ def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, sto
         "    assert e.code == 0, e.code\n"
         "print('TORCH', 'torch' in sys.modules, file=sys.stderr)\n"
     )
-    env = {"REMAT_DATABASE_URL": store_url, "PATH": "/usr/bin:/bin"}
+    env = {"REMAT_DATABASE_URL": planned_store, "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     second = json.loads(result.stdout)
     assert second["from_store"] is True
@@ -71,7 +94,7 @@ def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, sto
     assert code == 0 and "No plan of this step can peak below" in out
 
 
-def test_a_reported_plan_applies_to_the_model_and_refuses_another_input(capsys, store_url: str) -> None:
+def test_a_reported_plan_applies_to_the_model_and_refuses_another_input(capsys, planned_store: str) -> None:
     import torch
     import torchvision
 
@@ -98,14 +121,22 @@ def test_a_reported_plan_applies_to_the_model_and_refuses_another_input(capsys, 
         apply(torchvision.models.resnet18(weights=None), older)
 
 
-def test_other_gradient_convention_is_another_key(capsys, store_url: str) -> None:
+def test_other_gradient_convention_is_another_key(capsys, tmp_path: Path, planned: tuple[str, dict],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside the stored answer for the default convention, ``--grads kept`` is not answered from it."""
+    copy = tmp_path / "plans.sqlite"
+    shutil.copyfile(planned[0].removeprefix("sqlite:///"), copy)
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{copy}")
     code, out, _ = run_cli(capsys, "plan", *SMALL, "--grads", "kept", "--json")
     assert code == 0
     report = json.loads(out)
     assert report["from_store"] is False and report["key"]["grads"] == "kept"
+    assert report["key"]["model_hash"] == planned[1]["key"]["model_hash"]
+    code, out, _ = run_cli(capsys, "plan", *SMALL, "--json")
+    assert code == 0 and json.loads(out)["from_store"] is True and json.loads(out)["key"]["grads"] == "none"
 
 
-def test_human_table(capsys, store_url: str) -> None:
+def test_human_table(capsys, planned_store: str) -> None:
     code, out, _ = run_cli(capsys, "plan", *SMALL)
     assert code == 0
     for word in ("measured peak", "predicted peak", "linear", "saving vs none", "torchvision:resnet18"):
