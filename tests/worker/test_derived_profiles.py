@@ -9,13 +9,17 @@ gradient from a few hundred on (ResNet-50's bottlenecks do the same at 64 px: do
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from remat.client.cli import main
 from remat.client.derived_trace import LEVELS, fit_batches
 from remat.client.graph.built_model import build
 from remat.client.planning.max_batch import best_plan
@@ -124,17 +128,30 @@ def test_plan_at_a_new_batch_derives_from_stored_profiles_and_measures_every_pla
         assert entry["measured_peak_bytes"] == pytest.approx(entry["predicted_peak_bytes"], rel=0.01), entry
 
 
+MAX_BATCH_LIMIT = 12 * 2**20
+MAX_BATCH_ARGS = ("max-batch", "resnet18", "--input-shape", "3,16,16", "--grads", "kept", "--memory",
+                  str(MAX_BATCH_LIMIT))
+
+
+@pytest.fixture(scope="module")
+def max_batch_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """``MAX_BATCH_ARGS --json`` run once into a store of its own (profiles at two batches, a measured step):
+    the store's file and the answer, for the tests below to judge and to run again from."""
+    store = tmp_path_factory.mktemp("max_batch") / "store.sqlite"
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
+        patch.setenv("REMAT_DATABASE_URL", f"sqlite:///{store}")
+        main([*MAX_BATCH_ARGS, "--json"])
+    assert exit_.value.code == 0
+    return store, json.loads(out.getvalue())
+
+
 @pytest.mark.slow
-def test_max_batch_is_the_largest_batch_measured_steps_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_max_batch_is_the_largest_batch_measured_steps_fit(max_batch_run: tuple[Path, dict]) -> None:
     """The oracle is a measured step at the next batch with its best plan: over the limit (or, if the answer
     is one below the truth, the one after is)."""
-    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'store.sqlite'}")
-    limit = 12 * 2**20
-    code, out, err = run_cli(capsys, "max-batch", "resnet18", "--input-shape", "3,16,16", "--grads", "kept",
-                             "--memory", str(limit), "--json")
-    assert code == 0, err
-    answer = json.loads(out)
+    limit = MAX_BATCH_LIMIT
+    answer = max_batch_run[1]
     batch = answer["batch_size"]
     assert answer["measured_peak_bytes"] <= limit and answer["predicted_peak_bytes"] <= limit
     assert answer["next"]["predicted_peak_bytes"] > limit and answer["profiled_batches"] == [2, 4]
@@ -260,17 +277,17 @@ def test_a_transformer_at_a_batch_never_profiled_is_derived_and_trains_exactly(
 
 
 def test_max_batch_steps_back_when_the_verifying_step_runs_out_of_device_memory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        max_batch_run: tuple[Path, dict]) -> None:
     """A device whose allocator cannot hold what the prediction says fits (fragmentation, measured on the H100
     at batch 2,558 of ResNet-152): the step's out-of-memory error is a step back, not the command's failure,
     and the answer is a batch whose step really ran."""
     from remat.client.graph.built_model import OutOfMemoryProfiling
 
+    shutil.copyfile(max_batch_run[0], tmp_path / "store.sqlite")  # the profiles it found: no profile runs here
     monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'store.sqlite'}")
-    args = ("max-batch", "resnet18", "--input-shape", "3,16,16", "--grads", "kept", "--memory", str(12 * 2**20))
-    code, out, err = run_cli(capsys, *args, "--json")
-    assert code == 0, err
-    unconstrained = json.loads(out)["batch_size"]
+    args = MAX_BATCH_ARGS
+    unconstrained = max_batch_run[1]["batch_size"]
     room = unconstrained - 3  # the device runs out of memory above this batch
     validate = pipeline.validate
     ran: list[int] = []
