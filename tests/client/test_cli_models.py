@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import subprocess
@@ -12,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from remat.client.cli import main
 from remat.client.planning.planners import PLANNERS
 from remat.client.trace import load_trace
-from tests.utils.cli import run_cli
+from tests.utils.cli import run_cli, run_cli_with_store
 
 SMALL = ["resnet18", "--batch-size", "2", "--input-shape", "3,32,32"]
 
@@ -32,12 +29,9 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
     """A store that ``plan SMALL`` filled (a profile, every plan measured: the module's one such run), and the
     report that run printed."""
     url = f"sqlite:///{tmp_path_factory.mktemp('planned') / 'plans.sqlite'}"
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
-        patch.setenv("REMAT_DATABASE_URL", url)
-        main(["plan", *SMALL, "--json"])
-    assert exit_.value.code == 0
-    return url, json.loads(out.getvalue())
+    code, out = run_cli_with_store(url, "plan", *SMALL, "--json")
+    assert code == 0
+    return url, json.loads(out)
 
 
 @pytest.fixture
@@ -45,8 +39,6 @@ def planned_store(planned: tuple[str, dict], monkeypatch: pytest.MonkeyPatch) ->
     """The planned store, as this test's ``REMAT_DATABASE_URL``."""
     monkeypatch.setenv("REMAT_DATABASE_URL", planned[0])
     return planned[0]
-
-
 
 
 def test_plan_model_profiles_measures_stores_then_answers_from_store(capsys, planned: tuple[str, dict],
@@ -133,7 +125,8 @@ def test_other_gradient_convention_is_another_key(capsys, tmp_path: Path, planne
     assert report["from_store"] is False and report["key"]["grads"] == "kept"
     assert report["key"]["model_hash"] == planned[1]["key"]["model_hash"]
     code, out, _ = run_cli(capsys, "plan", *SMALL, "--json")
-    assert code == 0 and json.loads(out)["from_store"] is True and json.loads(out)["key"]["grads"] == "none"
+    stored = json.loads(out)
+    assert code == 0 and stored["from_store"] is True and stored["key"]["grads"] == "none"
 
 
 def test_human_table(capsys, planned_store: str) -> None:

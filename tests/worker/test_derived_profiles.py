@@ -9,8 +9,6 @@ gradient from a few hundred on (ResNet-50's bottlenecks do the same at 64 px: do
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 from pathlib import Path
@@ -19,7 +17,6 @@ import pytest
 import torch
 from torch import nn
 
-from remat.client.cli import main
 from remat.client.derived_trace import LEVELS, fit_batches
 from remat.client.graph.built_model import build
 from remat.client.planning.max_batch import best_plan
@@ -29,7 +26,7 @@ from remat.service.store import PlanStore
 from remat.worker import pipeline
 from remat.worker.measure import measure_step
 from remat.worker.profilers import profile
-from tests.utils.cli import run_cli
+from tests.utils.cli import run_cli, run_cli_with_store
 from tests.worker.torch_models import SequentialChain
 
 
@@ -138,12 +135,9 @@ def max_batch_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
     """``MAX_BATCH_ARGS --json`` run once into a store of its own (profiles at two batches, a measured step):
     the store's file and the answer, for the tests below to judge and to run again from."""
     store = tmp_path_factory.mktemp("max_batch") / "store.sqlite"
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
-        patch.setenv("REMAT_DATABASE_URL", f"sqlite:///{store}")
-        main([*MAX_BATCH_ARGS, "--json"])
-    assert exit_.value.code == 0
-    return store, json.loads(out.getvalue())
+    code, out = run_cli_with_store(f"sqlite:///{store}", *MAX_BATCH_ARGS, "--json")
+    assert code == 0
+    return store, json.loads(out)
 
 
 @pytest.mark.slow
@@ -286,7 +280,6 @@ def test_max_batch_steps_back_when_the_verifying_step_runs_out_of_device_memory(
 
     shutil.copyfile(max_batch_run[0], tmp_path / "store.sqlite")  # the profiles it found: no profile runs here
     monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'store.sqlite'}")
-    args = MAX_BATCH_ARGS
     unconstrained = max_batch_run[1]["batch_size"]
     room = unconstrained - 3  # the device runs out of memory above this batch
     validate = pipeline.validate
@@ -299,12 +292,12 @@ def test_max_batch_steps_back_when_the_verifying_step_runs_out_of_device_memory(
         return validate(built, *a, **k)
 
     monkeypatch.setattr(pipeline, "validate", fragmented)
-    code, out, err = run_cli(capsys, *args, "--json")
+    code, out, err = run_cli(capsys, *MAX_BATCH_ARGS, "--json")
     assert code == 0, err
     answer = json.loads(out)
     assert answer["batch_size"] <= room and answer["measured_peak_bytes"] is not None
     assert answer["out_of_memory_batch"] > room and answer["stepped_back"] >= 1
     assert ran[0] == unconstrained and ran[-1] == answer["batch_size"]
-    code, out, err = run_cli(capsys, *args)
+    code, out, err = run_cli(capsys, *MAX_BATCH_ARGS)
     assert code == 0, err
     assert f"batch {answer['out_of_memory_batch']} was predicted to fit but its step ran out of device memory" in out
