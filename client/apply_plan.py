@@ -236,6 +236,8 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
         started = time.perf_counter()
         known = _any_sizes_chain(state, model, call, _skips_of(state.chain))
         how = "on its graph exported for any sizes (once)"
+        if known is not None and known.graph_module is not None and ANY_SIZES_GUARDS not in known.graph_module.meta:
+            how = "on its graph for any sizes, read back from an earlier start"
         if known is None:
             known = _one_size_chain(state, model, call, sizes)
             how = "on a graph exported for these sizes (once per new size; pad batches to fixed sizes to avoid it)"
@@ -270,7 +272,8 @@ def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
         state.any_sizes[mask_skips] = None
         try:
             with _uninstalled(model):
-                graph = export_any_sizes(model, call, train=True, mask_skips=mask_skips)
+                graph = export_any_sizes(model, call, train=True, mask_skips=mask_skips,
+                                         cache_dir=state.graph_cache)
                 chain = build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
                                           train=True, graph=graph, check=False)
         except ModelError:

@@ -10,6 +10,8 @@ One subsystem, several modules cut by concern (each module's docstring says what
     stage_graph.py   build_stage_chain: the chain cut at safe articulation nodes
     op_graph.py      build_op_graph: every tensor a vertex, for graph plans; OpGraph.run
     hashing.py       the architecture hash (graph, module configs, parameter shapes; never weights)
+    export_cache.py  exported graphs on disk (JSON, no pickle) under a pre-key computed without tracing
+    size_guards.py   what an export for any sizes assumed about sizes, as data: asked before a call at new sizes
 
 Every module here needs torch; ``import remat.client`` does not load this package.
 """

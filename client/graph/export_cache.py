@@ -19,6 +19,11 @@ or code that is not in a file is not cached. Library code outside the model's cl
 attention and mask helpers) is covered by the package version only: an editable install edited in place
 keeps its version, so clear ``graphs/`` after editing such a library.
 
+The export for any sizes (``fx_trace.export_any_sizes``, NOTE [ any sizes on disk ]) is kept too, under a
+pre-key that describes each input's number of dimensions instead of its sizes (``pre_keys(any_sizes=True)``),
+its size checks and export's guard expressions beside its nodes (``size_checks``: data, asked by
+remat.client.graph.size_guards's interpreter of size arithmetic, never executed).
+
 A graph file holds JSON only, never pickle, and loading it executes nothing it names. Node targets are
 resolved to ``torch.ops.<namespace>.<op>.<overload>`` overloads that exist in this process or to functions
 of the ``operator`` module; arguments are node references, None, bools, ints, floats (inf and nan too),
@@ -33,6 +38,7 @@ it stores a new one.
 Public API::
 
     key = pre_key(model, call, train=True)          # None: not cacheable (a hook, unreadable source…)
+    any_sizes_key = pre_keys(model, call, train=True, any_sizes=True)(mask_skips)
     gm = load_graph(model, key, train=True)         # the rebuilt GraphModule, or None
     store_graph(model, gm, key)                     # the file's path, or None when the graph is not storable
     load_hash(key, hash_format) / store_hash(key, hash_format, h)   # an exported model's architecture hash
@@ -66,6 +72,7 @@ from torch import nn
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
 from remat.client.graph.hashing import canon, module_description
+from remat.client.graph.size_guards import SIZE_CHECKS, SizeChecks
 
 if TYPE_CHECKING:
     from remat.client.graph.model_call import ModelCall
@@ -132,10 +139,13 @@ def pre_key(model: nn.Module, call: ModelCall, *, train: bool, mask_skips: tuple
     return None if keys is None else keys(mask_skips)
 
 
-def pre_keys(model: nn.Module, call: ModelCall, *, train: bool) -> Callable[[tuple[bool, ...]], str] | None:
-    """``pre_key`` for any mask decisions, the model and call described once; None when not cached."""
+def pre_keys(model: nn.Module, call: ModelCall, *, train: bool,
+             any_sizes: bool = False) -> Callable[[tuple[bool, ...]], str] | None:
+    """``pre_key`` for any mask decisions, the model and call described once; None when not cached.
+    ``any_sizes``: the key of the export for any sizes (``fx_trace.export_any_sizes``), which describes each
+    input's number of dimensions, not its sizes: one graph serves every size its checks let through."""
     try:
-        description = _description(model, call, train)
+        description = _description(model, call, train, any_sizes)
     except Uncacheable as exc:
         logger.debug("remat: exported graph of %s not cached: %s", type(model).__name__, exc)
         return None
@@ -148,16 +158,17 @@ def pre_keys(model: nn.Module, call: ModelCall, *, train: bool) -> Callable[[tup
     return key
 
 
-def _description(model: nn.Module, call: ModelCall, train: bool) -> dict[str, Any]:
+def _description(model: nn.Module, call: ModelCall, train: bool, any_sizes: bool = False) -> dict[str, Any]:
     describer = _Describer()
     return {
         "format": GRAPH_FORMAT,
         "recipe": EXPORT_RECIPE,
+        "sizes": "any" if any_sizes else "fixed",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "train": bool(train),
         "state": _global_state(call),
-        "call": _call_description(call),
+        "call": _call_description(call, any_sizes),
         "modules": module_description(model),
         "instances": _instance_description(model, describer),
         "objects": describer.objects,
@@ -182,7 +193,7 @@ def _global_state(call: ModelCall) -> list[Any]:
     return [str(torch.get_default_dtype()), torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast]
 
 
-def _call_description(call: ModelCall) -> dict[str, Any]:
+def _call_description(call: ModelCall, any_sizes: bool = False) -> dict[str, Any]:
     leaves, spec = pytree.tree_flatten_with_path((tuple(call.args), dict(call.kwargs)))
     out = []
     for path, leaf in leaves:
@@ -190,11 +201,12 @@ def _call_description(call: ModelCall) -> dict[str, Any]:
         if isinstance(leaf, torch.Tensor):
             if type(leaf) is not torch.Tensor:
                 raise Uncacheable(f"input {label} is a {type(leaf).__name__}")
-            out.append([label, list(leaf.shape), str(leaf.dtype), str(leaf.device), leaf.requires_grad,
-                        str(leaf.layout), leaf.is_contiguous()])
+            out.append([label, leaf.dim() if any_sizes else list(leaf.shape), str(leaf.dtype), str(leaf.device),
+                        leaf.requires_grad, str(leaf.layout), leaf.is_contiguous()])
         else:
             out.append([label, canon(leaf)])
-    return {"signature": call.signature, "structure": str(spec), "leaves": out}
+    # The signature writes every size; without them the leaves above say all it does.
+    return {"signature": None if any_sizes else call.signature, "structure": str(spec), "leaves": out}
 
 
 def _tensor_description(model: nn.Module) -> dict[str, Any]:
@@ -501,6 +513,8 @@ def store_graph(model: nn.Module, gm: torch.fx.GraphModule, key: str, *, directo
             raise Uncacheable(f"the graph does not rebuild from its JSON ({type(exc).__name__}: {exc})") from None
         if rebuilt.code != gm.code:
             raise Uncacheable("the graph rebuilt from its JSON generates other code")
+        if rebuilt.meta.get(SIZE_CHECKS) != gm.meta.get(SIZE_CHECKS):
+            raise Uncacheable("the graph's size checks do not survive its JSON")
     except Uncacheable as exc:
         logger.debug("remat: exported graph of %s not cached: %s", type(model).__name__, exc)
         return None
@@ -681,9 +695,15 @@ def encode_graph(model: nn.Module, gm: torch.fx.GraphModule, key: str) -> dict[s
             target = str(n.target)
         nodes.append([n.name, n.op, target, _encode_value(n.args), _encode_value(dict(n.kwargs)),
                       _encode_stack(n.meta.get("nn_module_stack"))])
-    return {"format": GRAPH_FORMAT, "key": key, "torch": torch.__version__,
+    data = {"format": GRAPH_FORMAT, "key": key, "torch": torch.__version__,
             "codegen": {"orig_args": list(info.orig_args), "in_spec": specs[0], "out_spec": specs[1]},
             "nodes": nodes}
+    checks = gm.meta.get(SIZE_CHECKS)
+    if checks is not None:
+        if checks.guards is None:
+            raise Uncacheable("export's guards for other sizes were not read")
+        data["size_checks"] = checks.to_json()
+    return data
 
 
 def _encode_target(target: Any) -> list[str]:
@@ -828,6 +848,11 @@ def decode_graph(data: Any, model: nn.Module, key: str, *, train: bool) -> torch
     graph._codegen = _PyTreeCodeGen(_PyTreeInfo(list(orig_args), in_spec, out_spec))
     graph.lint()
     gm = _graph_module_class()(model, graph, class_name=type(model).__name__)
+    if "size_checks" in data:
+        checks = SizeChecks.from_json(data["size_checks"])
+        if list(checks.names) != [n.name for n in graph.nodes if n.op == "placeholder"]:
+            raise ValueError("size checks for other inputs than the graph's")
+        gm.meta[SIZE_CHECKS] = checks
     gm.meta["remat_train"] = train
     gm.meta["remat_tracer"] = "export"
     gm.meta["remat_pytree"] = (in_spec, out_spec)

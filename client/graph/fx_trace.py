@@ -276,10 +276,52 @@ def _exported(model: nn.Module, call: ModelCall, train: bool, dynamic_shapes: di
         try:
             program = torch.export.export(model, tuple(call.args), dict(call.kwargs), dynamic_shapes=dynamic_shapes,
                                           strict=False)
-            return program.module()
+            gm = program.module()
         except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
             raise ModelError(f"torch.export cannot trace {type(model).__name__}{what}: {one_line(exc)}"
                              f"{_where(exc)}") from exc
+    if dynamic_shapes is not None:
+        gm.meta[_GUARD_CODE] = _guard_code(program, gm)
+    return gm
+
+
+_GUARD_CODE = "remat_guard_code"
+"""``meta`` entry of a fresh export for any sizes, until ``export_any_sizes`` reads it: ``_guard_code``'s answer."""
+
+
+def _guard_code(program: torch.export.ExportedProgram, gm: torch.fx.GraphModule) -> tuple[list[str], list[str]] | None:
+    """The guard expressions of export's guards module for ``gm`` (``program.module()``), with each input written
+    ``args[i]`` (its flat index), and the inputs' labels; None when they cannot be read. torch assembles them
+    as text and ``exec``s them into the module (torch.export._unlift, ``_unlift_exported_program_lifted_states``);
+    they are read here the same way, from the same private helpers, to be stored as data and asked without
+    ``exec`` (remat.client.graph.size_guards, which checks the reading against the module before a graph is
+    stored)."""
+    import inspect
+    import logging
+
+    import torch.utils._pytree as pytree
+
+    try:
+        from torch.export import _unlift
+
+        signature = inspect.signature(gm.forward)
+        paths = _unlift._get_input_paths(program.example_inputs, signature)
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        code = list(_unlift._get_input_guards_for_graph(placeholders, program.range_constraints, paths))
+        own = _unlift._force_ep_signature_match(program._guards_code, paths)
+        code.extend(_unlift._force_gm_signature_match(own, signature))
+        sources = sorted(((f"L{pytree.keystr(path)}", index) for index, path in enumerate(paths)),
+                         key=lambda item: -len(item[0]))  # L['x'][10] before L['x'][1]
+        guards = []
+        for text in code:
+            for source, index in sources:
+                text = text.replace(source, f"args[{index}]")
+            guards.append(text)
+        labels = [path[0].key + pytree.keystr(path[1:]) for path in paths]
+    except Exception as exc:  # noqa: BLE001 - private helpers of another torch: the guards stay in-process only
+        logging.getLogger("remat").debug("remat: export's guards not read (%s: %s)", type(exc).__name__, exc)
+        return None
+    return guards, labels
 
 
 _LAYERDROP_HINT = ("LayerDrop skips layers at random, a different program at every step: set the configuration's "
@@ -332,32 +374,59 @@ def _finish_export(gm: torch.fx.GraphModule, train: bool) -> tuple[nn.Module, tu
 # ``sym_size`` nodes and shape arithmetic, and what it decides on sizes becomes a guard (``seq_len >= 17``) or,
 # where the code needs one value, that value. The guards are kept (``ANY_SIZES_GUARDS``) and asked before each
 # call at new sizes, with the sizes export assumed (NOTE [ sizes export assumed ]: no dimension of 1): a call
-# they refuse is never run on this graph. export keeps full slices
+# they refuse is never run on this graph. The graph is kept on disk for later starts (NOTE [ any sizes on disk ]).
+# export keeps full slices
 # (``x[:, 0:sys.maxsize]``) that it writes as one ``alias`` at fixed sizes, where it knows them for no-ops; they
 # are written so here too, so that both graphs cut into the same stages (two views for one is one more place to
 # cut). Checked on the zoo's GPT-2, Llama, BERT and T5 at batch 2 to 4 and 7 to 40 tokens: the same stages as at
 # the plan's sizes, losses and gradients bit-equal to the eager model's (tests/client/graph/test_export_any_sizes.py).
+#
+# NOTE [ any sizes on disk ] The export for any sizes costs 0.6-3.4 s for the allow-listed transformers on a 2-core
+# CPU, and under padding to each batch's longest sequence nearly every script pays it at its first batch, at
+# every start. So it is kept in ``graphs/`` beside the plan's own graph (remat.client.graph.export_cache) under a
+# pre-key that describes each input's number of dimensions but not its sizes: one stored graph serves every
+# start, whatever sizes its first batch has. A stored graph is used only for a call its checks hold for; else
+# the call is exported again, and the file rewritten. Its checks are data: what export assumed about each
+# dimension (``SizeChecks`` in remat.client.graph.size_guards) and export's guard expressions, which torch turns
+# into Python source and ``exec``s; read back, they are asked by an interpreter of size arithmetic, never run as
+# code. A graph is stored only when that interpreter agrees with export's guards module on the call and on sizes
+# around it, and the guards are read from torch's private helpers (``_guard_code``): another torch whose helpers
+# differ leaves the graph unstored, never stored with guards of its own making.
 ANY_SIZES_GUARDS = "remat_any_sizes_guards"
-"""``meta`` entry of a graph from ``export_any_sizes``: (export's guard module, the indices of the flat inputs
-it reads). Calling it raises on inputs the graph does not hold for."""
+"""``meta`` entry of a fresh graph from ``export_any_sizes``: (export's guard module, the indices of the flat
+inputs it reads). Calling it raises on inputs the graph does not hold for. A graph read back from disk has none:
+its ``SIZE_CHECKS`` (remat.client.graph.size_guards) ask the same guard expressions."""
 
 
-def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True,
-                     mask_skips: tuple[bool, ...] = ()) -> torch.fx.GraphModule:
+def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True, mask_skips: tuple[bool, ...] = (),
+                     cache_dir: Path | None = None) -> torch.fx.GraphModule:
     """``torch.export`` of ``model`` on ``call`` with every input dimension left to export (NOTE [ any sizes ]),
-    cleaned up like ``export_model``'s graphs, guards kept in ``meta[ANY_SIZES_GUARDS]``. Not cached on disk (its
-    sizes are symbols the cache's format does not hold). Raises ``ModelError`` when it cannot be exported, its
-    inputs cannot be bound to the forward's parameters, or export left no guards to ask."""
+    cleaned up like ``export_model``'s graphs, what it assumed about sizes in ``meta[SIZE_CHECKS]`` and, fresh,
+    export's guards in ``meta[ANY_SIZES_GUARDS]``. Read back from the disk cache (``cache_dir`` as in
+    ``export_model``) when a graph for this model and signature, at any sizes, is stored there and holds for
+    ``call``; otherwise exported and stored (NOTE [ any sizes on disk ]). Raises ``ModelError`` when it cannot
+    be exported, its inputs cannot be bound to the forward's parameters, or export left no guards to ask."""
     import inspect
 
     import torch.utils._pytree as pytree
 
+    from remat.client.graph import export_cache
     from remat.client.graph.mask_skips import split_precondition
+    from remat.client.graph.size_guards import SIZE_CHECKS, SizeChecks, agrees_with_module
 
     try:
         bound = inspect.signature(model.forward).bind(*call.args, **call.kwargs).arguments
     except (TypeError, ValueError) as exc:
         raise ModelError(f"the call's inputs do not bind to {type(model).__name__}.forward: {exc}") from None
+
+    keys = export_cache.pre_keys(model, call, train=train, any_sizes=True)
+    key = keys(mask_skips) if keys is not None else None
+    directory = cache_dir / "graphs" if cache_dir is not None else None
+    if key is not None:
+        cached = export_cache.load_graph(model, key, train=train, directory=directory)
+        if cached is not None and SIZE_CHECKS in cached.meta and sizes_refused(cached, call.flat_inputs()) is None:
+            split_precondition(cached, mask_skips)
+            return cached
 
     def dims(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -368,25 +437,23 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True,
     gm = _exported(model, call, train, dynamic_shapes, what=" for any sizes", mask_skips=mask_skips)
     _alias_full_slices(gm.graph)
     guards = _finish_export(gm, train)
-    split_precondition(gm, mask_skips)
     if guards is None:
         raise ModelError("torch.export left no input guards to check other sizes against")
+    checks = SizeChecks.of_graph(gm, gm.meta.pop(_GUARD_CODE, None))
     gm.meta[ANY_SIZES_GUARDS] = guards
+    gm.meta[SIZE_CHECKS] = checks
+    if key is not None and checks.guards is not None and agrees_with_module(checks, *guards, call.flat_inputs()):
+        export_cache.store_graph(model, gm, key, directory=directory)  # markers and all: split once loaded
+    split_precondition(gm, mask_skips)
     return gm
 
 
 def sizes_refused(gm: torch.fx.GraphModule, flat_inputs: list[Any]) -> str | None:
     """Why a graph from ``export_any_sizes`` does not hold for these flat inputs (one line), None if it does:
     a size outside what export assumed (NOTE [ sizes export assumed ]) or a guard that fails."""
-    outside = _outside_assumed_sizes(gm, flat_inputs)
-    if outside is not None:
-        return outside
-    guards, indices = gm.meta[ANY_SIZES_GUARDS]
-    try:
-        guards(*(flat_inputs[i] for i in indices))
-    except Exception as exc:  # noqa: BLE001 - a guard that fails to run refuses as much as one that fails
-        return one_line(exc)
-    return None
+    from remat.client.graph.size_guards import SIZE_CHECKS
+
+    return gm.meta[SIZE_CHECKS].refusal(flat_inputs, *gm.meta.get(ANY_SIZES_GUARDS, ()))
 
 
 # NOTE [ sizes export assumed ] Export's guards module does not check everything the graph assumes. A dimension
@@ -395,37 +462,8 @@ def sizes_refused(gm: torch.fx.GraphModule, flat_inputs: list[Any]) -> str | Non
 # h.shape[0] == 1:`` is False for every call). The guards module accepted batch 1 all the same, and a model that
 # branches on a size of 1 then trained the other branch's program, silently. So every input dimension is checked
 # against the placeholder's size: a number it must equal, a symbol whose range (``var_to_range``) must hold the
-# call's size and which must be the same size wherever it appears.
-
-
-def _outside_assumed_sizes(gm: torch.fx.GraphModule, flat_inputs: list[Any]) -> str | None:
-    """The first input dimension outside what export assumed (NOTE [ sizes export assumed ]), None if none."""
-    seen: dict[Any, tuple[str, int]] = {}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, value in zip(placeholders, flat_inputs, strict=False):
-        assumed = node.meta.get("val")
-        if not isinstance(assumed, torch.Tensor) or not isinstance(value, torch.Tensor):
-            continue
-        if assumed.dim() != value.dim():
-            return f"{node.name} has {value.dim()} dimensions, the graph's {assumed.dim()}"
-        for dim, (size, actual) in enumerate(zip(assumed.shape, value.shape, strict=True)):
-            where = f"{node.name}.shape[{dim}]"
-            if not isinstance(size, torch.SymInt):
-                if int(size) != actual:
-                    return f"{where} is {actual}, the graph's {int(size)}"
-                continue
-            expr = size.node.expr
-            if not expr.is_Symbol:
-                continue  # a size computed from others: it holds when they do
-            first = seen.setdefault(expr, (where, actual))
-            if first[1] != actual:
-                return f"{where} is {actual} where {first[0]} is {first[1]}: the graph has them equal"
-            bounds = size.node.shape_env.var_to_range.get(expr)
-            if bounds is not None and not (bool(bounds.lower <= actual) and bool(actual <= bounds.upper)):
-                span = f"{bounds.lower} or more" if "oo" in str(bounds.upper) else f"{bounds.lower} to {bounds.upper}"
-                why = "; a size of 1 may take branches the graph does not hold" if actual <= 1 else ""
-                return f"{where} is {actual}, outside the sizes export assumed ({span}{why})"
-    return None
+# call's size and which must be the same size wherever it appears (``SizeChecks`` in
+# remat.client.graph.size_guards, which keeps them as data so that a graph read back from disk is asked them too).
 
 
 def _alias_full_slices(graph: torch.fx.Graph) -> None:

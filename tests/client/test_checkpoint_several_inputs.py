@@ -258,6 +258,29 @@ class _OneRowScaled(_LongOnly):
         return ((self.head(h).squeeze(-1) - labels) ** 2).mean()
 
 
+def test_a_later_start_reads_the_export_for_any_sizes_from_disk(cache_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ any sizes on disk ]: the export for any sizes is kept beside the plan's graph, so a script started
+    again trains at other sizes without exporting anything, and as exactly as the model does."""
+    reference = tiny("gpt2")
+    first_start = copy.deepcopy(reference)
+    remat.client.checkpoint(first_start, cache_dir=cache_dir, **batch(seed=1))
+    with pytest.warns(RuntimeWarning, match="exported for any sizes"):
+        first_start(**batch(seed=2, seq=24)).loss.backward()
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("exported at a start that has every graph on disk")
+
+    monkeypatch.setattr(torch.export, "export", refuse)
+    model = copy.deepcopy(reference)
+    remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1))
+    batches = [batch(seed=3, size=3, seq=40), batch(seed=4, seq=17), batch(seed=5)]
+    with pytest.warns(RuntimeWarning, match="read back from an earlier start"):
+        losses = _train(model, batches)
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
+
+
 @pytest.mark.parametrize(("branching", "other"), [(_LongOnly, (2, 8)), (_OneRowScaled, (1, 24))])
 def test_a_size_the_code_decides_on_is_not_run_on_the_export_for_any_sizes(
         cache_dir: Path, branching: type[torch.nn.Module], other: tuple[int, int]) -> None:
