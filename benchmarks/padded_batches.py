@@ -9,6 +9,8 @@ a fresh copy of the plan cache (the plan filled once beforehand, no exported gra
 
 - ``unmodified``: the model's own forward;
 - ``remat``: the applied plan (a call at new sizes runs on the one export for any sizes);
+- ``remat, a later start``: the same, started again on a copy of the plan cache ``remat`` left (the export for
+  any sizes comes back from disk, NOTE [ any sizes on disk ]);
 - ``remat, one export per size``: the same with that export turned off, as before it existed (each new size
   is exported and cut on its own).
 
@@ -22,7 +24,9 @@ median step at a length seen for the first time (after that first one) and at on
 sizes or alike), with and without an attention mask: the plan chain at (2, 32), the export for any sizes from a
 call at (3, 24) (its time, export and cut), whether it is cut into the same stages, and whether a training step
 on it with checkpoints at (1, 40), (4, 40), (3, 17) and (2, 32) is bit-equal to the eager model's (``refused``
-where its guards, or the sizes export assumed, refuse the size: a batch of one row always is).
+where its guards, or the sizes export assumed, refuse the size: a batch of one row always is); then, as a later
+start would, the same graph read back from disk from a call at (4, 9) (its time, read and cut), which must be cut
+into the same stages, refuse the same sizes and train bit-equal too.
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ def _runner(name: str, base: torch.nn.Module, plan_batch: dict[str, Any], batche
     model = copy.deepcopy(base)
     if plan_cache is None:
         return _train(model, batches)
-    cache = work / name.replace(" ", "_").replace(",", "")
-    shutil.copytree(plan_cache, cache)
+    cache = _cache_of(work, name)
+    shutil.copytree(_cache_of(work, "remat") if "later start" in name else plan_cache, cache)
     remat.client.checkpoint(model, cache_dir=cache, **plan_batch)
     export_any_sizes = apply_plan.export_any_sizes
     if "per size" in name:
@@ -98,11 +102,16 @@ def _runner(name: str, base: torch.nn.Module, plan_batch: dict[str, Any], batche
         apply_plan.export_any_sizes = export_any_sizes
 
 
+def _cache_of(work: Path, name: str) -> Path:
+    """The plan cache a runner trains with (a later start's is a copy of ``remat``'s, as that run left it)."""
+    return work / name.replace(" ", "_").replace(",", "")
+
+
 def _check_architectures() -> None:
     import torch.utils._pytree as pytree
 
     from remat.client.errors import ModelError
-    from remat.client.graph.fx_trace import export_any_sizes, sizes_refused
+    from remat.client.graph.fx_trace import ANY_SIZES_GUARDS, export_any_sizes, sizes_refused
     from remat.client.graph.model_call import ModelCall
     from remat.client.graph.stage_graph import build_stage_chain
     from remat.client.hf_models import HF_ARCHITECTURES, build_hf_model, hf_zoo, is_token_model
@@ -138,9 +147,9 @@ def _check_architectures() -> None:
                                                                               torch.equal(x, y))
                                                for x, y in zip(a[1], b[1], strict=True))
 
-    print("| architecture | mask | stages | same stages as the plan's | export and cut | "
-          "(1, 40), (4, 40), (3, 17), (2, 32) |")
-    print("|---|---|---:|---|---:|---|")
+    print("| architecture | mask | stages | same stages as the plan's | export and cut | a later start: read back "
+          "and cut | (1, 40), (4, 40), (3, 17), (2, 32) |")
+    print("|---|---|---:|---|---:|---:|---|")
     for name, arch in HF_ARCHITECTURES.items():
         if not is_token_model(f"hf:{name}"):
             continue
@@ -150,26 +159,40 @@ def _check_architectures() -> None:
             try:
                 planned = build_stage_chain(model, ModelCall.bind(model, (), kwargs(model, causal, 2, 32, 1, mask)))
             except ModelError as exc:
-                print(f"| {name} | {'yes' if mask else 'no'} | refused at planning: {str(exc)[:80]}… | | | |")
+                print(f"| {name} | {'yes' if mask else 'no'} | refused at planning: {str(exc)[:80]}… | | | | |")
                 continue
-            started = time.perf_counter()
-            first = ModelCall.bind(model, (), kwargs(model, causal, 3, 24, 2, mask))
-            graph = export_any_sizes(model, first)
-            chain = build_stage_chain(model, first, graph=graph, check=False)
-            took = time.perf_counter() - started
+            with tempfile.TemporaryDirectory() as cache:
+                started = time.perf_counter()
+                first = ModelCall.bind(model, (), kwargs(model, causal, 3, 24, 2, mask))
+                graph = export_any_sizes(model, first, cache_dir=Path(cache))
+                chain = build_stage_chain(model, first, graph=graph, check=False)
+                took = time.perf_counter() - started
+                # A later start: the graph read back from disk (its guards asked as data), from a call at other
+                # sizes, is cut into the same stages and refuses and trains as the fresh one does.
+                started = time.perf_counter()
+                later = ModelCall.bind(model, (), kwargs(model, causal, 4, 9, 3, mask))
+                read_back = export_any_sizes(model, later, cache_dir=Path(cache))
+                read_chain = build_stage_chain(model, later, graph=read_back, check=False)
+                read_took = time.perf_counter() - started
+            stored = ANY_SIZES_GUARDS not in read_back.meta and read_chain.layout() == chain.layout()
             results = []
             for batch, seq in [(1, 40), (4, 40), (3, 17), (2, 32)]:
                 values = kwargs(model, causal, batch, seq, 7, mask)
                 call = ModelCall.bind(model, (), values)
-                if sizes_refused(graph, pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]):
+                flat = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))[0]
+                refused = sizes_refused(graph, flat)
+                stored = stored and refused == sizes_refused(read_back, flat)
+                if refused:
                     results.append("refused")
                     continue
                 checkpoints = tuple(range(2, chain.num_stages, 3))
-                equal = same(step(model, functools.partial(model, **values)),
-                             step(model, functools.partial(chain.run_call, call, checkpoints)))
+                eager = step(model, functools.partial(model, **values))
+                equal = all(same(eager, step(model, functools.partial(c.run_call, call, checkpoints)))
+                            for c in (chain, read_chain))
                 results.append("bit-equal" if equal else "DIFFERS")
             print(f"| {name} | {'yes' if mask else 'no'} | {chain.num_stages} | "
-                  f"{'yes' if chain.layout() == planned.layout() else 'NO'} | {took:.1f} s | {', '.join(results)} |",
+                  f"{'yes' if chain.layout() == planned.layout() else 'NO'} | {took:.1f} s | "
+                  f"{read_took:.2f} s{'' if stored else ' (NOT the same graph)'} | {', '.join(results)} |",
                   flush=True)
 
 
@@ -209,7 +232,7 @@ def main() -> None:
         print(f"plan filled in {time.perf_counter() - started:.1f} s", flush=True)
         shutil.rmtree(plan_cache / "graphs", ignore_errors=True)  # graphs of the plan's sizes come back on the hit
         results = {}
-        for name in ("unmodified", "remat", "remat, one export per size"):
+        for name in ("unmodified", "remat", "remat, a later start", "remat, one export per size"):
             results[name] = _runner(name, base, plan_batch, batches, None if name == "unmodified" else plan_cache,
                                     work)
     reference = results["unmodified"][1]
