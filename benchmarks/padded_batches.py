@@ -25,8 +25,9 @@ sizes or alike), with and without an attention mask: the plan chain at (2, 32), 
 call at (3, 24) (its time, export and cut), whether it is cut into the same stages, and whether a training step
 on it with checkpoints at (1, 40), (4, 40), (3, 17) and (2, 32) is bit-equal to the eager model's (``refused``
 where its guards, or the sizes export assumed, refuse the size: a batch of one row always is); then, as a later
-start would, the same graph read back from disk from a call at (4, 9) (its time, read and cut), which must be cut
-into the same stages, refuse the same sizes and train bit-equal too.
+start would, the same graph read back from disk from a call at (4, 9) (its time, read and cut from the first
+cut's stored probe facts, without running the model), which must be cut into the same stages, refuse the same
+sizes and train bit-equal too.
 """
 
 from __future__ import annotations
@@ -111,7 +112,13 @@ def _check_architectures() -> None:
     import torch.utils._pytree as pytree
 
     from remat.client.errors import ModelError
-    from remat.client.graph.fx_trace import ANY_SIZES_GUARDS, export_any_sizes, sizes_refused
+    from remat.client.graph.fx_trace import (
+        ANY_SIZES_GUARDS,
+        any_sizes_probe_facts,
+        export_any_sizes,
+        keep_any_sizes_probe_facts,
+        sizes_refused,
+    )
     from remat.client.graph.model_call import ModelCall
     from remat.client.graph.stage_graph import build_stage_chain
     from remat.client.hf_models import HF_ARCHITECTURES, build_hf_model, hf_zoo, is_token_model
@@ -166,15 +173,18 @@ def _check_architectures() -> None:
                 first = ModelCall.bind(model, (), kwargs(model, causal, 3, 24, 2, mask))
                 graph = export_any_sizes(model, first, cache_dir=Path(cache))
                 chain = build_stage_chain(model, first, graph=graph, check=False)
+                keep_any_sizes_probe_facts(graph, chain.probe_facts, Path(cache))
                 took = time.perf_counter() - started
                 # A later start: the graph read back from disk (its guards asked as data), from a call at other
                 # sizes, is cut into the same stages and refuses and trains as the fresh one does.
                 started = time.perf_counter()
                 later = ModelCall.bind(model, (), kwargs(model, causal, 4, 9, 3, mask))
                 read_back = export_any_sizes(model, later, cache_dir=Path(cache))
-                read_chain = build_stage_chain(model, later, graph=read_back, check=False)
+                read_chain = build_stage_chain(model, later, graph=read_back, check=False,
+                                               facts=any_sizes_probe_facts(read_back, Path(cache)))
                 read_took = time.perf_counter() - started
-            stored = ANY_SIZES_GUARDS not in read_back.meta and read_chain.layout() == chain.layout()
+            stored = (ANY_SIZES_GUARDS not in read_back.meta and not read_chain.probed
+                      and read_chain.layout() == chain.layout())
             results = []
             for batch, seq in [(1, 40), (4, 40), (3, 17), (2, 32)]:
                 values = kwargs(model, causal, batch, seq, 7, mask)

@@ -33,7 +33,14 @@ import torch
 from torch import nn
 
 from remat.client.errors import ModelError, PlanError, PlanMismatchError
-from remat.client.graph.fx_trace import ANY_SIZES_GUARDS, export_any_sizes, export_model, sizes_refused
+from remat.client.graph.fx_trace import (
+    ANY_SIZES_GUARDS,
+    any_sizes_probe_facts,
+    export_any_sizes,
+    export_model,
+    keep_any_sizes_probe_facts,
+    sizes_refused,
+)
 from remat.client.graph.hashing import architecture_hash
 from remat.client.graph.mask_skips import MASK_SKIPS, PRECONDITION, mask_decisions
 from remat.client.graph.model_call import ModelCall, synthetic_call
@@ -275,7 +282,10 @@ def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
                 graph = export_any_sizes(model, call, train=True, mask_skips=mask_skips,
                                          cache_dir=state.graph_cache)
                 chain = build_stage_chain(model, call.single_tensor if call.single_tensor is not None else call,
-                                          train=True, graph=graph, check=False)
+                                          train=True, graph=graph, check=False,
+                                          facts=any_sizes_probe_facts(graph, state.graph_cache))
+                if chain.probed:
+                    keep_any_sizes_probe_facts(graph, chain.probe_facts, state.graph_cache)
         except ModelError:
             return None
         if chain.layout() == state.chain.layout():

@@ -78,8 +78,8 @@ if TYPE_CHECKING:
     from remat.client.graph.model_call import ModelCall
 
 __all__ = ["GRAPH_FORMAT", "HASH_FORMAT", "Uncacheable", "decode_graph", "encode_graph", "graph_cache_dir",
-           "load_graph", "load_hash", "load_skips", "pre_key", "pre_keys", "store_graph", "store_hash",
-           "store_skips"]
+           "load_graph", "load_hash", "load_probe_facts", "load_skips", "pre_key", "pre_keys", "store_graph",
+           "store_hash", "store_probe_facts", "store_skips"]
 
 logger = logging.getLogger("remat")
 
@@ -536,8 +536,8 @@ def _used(path: Path) -> None:
 
 
 def _keep_recent(directory: Path, suffix: str, *, keep: Path) -> None:
-    """Remove the least recently used files ending in ``suffix`` (graphs: ``.json`` but not ``.hash.json`` or
-    ``.skips.json``)
+    """Remove the least recently used files ending in ``suffix`` (graphs: ``.json`` but not the side files,
+    ``_SIDE_SUFFIXES``)
     beyond :data:`MAX_CACHED_GRAPHS`, never ``keep``. Another process pruning or reading at the same time loses
     nothing but a cache hit."""
     def age(path: Path) -> float:
@@ -548,7 +548,7 @@ def _keep_recent(directory: Path, suffix: str, *, keep: Path) -> None:
 
     graphs = suffix == ".json"
     files = [f for f in directory.glob(f"*{suffix}")
-             if not (graphs and f.name.endswith((".hash.json", ".skips.json")))]
+             if not (graphs and f.name.endswith(_SIDE_SUFFIXES))]
     if len(files) <= MAX_CACHED_GRAPHS:
         return
     for old in sorted(files, key=age)[: len(files) - MAX_CACHED_GRAPHS]:
@@ -560,12 +560,17 @@ def _side_path(key: str, suffix: str, directory: Path | None) -> Path:
     return (directory if directory is not None else graph_cache_dir()) / f"{key}{suffix}"
 
 
-def _read_side(key: str, suffix: str, file_format: str, directory: Path | None) -> dict[str, Any] | None:
+_SIDE_SUFFIXES = (".hash.json", ".skips.json", ".probe.json")
+"""Small files kept beside a graph under its key; each kind is pruned on its own (``_keep_recent``)."""
+
+
+def _read_side(key: str, suffix: str, file_format: str, directory: Path | None,
+               limit: int = 16384) -> dict[str, Any] | None:
     """The body of a small file kept beside a graph (a hash, mask decisions) when it is well-formed for
     ``key`` and ``file_format``, marked used; None otherwise (none stored or malformed: ignored)."""
     path = _side_path(key, suffix, directory)
     try:
-        data = json.loads(path.read_bytes()[:16384])
+        data = json.loads(path.read_bytes()[:limit])
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("format") != file_format or data.get("key") != key:
@@ -613,6 +618,25 @@ def store_skips(key: str, mask_skips: tuple[bool, ...], layouts_differ: bool | N
     body = {"format": SKIPS_FORMAT, "key": key, "mask_skips": [bool(s) for s in mask_skips],
             "layouts_differ": layouts_differ}
     _write_side(key, ".skips.json", body, directory, "mask decisions")
+
+
+PROBE_FORMAT = "remat-graph-probe/1"
+MAX_PROBE_BYTES = 16 * 1024 * 1024
+"""A probe-facts file larger than this is ignored (the 6-block GPT-2's is about 20 KiB)."""
+
+
+def load_probe_facts(key: str, *, directory: Path | None = None) -> dict[str, Any] | None:
+    """The probe facts (``write_probe.ProbeFacts.to_dict``) kept under ``key`` by :func:`store_probe_facts`,
+    or None. The caller checks them against its graph and model (``ProbeFacts.fits``) before use."""
+    data = _read_side(key, ".probe.json", PROBE_FORMAT, directory, limit=MAX_PROBE_BYTES)
+    facts = data.get("facts") if data is not None else None
+    return facts if isinstance(facts, dict) else None
+
+
+def store_probe_facts(key: str, facts: dict[str, Any], *, directory: Path | None = None) -> None:
+    """Keep what a probe of the graph stored under ``key`` learned, so that a later start cuts it into stages
+    without running the model (the export for any sizes: NOTE [ any sizes on disk ] in fx_trace)."""
+    _write_side(key, ".probe.json", {"format": PROBE_FORMAT, "key": key, "facts": facts}, directory, "probe facts")
 
 
 HASH_FORMAT = "remat-graph-hash/1"

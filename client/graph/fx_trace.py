@@ -392,6 +392,9 @@ def _finish_export(gm: torch.fx.GraphModule, train: bool) -> tuple[nn.Module, tu
 # code. A graph is stored only when that interpreter agrees with export's guards module on the call and on sizes
 # around it, and the guards are read from torch's private helpers (``_guard_code``): another torch whose helpers
 # differ leaves the graph unstored, never stored with guards of its own making.
+ANY_SIZES_KEY = "remat_any_sizes_key"
+"""``meta`` entry of a graph from ``export_any_sizes``: the pre-key it is stored under (None: not cacheable), for
+its probe facts (``any_sizes_probe_facts``)."""
 ANY_SIZES_GUARDS = "remat_any_sizes_guards"
 """``meta`` entry of a fresh graph from ``export_any_sizes``: (export's guard module, the indices of the flat
 inputs it reads). Calling it raises on inputs the graph does not hold for. A graph read back from disk has none:
@@ -426,6 +429,7 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True, m
         cached = export_cache.load_graph(model, key, train=train, directory=directory)
         if cached is not None and SIZE_CHECKS in cached.meta and sizes_refused(cached, call.flat_inputs()) is None:
             split_precondition(cached, mask_skips)
+            cached.meta[ANY_SIZES_KEY] = key
             return cached
 
     def dims(value: Any) -> Any:
@@ -442,10 +446,37 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True, m
     checks = SizeChecks.of_graph(gm, gm.meta.pop(_GUARD_CODE, None))
     gm.meta[ANY_SIZES_GUARDS] = guards
     gm.meta[SIZE_CHECKS] = checks
+    stored = None
     if key is not None and checks.guards is not None and agrees_with_module(checks, *guards, call.flat_inputs()):
-        export_cache.store_graph(model, gm, key, directory=directory)  # markers and all: split once loaded
+        stored = export_cache.store_graph(model, gm, key, directory=directory)  # markers and all: split once loaded
     split_precondition(gm, mask_skips)
+    gm.meta[ANY_SIZES_KEY] = key if stored is not None else None
     return gm
+
+
+def any_sizes_probe_facts(gm: torch.fx.GraphModule, cache_dir: Path | None) -> Any:
+    """The probe facts (``write_probe.ProbeFacts``) stored beside a graph that ``export_any_sizes`` read back
+    from disk, or None (a fresh export, none stored, or a malformed file). ``build_stage_chain`` uses them only
+    when they fit the graph and model; a graph for any sizes is cut from one probe whatever the sizes of later
+    calls, in one process as across starts."""
+    from remat.client.graph import export_cache
+    from remat.client.graph.write_probe import ProbeFacts
+
+    key = gm.meta.get(ANY_SIZES_KEY)
+    if key is None or ANY_SIZES_GUARDS in gm.meta:
+        return None
+    data = export_cache.load_probe_facts(key, directory=cache_dir / "graphs" if cache_dir is not None else None)
+    return ProbeFacts.from_dict(data) if data is not None else None
+
+
+def keep_any_sizes_probe_facts(gm: torch.fx.GraphModule, facts: Any, cache_dir: Path | None) -> None:
+    """Store ``facts`` (a probe of ``gm``, a graph ``export_any_sizes`` stored) for a later start's cut."""
+    from remat.client.graph import export_cache
+
+    key = gm.meta.get(ANY_SIZES_KEY)
+    if key is not None and facts is not None:
+        export_cache.store_probe_facts(key, facts.to_dict(),
+                                       directory=cache_dir / "graphs" if cache_dir is not None else None)
 
 
 def sizes_refused(gm: torch.fx.GraphModule, flat_inputs: list[Any]) -> str | None:
