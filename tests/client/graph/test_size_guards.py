@@ -144,3 +144,29 @@ def test_a_reading_of_the_guards_that_misses_one_disagrees_with_the_module() -> 
         assert not agrees_with_module(fewer, module, indices, call.flat_inputs()), dropped
     mangled = dataclasses.replace(checks, guards=tuple(g.replace("% 4", "% 2") for g in checks.guards))
     assert not agrees_with_module(mangled, module, indices, call.flat_inputs())
+
+
+def test_stored_probe_facts_cut_a_graph_read_back_only_when_they_fit_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from remat.client.graph.fx_trace import any_sizes_probe_facts, keep_any_sizes_probe_facts
+    from remat.client.graph.stage_graph import build_stage_chain
+
+    model = _Pair()
+    call = _call(model, *_inputs(3, 8, 16))
+    fresh = export_any_sizes(model, call, cache_dir=tmp_path)
+    assert any_sizes_probe_facts(fresh, tmp_path) is None  # a fresh export is probed
+    chain = build_stage_chain(model, call, graph=fresh, check=False)
+    keep_any_sizes_probe_facts(fresh, chain.probe_facts, tmp_path)
+    (facts_file,) = (tmp_path / "graphs").glob("*.probe.json")
+
+    def read_back_chain() -> object:
+        later = _call(model, *_inputs(2, 12, 24))
+        graph = export_any_sizes(model, later, cache_dir=tmp_path)
+        return build_stage_chain(model, later, graph=graph, check=False, facts=any_sizes_probe_facts(graph, tmp_path))
+
+    assert not read_back_chain().probed  # type: ignore[attr-defined]
+    good = json.loads(facts_file.read_text())
+    renamed = json.loads(json.dumps(good).replace('"lin', '"other'))  # facts of nodes this graph does not have
+    for text in ["{not json", json.dumps({**good, "facts": {"format": "remat-probe-facts/1"}}), json.dumps(renamed)]:
+        facts_file.write_text(text)
+        assert read_back_chain().probed  # type: ignore[attr-defined]
