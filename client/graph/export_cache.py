@@ -42,6 +42,7 @@ Public API::
     gm = load_graph(model, key, train=True)         # the rebuilt GraphModule, or None
     store_graph(model, gm, key)                     # the file's path, or None when the graph is not storable
     load_hash(key, hash_format) / store_hash(key, hash_format, h)   # an exported model's architecture hash
+    load_probe_facts(key) / store_probe_facts(key, facts)            # how a stored graph is cut, without a probe
     graph_cache_dir() -> Path                       # <plan cache dir>/graphs
 """
 
