@@ -79,8 +79,8 @@ if TYPE_CHECKING:
     from remat.client.graph.model_call import ModelCall
 
 __all__ = ["GRAPH_FORMAT", "HASH_FORMAT", "Uncacheable", "decode_graph", "encode_graph", "graph_cache_dir",
-           "load_graph", "load_hash", "load_probe_facts", "load_skips", "pre_key", "pre_keys", "store_graph",
-           "store_hash", "store_probe_facts", "store_skips"]
+           "graphs_in", "load_graph", "load_hash", "load_probe_facts", "load_skips", "pre_key", "pre_keys",
+           "store_graph", "store_hash", "store_probe_facts", "store_skips"]
 
 logger = logging.getLogger("remat")
 
@@ -125,6 +125,12 @@ def graph_cache_dir() -> Path:
     from remat.client.local_plans import default_cache_dir
 
     return default_cache_dir() / "graphs"
+
+
+def graphs_in(cache_dir: Path | None) -> Path | None:
+    """The ``graphs`` folder of a plan cache directory a caller chose (``checkpoint(cache_dir=...)``); None for
+    the default, which every function here reads as :func:`graph_cache_dir`."""
+    return cache_dir / "graphs" if cache_dir is not None else None
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -175,7 +175,7 @@ def export_model(model: nn.Module, call: ModelCall, *, train: bool = True, cache
     from remat.client.graph.mask_skips import MASK_SKIPS, mask_decisions
 
     keys = export_cache.pre_keys(model, call, train=train)
-    directory = cache_dir / "graphs" if cache_dir is not None else None
+    directory = export_cache.graphs_in(cache_dir)
     if mask_skips is not None:
         gm, key = _export_cached(model, call, train, cache_dir, mask_skips, keys)
         _attach_hash_graph(gm, model, call, train, cache_dir, key)
@@ -250,7 +250,7 @@ def _export_cached(model: nn.Module, call: ModelCall, train: bool, cache_dir: Pa
     from remat.client.graph.mask_skips import split_precondition
 
     key = keys(mask_skips) if keys is not None else None
-    directory = cache_dir / "graphs" if cache_dir is not None else None
+    directory = export_cache.graphs_in(cache_dir)
     if key is not None:
         cached = export_cache.load_graph(model, key, train=train, directory=directory)
         if cached is not None:
@@ -424,7 +424,7 @@ def export_any_sizes(model: nn.Module, call: ModelCall, *, train: bool = True, m
 
     keys = export_cache.pre_keys(model, call, train=train, any_sizes=True)
     key = keys(mask_skips) if keys is not None else None
-    directory = cache_dir / "graphs" if cache_dir is not None else None
+    directory = export_cache.graphs_in(cache_dir)
     if key is not None:
         cached = export_cache.load_graph(model, key, train=train, directory=directory)
         if cached is not None and SIZE_CHECKS in cached.meta and sizes_refused(cached, call.flat_inputs()) is None:
@@ -465,7 +465,7 @@ def any_sizes_probe_facts(gm: torch.fx.GraphModule, cache_dir: Path | None) -> A
     key = gm.meta.get(ANY_SIZES_KEY)
     if key is None or ANY_SIZES_GUARDS in gm.meta:
         return None
-    data = export_cache.load_probe_facts(key, directory=cache_dir / "graphs" if cache_dir is not None else None)
+    data = export_cache.load_probe_facts(key, directory=export_cache.graphs_in(cache_dir))
     return ProbeFacts.from_dict(data) if data is not None else None
 
 
@@ -476,7 +476,7 @@ def keep_any_sizes_probe_facts(gm: torch.fx.GraphModule, facts: Any, cache_dir: 
     key = gm.meta.get(ANY_SIZES_KEY)
     if key is not None and facts is not None:
         export_cache.store_probe_facts(key, facts.to_dict(),
-                                       directory=cache_dir / "graphs" if cache_dir is not None else None)
+                                       directory=export_cache.graphs_in(cache_dir))
 
 
 def sizes_refused(gm: torch.fx.GraphModule, flat_inputs: list[Any]) -> str | None:
@@ -604,7 +604,7 @@ def _attach_hash_graph(gm: torch.fx.GraphModule, model: nn.Module, call: ModelCa
         return  # not cacheable: the hash is computed from the graph each time
     from remat.client.graph import export_cache, hashing
 
-    directory = cache_dir / "graphs" if cache_dir is not None else None
+    directory = export_cache.graphs_in(cache_dir)
     known: list[str] = []
     # A stored hash names the small sizes it was computed at: one stored before token calls were cut to
     # HASH_SEQ_LEN (the graph at batch 2 and the call's own length) is not read back.
