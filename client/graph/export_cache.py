@@ -72,6 +72,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
+from remat.client.graph.fidelity import ROUTING_META, ROUTING_OPS, graph_routing
 from remat.client.graph.hashing import canon, module_description
 from remat.client.graph.size_guards import SIZE_CHECKS, SizeChecks
 
@@ -84,7 +85,8 @@ __all__ = ["GRAPH_FORMAT", "HASH_FORMAT", "Uncacheable", "decode_graph", "encode
 
 logger = logging.getLogger("remat")
 
-GRAPH_FORMAT = "remat-graph/1"
+GRAPH_FORMAT = "remat-graph/2"
+"""2: the graph's routing verdict is stored with it (``fidelity.ROUTING_META``); a /1 file is exported again."""
 EXPORT_RECIPE = 3
 """What ``fx_trace.export_model`` does around ``torch.export`` (node clean-up, transformers' eager mask
 decisions and, from 3, their markers): part of the pre-key, so a graph exported by an older recipe is exported
@@ -522,6 +524,8 @@ def store_graph(model: nn.Module, gm: torch.fx.GraphModule, key: str, *, directo
             raise Uncacheable("the graph rebuilt from its JSON generates other code")
         if rebuilt.meta.get(SIZE_CHECKS) != gm.meta.get(SIZE_CHECKS):
             raise Uncacheable("the graph's size checks do not survive its JSON")
+        if graph_routing(rebuilt) != graph_routing(gm):
+            raise Uncacheable("the graph's routing verdict does not survive its JSON")
     except Uncacheable as exc:
         logger.debug("remat: exported graph of %s not cached: %s", type(model).__name__, exc)
         return None
@@ -728,7 +732,7 @@ def encode_graph(model: nn.Module, gm: torch.fx.GraphModule, key: str) -> dict[s
                       _encode_stack(n.meta.get("nn_module_stack"))])
     data = {"format": GRAPH_FORMAT, "key": key, "torch": torch.__version__,
             "codegen": {"orig_args": list(info.orig_args), "in_spec": specs[0], "out_spec": specs[1]},
-            "nodes": nodes}
+            "nodes": nodes, "routing": graph_routing(gm)}
     checks = gm.meta.get(SIZE_CHECKS)
     if checks is not None:
         if checks.guards is None:
@@ -876,6 +880,9 @@ def decode_graph(data: Any, model: nn.Module, key: str, *, train: bool) -> torch
         if stack is not None:
             node.meta["nn_module_stack"] = _decode_stack(stack)
         env[name] = node
+    routing = data.get("routing")
+    if not isinstance(routing, list) or not all(isinstance(r, str) and r.lstrip("_") in ROUTING_OPS for r in routing):
+        raise ValueError("no routing verdict")
     graph._codegen = _PyTreeCodeGen(_PyTreeInfo(list(orig_args), in_spec, out_spec))
     graph.lint()
     gm = _graph_module_class()(model, graph, class_name=type(model).__name__)
@@ -887,6 +894,7 @@ def decode_graph(data: Any, model: nn.Module, key: str, *, train: bool) -> torch
     gm.meta["remat_train"] = train
     gm.meta["remat_tracer"] = "export"
     gm.meta["remat_pytree"] = (in_spec, out_spec)
+    gm.meta[ROUTING_META] = tuple(routing)
     return gm
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from remat.client.errors import ModelError
 from remat.client.graph.write_probe import preserved_state
 
-__all__ = ["RTOL", "check_export_fidelity", "custom_functions", "routing_ops"]
+__all__ = ["ROUTING_META", "RTOL", "check_export_fidelity", "custom_functions", "graph_routing", "routing_ops"]
 
 RTOL = 1e-4
 """Tolerance off the CPU, relative to the largest gradient: the measured step's gradient check uses the same."""
@@ -127,6 +127,20 @@ def _float_dependent(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return dependent
 
 
+ROUTING_META = "remat_routing"
+"""``GraphModule.meta`` key of a graph read back from the export cache: ``routing_ops`` of the graph as exported.
+A graph rebuilt from its JSON has no recorded values (``meta["val"]``), so every node would count as floating
+and CLIP or a decoder classifier, pooling by token ids, would be refused as a mixture of experts at a later
+start; the verdict is taken when the graph is exported and stored with it."""
+
+
+def graph_routing(gm: torch.fx.GraphModule) -> list[str]:
+    """``routing_ops`` of an exported graph: the verdict stored with it when it was read back from the cache."""
+    if ROUTING_META in gm.meta:
+        return list(gm.meta[ROUTING_META])
+    return routing_ops(gm.graph)
+
+
 def routing_ops(graph: torch.fx.Graph) -> list[str]:
     """The routing ops (``ROUTING_OPS``) a graph runs on floating-point values, in order, each once."""
     dependent = _float_dependent(graph)
@@ -159,7 +173,7 @@ def check_export_fidelity(model: nn.Module, chain: Any, call: Any, *, train: boo
     from remat.client.graph.fx_trace import training_mode
 
     name = type(model).__name__
-    routes = routing_ops(chain.graph_module.graph)
+    routes = graph_routing(chain.graph_module)
     if routes:
         raise ModelError(f"{name} routes tokens by their values (aten.{', aten.'.join(routes)}: a mixture of "
                          f"experts): the code that runs depends on the batch, and its exported graph need not be "

@@ -17,11 +17,12 @@ import torch
 from torch import nn
 
 from remat.client.graph import export_cache
+from remat.client.graph.fidelity import graph_routing, routing_ops
 from remat.client.graph.fx_trace import trace_model
 from remat.client.graph.hashing import architecture_hash
 from remat.client.graph.model_call import ModelCall
 from remat.client.graph.stage_graph import build_stage_chain
-from tests.utils.tiny_transformers import batch, chain_step, same_step, step, tiny
+from tests.utils.tiny_transformers import batch, chain_step, classifier_batch, same_step, step, tiny
 
 ARCHITECTURES = ["gpt2", "llama", "bert", "t5"]
 
@@ -82,6 +83,38 @@ def test_a_cached_graph_is_the_exported_graph(arch: str, exports: _ExportCounter
     for checkpoints in [(), tuple(range(1, n)), tuple(range(2, n, 3))]:
         assert same_step(reference, chain_step(model, chain, call, checkpoints)), (arch, checkpoints)
     assert chain.names == build_stage_chain(model, call, graph=exported).names
+
+
+def test_a_classifier_pooling_by_token_ids_is_admitted_from_its_cached_graph(exports: _ExportCounter) -> None:
+    """A decoder classifier takes ``argmax`` over token ids to find each row's last token: admitted (NOTE
+    [ routing by activations ]). Read back from the cache, its graph has no recorded values, from which alone
+    every node would count as floating: a later start refused it as a mixture of experts."""
+    model = tiny("gpt2-classifier")
+    kwargs = classifier_batch()
+    call = ModelCall.bind(model, (), kwargs)
+    reference = step(model, kwargs)  # its first call sets config.problem_type, which is part of the key
+    exported = trace_model(model, train=True, call=call)
+    calls = exports.calls
+    cached = trace_model(model, train=True, call=call)
+    assert exports.calls == calls, "exported again"
+    assert routing_ops(exported.graph) == [] and "argmax" in routing_ops(cached.graph)  # values are not stored
+    assert graph_routing(cached) == []  # the verdict is
+    chain = build_stage_chain(model, call, graph=cached)  # probes and checks fidelity: not refused
+    assert chain.names == build_stage_chain(model, call, graph=exported).names
+    assert same_step(reference, chain_step(model, chain, call, tuple(range(2, chain.num_stages, 2))))
+
+
+def test_a_graph_file_without_its_routing_verdict_is_exported_again(exports: _ExportCounter) -> None:
+    model = tiny("gpt2-classifier")
+    call = ModelCall.bind(model, (), classifier_batch())
+    step(model, call.kwargs)
+    trace_model(model, train=True, call=call)
+    (path,) = _graph_files()
+    data = json.loads(path.read_text())
+    del data["routing"]
+    path.write_text(json.dumps(data))
+    trace_model(model, train=True, call=call)
+    assert exports.calls == 2 and "routing" in json.loads(path.read_text())
 
 
 def test_another_model_or_call_misses(exports: _ExportCounter) -> None:
