@@ -63,6 +63,7 @@ from remat.client.graph.boundaries import (
     brute_force_cut_vertices,
     cut_vertices,
     on_path_edges,
+    parked_gaps,
     reachable,
     safe_boundaries,
 )
@@ -242,9 +243,23 @@ def _flat_inputs(gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall) ->
 # (an image) still decides: its late readers (a global skip) would change the chains plans are stored for.
 
 
+def _without_gradient(nodes: list[torch.fx.Node], floating: frozenset[str]) -> set[str]:
+    """Nodes computed from integer inputs alone: no floating-point input, parameter or buffer feeds them, so no
+    gradient ever reaches them (labels shifted into a decoder's input ids, masks built from an integer mask)."""
+    out: set[str] = set()
+    for n in nodes:
+        if n.op == "placeholder":
+            if n.name not in floating:
+                out.add(n.name)
+        elif n.op == "call_function" and all(u.name in out for u in n.all_input_nodes):
+            out.add(n.name)
+    return out
+
+
 def _boundaries(model: nn.Module, nodes: list[torch.fx.Node], main: torch.fx.Node, tensor_at: list[int],
                 has_tensor: Mapping[str, bool], is_tensor: Mapping[str, bool], hits: list[tuple[str, str]],
-                main_handed: bool = False) -> tuple[list[str], list[str], list[str], dict[str, list[str]]]:
+                main_handed: bool = False, floating: frozenset[str] = frozenset()
+                ) -> tuple[list[str], list[str], list[str], dict[str, list[str]]]:
     """(cut vertices, safe boundaries, cut vertices dropped as unsafe, on-path tensor edges) of a traced graph.
 
     Paths start at every tensor input. Inputs besides the main one (masks, labels) are held by the caller for
@@ -266,12 +281,18 @@ def _boundaries(model: nn.Module, nodes: list[torch.fx.Node], main: torch.fx.Nod
         if n.op != "output" and has_tensor.get(n.name, False):
             edges[node_name(n)] = [node_name(u) for u in n.users]
     path_edges = on_path_edges(order, edges, SOURCE, OUTPUT)
-    side = side_values(nodes, module_lists(model), dict(has_tensor)) & set(path_edges)
+    lists = module_lists(model)
+    side = side_values(nodes, lists, dict(has_tensor)) & set(path_edges)
     held = others | ({INPUT} if main_handed else set())
     jump_edges = {u: vs for u, vs in path_edges.items() if u not in side and u not in held and u != SOURCE}
     from_main = reachable(path_edges, INPUT)
-    cuts = [c for c in cut_vertices(order, jump_edges, SOURCE, OUTPUT)
-            if c != INPUT and c in from_main and is_tensor.get(c, False)]
+    candidates = {c for c in from_main if c not in (INPUT, OUTPUT) and c not in side and is_tensor.get(c, False)}
+    bits = {node_name(n): 1 << i for i, n in enumerate(placeholders)}
+    blocks = {n.name: b for n in nodes if (b := block_of(n, lists)) is not None}
+    gaps = parked_gaps(order, path_edges, jump_edges, bits, candidates, blocks, _without_gradient(nodes, floating))
+    # A parked value is no boundary: it is handed past its stretch, as a side value (NOTE [ parked values ]).
+    cuts = [c for c in cut_vertices(order, jump_edges, SOURCE, OUTPUT, gaps)
+            if c != INPUT and c in from_main and is_tensor.get(c, False) and c not in gaps]
     path_edges = {u: vs for u, vs in path_edges.items() if u != SOURCE}
     bounds, unsafe = safe_boundaries([n.name for n in nodes], cuts, hits, path_edges)
     return cuts, bounds, unsafe, path_edges
@@ -314,8 +335,10 @@ def _build_from_fx(
         buffer_writes = recorder.buffer_writes
         small_values = interp.small_values
 
+    floating = frozenset(n.name for n, v in zip(placeholders, flat, strict=True)
+                         if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()))
     cuts, bounds, unsafe, path_edges = _boundaries(model, nodes, main, tensor_at, has_tensor, is_tensor, hits,
-                                                   main_handed)
+                                                   main_handed, floating)
 
     # Every node goes to a stage by its position: stage k holds the nodes after boundary k-1 up to and
     # including boundary k. Keeping fx's order (rather than moving nodes next to their users) keeps the

@@ -27,7 +27,7 @@ PAD = 0
 
 
 def tiny(arch: str, *, layers: int = 2) -> nn.Module:
-    """A two-block model of ``arch`` in train mode: gpt2, llama, bert (masked LM), t5, mixtral, bloom, and
+    """A two-block model of ``arch`` in train mode: gpt2, llama, bert (masked LM), t5, bart, mixtral, bloom, and
     gpt2-classifier, llama-classifier (sequence classification, 3 labels)."""
     _quiet()
     torch.manual_seed(0)
@@ -55,6 +55,12 @@ def tiny(arch: str, *, layers: int = 2) -> nn.Module:
         cfg = transformers.AutoConfig.for_model("t5", num_layers=layers, num_decoder_layers=layers, d_model=64,
                                                 d_ff=128, num_heads=4, d_kv=16, vocab_size=VOCAB,
                                                 decoder_start_token_id=0, use_cache=False)
+        auto = transformers.AutoModelForSeq2SeqLM
+    elif arch == "bart":  # labels shifted into the decoder's ids before the encoder runs (NOTE [ parked values ])
+        cfg = transformers.AutoConfig.for_model("bart", encoder_layers=layers, decoder_layers=layers, d_model=64,
+                                                encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_attention_heads=4,
+                                                decoder_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=64,
+                                                use_cache=False)
         auto = transformers.AutoModelForSeq2SeqLM
     elif arch == "mixtral":
         cfg = transformers.AutoConfig.for_model("mixtral", num_hidden_layers=layers, hidden_size=64,
