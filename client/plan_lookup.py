@@ -132,6 +132,12 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         algorithm = f"budget {spec.text}"  # for the messages below
     else:
         plan = _find(built.key, algorithm, cache, server, token, timeout_s)
+    if plan is not None and not _fits_chain(plan, built.chain):
+        warnings.warn(f"remat: the {algorithm} plan found for {type(model).__name__} at input {described} was made "
+                      f"on a chain of {plan.num_stages} stages; this remat cuts the model into "
+                      f"{built.chain.num_stages} (an older remat made it): planning again", RuntimeWarning,
+                      stacklevel=2)
+        plan = None
     if plan is None:
         if on_miss == "raise":
             raise PlanNotFoundError(f"no {algorithm} plan for {type(model).__name__} at input "
@@ -246,6 +252,16 @@ def _find(key: PlanKey, algorithm: str, cache: LocalPlanCache, server: str | Non
             logger.info("remat: %s plan from the service at %s", algorithm, server)
             return served
     return None
+
+
+def _fits_chain(plan: Plan, chain: Any) -> bool:
+    """Whether a found chain plan was made on this chain's stages: a plan stored before remat cut the model
+    differently (NOTE [ parked values ]: encoder-decoders given labels) names boundaries of another chain, and
+    applying it is refused; ``checkpoint`` plans such a model again instead. Op-graph plans are checked by
+    ``apply``."""
+    if getattr(plan, "num_vertices", None) is not None or not hasattr(chain, "num_stages"):
+        return True
+    return bool(plan.num_stages == chain.num_stages)
 
 
 def _budget_spec(budget: str | int, algorithm: str, example: torch.Tensor) -> BudgetSpec:

@@ -449,3 +449,32 @@ def test_an_exported_single_tensor_model_runs_other_sizes_on_one_export_and_refu
     assert state.any_sizes[()] is not None and set(state.sized_chains.values()) == {state.any_sizes[()]}
     with pytest.raises(PlanMismatchError, match=r"cut into other stages .*float32\[4, 3, 48, 48\]"):
         model(torch.randn(4, 3, 48, 48))
+
+
+def test_a_plan_made_on_an_older_chain_is_planned_again(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BART plan stored before its encoder was cut (NOTE [ parked values ]: an older remat) names boundaries
+    of another chain; the next start plans again, with a warning, instead of refusing to train."""
+    from remat.client.graph import stage_graph
+
+    reference = tiny("bart")
+    first = batch(seed=1)
+    older = copy.deepcopy(reference)
+    with monkeypatch.context() as patch:
+        patch.setattr(stage_graph, "parked_gaps", lambda *args: {})  # the chain as cut before
+        remat.client.checkpoint(older, cache_dir=cache_dir, **first)
+    stale = applied_plan(older)
+    model = copy.deepcopy(reference)
+    with pytest.warns(RuntimeWarning, match=rf"chain of {stale.num_stages} stages; this remat cuts the model into"):
+        remat.client.checkpoint(model, cache_dir=cache_dir, **first)
+    plan = applied_plan(model)
+    assert plan.num_stages > stale.num_stages
+    batches = [batch(seed=s) for s in (1, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), _train(model, batches), strict=True))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled again although the new plan is stored")
+
+    monkeypatch.setattr(local, "plan_held_model", refuse)
+    again = copy.deepcopy(reference)
+    remat.client.checkpoint(again, cache_dir=cache_dir, **first)
+    assert applied_plan(again).num_stages == plan.num_stages
