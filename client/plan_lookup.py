@@ -259,9 +259,7 @@ def _fits_chain(plan: Plan, chain: Any) -> bool:
     differently (NOTE [ parked values ]: encoder-decoders given labels) names boundaries of another chain, and
     applying it is refused; ``checkpoint`` plans such a model again instead. Op-graph plans are checked by
     ``apply``."""
-    if getattr(plan, "num_vertices", None) is not None or not hasattr(chain, "num_stages"):
-        return True
-    return bool(plan.num_stages == chain.num_stages)
+    return plan.num_vertices is not None or plan.num_stages == chain.num_stages
 
 
 def _budget_spec(budget: str | int, algorithm: str, example: torch.Tensor) -> BudgetSpec:

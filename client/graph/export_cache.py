@@ -524,8 +524,6 @@ def store_graph(model: nn.Module, gm: torch.fx.GraphModule, key: str, *, directo
             raise Uncacheable("the graph rebuilt from its JSON generates other code")
         if rebuilt.meta.get(SIZE_CHECKS) != gm.meta.get(SIZE_CHECKS):
             raise Uncacheable("the graph's size checks do not survive its JSON")
-        if graph_routing(rebuilt) != graph_routing(gm):
-            raise Uncacheable("the graph's routing verdict does not survive its JSON")
     except Uncacheable as exc:
         logger.debug("remat: exported graph of %s not cached: %s", type(model).__name__, exc)
         return None
