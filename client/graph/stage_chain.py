@@ -206,12 +206,20 @@ class StageChain:
         self._extra_inputs = {**extra, self.main_input: x} if self.main_handed else extra
         return x
 
-    def stage(self, i: int) -> Callable[[Any], Any]:
+    def stage_exports(self, i: int) -> tuple[str, ...]:
+        """The names of what stage ``i`` hands to later stages besides its output (side values, shape integers)."""
+        return tuple(self._stages[i - 1].exports)
+
+    def stage(self, i: int, *, hand_exports: bool = False) -> Callable[[Any], Any]:
         """Stage ``i`` (1-indexed) as a callable mapping x_{i-1} to x_i, for profiling one stage at a time.
 
         Parameters and buffers are looked up on the live model at each call. Values that the stage takes
         from earlier stages other than x_{i-1} (rare: shape integers such as a batch size, constants) come
         from earlier ``stage(j)`` calls made through this chain, or else from the build-time example run.
+        What the stage hands to later ones (its exports: side values) is kept for them; with
+        ``hand_exports`` the callable returns ``(x_i, {name: value})`` instead and keeps nothing, so that a
+        measured pass holds the stage's exports only as long as its caller does (NOTE [ seeding a stage's
+        exports ] in remat.worker.profilers.common).
         """
         if not 1 <= i <= self.num_stages:
             raise IndexError(f"stage {i} is not in 1..{self.num_stages}")
@@ -223,6 +231,8 @@ class StageChain:
             if missing:
                 raise ModelError(f"stage {i} needs {missing} from earlier stages: run stages 1..{i - 1} first")
             out = st.call(x, *(self._resolve(spec, env) for spec in st.inputs))
+            if hand_exports:
+                return out[0], dict(zip(st.exports, out[1:], strict=True))
             self._probe_env.update(zip(st.exports, out[1:], strict=True))
             return out[0]
 

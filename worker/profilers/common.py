@@ -19,7 +19,8 @@ NOTE [ profiling protocol ] (docs/cost-model.md, "How traces and measurements ar
    are in and its input is out. The backward is started as ``(y * ones).sum().backward()`` so that the
    engine alone owns the output-gradient buffer and frees it when the stage's first node has consumed it,
    as it does in a real step; ``y.backward(g)`` would keep ``g`` alive throughout (one output's bytes too
-   many: about +3.6% on ResNet-50, measured).
+   many: about +3.6% on ResNet-50, measured). A stage that hands side values to later stages starts its
+   backward from their gradients too (NOTE [ seeding a stage's exports ] in export_seeds.py).
 3. G_i (``grads="none"``): bytes of the parameter gradients whose parameter got its first gradient in stage
    i, walking stages in backward order so that a parameter shared by two stages is booked once, in the
    later stage (its gradient is born there). Under ``grads="kept"`` every gradient exists before the step,
@@ -51,8 +52,8 @@ from remat.client.graph.write_probe import preserved_state
 from remat.client.precision import autocast_context, autocast_dtype, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
 from remat.worker.memory_meter import storage_key
-from remat.worker.model_output import output_tensors, seeded_sum, training_outputs
-from remat.worker.model_output import requires_grad as any_requires_grad
+from remat.worker.model_output import output_tensors, training_outputs
+from remat.worker.profilers.export_seeds import ExportGradients, StagePass, add_side_gradients
 
 __all__ = ["Backend", "StageChainLike", "build_chain", "preserved_state", "profile_chain"]
 
@@ -309,6 +310,8 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
     current = [0]
     x0_key = storage_key(x0)
     meter = backend.make_meter()
+    inputs = {storage_key(t) for t in pytree.tree_leaves((x0, getattr(chain, "_extra_inputs", None)))
+              if isinstance(t, torch.Tensor)}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         packed[current[0]] += 1
@@ -339,7 +342,8 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
             x = stage_callable(chain, i)(x)
             if side_names:
                 known = set(side)
-                for key, stages in _note_side_values(chain, side_names, side, excluded, saved, backend).items():
+                for key, stages in _note_side_values(chain, side_names, side, excluded, inputs, saved,
+                                                     backend).items():
                     side_savers.setdefault(key, set()).update(stages)
                 side_stage.update(dict.fromkeys(side.keys() - known, i))
             if i == n:  # the model's output: a tensor, or a main output with auxiliary ones (GoogLeNet)
@@ -391,16 +395,17 @@ def stage_callable(chain: StageChainLike, i: int) -> Callable[[Any], Any]:
 
 
 def _note_side_values(chain: StageChainLike, names: set[str], side: dict[int, int], excluded: set[int],
-                      saved: list[dict[int, int]], backend: Backend) -> dict[int, set[int]]:
+                      inputs: set[int | None], saved: list[dict[int, int]], backend: Backend) -> dict[int, set[int]]:
     """Book the side values made so far once (NOTE [side values] in stage_graph.py): their storages leave every
-    stage's saved set and join ``side`` (storage key -> bytes). Returns, for those a stage had saved (their
-    maker), the stages that saved them."""
+    stage's saved set and join ``side`` (storage key -> bytes). Views of a parameter, a buffer or one of the
+    call's ``inputs`` (CLIP's reshaped token ids) are not made by the pass and not booked. Returns, for those a
+    stage had saved (their maker), the stages that saved them."""
     was_saved: dict[int, set[int]] = {}
     env = getattr(chain, "_probe_env", {})
     for name in names & env.keys():
         for t in pytree.tree_leaves(env[name]):
             key = storage_key(t) if isinstance(t, torch.Tensor) else None
-            if key is None or key in side:
+            if key is None or key in side or key in excluded or key in inputs:
                 continue
             side[key] = backend.storage_bytes(t)
             excluded.add(key)
@@ -526,10 +531,11 @@ class _StageMeasure:
     aten op (CPU); empty on CUDA, whose allocator history is read after the fact."""
 
 
-def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
+def _isolated_pass(stage: StagePass, x_in: torch.Tensor, ones: torch.Tensor,
                    model: nn.Module, backend: Backend, grads: str,
                    input_grad_layout: list[tuple[int, ...]], amp: AmpContext) -> _StageMeasure:
-    """F, F', B and the parameter gradients born, for one stage run on its own (NOTE [ profiling protocol ])."""
+    """F, F', B and the parameter gradients born, for one stage run on its own (NOTE [ profiling protocol ];
+    its exports seeded: NOTE [ seeding a stage's exports ])."""
     out = _StageMeasure()
     set_grad_convention(model, grads)
     had_grad = {id(p) for p in model.parameters() if p.grad is not None}
@@ -544,20 +550,21 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
         return t
 
     with meter:
+        armed = stage.arm()
         base = meter.mark_baseline()
         levels.start()
         with torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = stage(_stage_input(x_in, input_grad_layout))
+            y, exports = stage(_stage_input(x_in, input_grad_layout))
         out.forward_peak = meter.peak_bytes - base
         forward_end = levels.position()
         out.recompute_peak = 0 if last_pack_peak[0] is None else last_pack_peak[0] - base
         levels.keep(out, "forward_peak_bytes", 0, forward_end, out.forward_peak)
         if last_pack_peak[0] is not None:
             levels.keep(out, "recompute_peak_bytes", 0, last_pack_at[0], out.recompute_peak)
-        if any_requires_grad(y):
-            with torch.enable_grad():
-                loss = seeded_sum(y, ones)
-            del y
+        with torch.enable_grad():
+            loss = stage.loss(y, ones, exports, armed)
+        del y, exports
+        if loss is not None:
             loss_bytes = backend.storage_bytes(loss)
             meter.reset_peak()
             backward_start = levels.restart()
@@ -565,8 +572,6 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
             out.backward_peak = meter.peak_bytes - base - loss_bytes
             levels.keep(out, "backward_peak_bytes", backward_start, None, out.backward_peak, minus=loss_bytes)
             del loss
-        else:
-            del y
         levels.stop()
     out.forward_peak_dropped = _dropped_forward_peak(stage, x_in, backend, amp, out)
     if x_in.requires_grad or any(p.requires_grad for p in model.parameters()):
@@ -581,7 +586,7 @@ def _isolated_pass(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Te
     return out
 
 
-def _dropped_forward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, backend: Backend,
+def _dropped_forward_peak(stage: StagePass, x_in: torch.Tensor, backend: Backend,
                           amp: AmpContext, out: _StageMeasure) -> int:
     """F°: the stage's forward peak when autograd keeps none of its saved tensors, as in the first forward of
     a checkpointed segment (whose pack hook stores a handle, not the tensor). Its output, temporaries and,
@@ -592,11 +597,11 @@ def _dropped_forward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_in: t
         base = meter.mark_baseline()
         levels.start()
         with torch.enable_grad(), amp(), torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: h):
-            y = stage(x_in)
+            y, exports = stage(x_in)
         peak = meter.peak_bytes - base
         levels.keep(out, "forward_peak_dropped_bytes", 0, None, max(peak, 0))
         levels.stop()
-        del y
+        del y, exports
     return peak
 
 
@@ -658,7 +663,7 @@ class _Levels:
             self.meter.stop_timeline()
 
 
-def _recomputed_backward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor,
+def _recomputed_backward_peak(stage: StagePass, x_in: torch.Tensor,
                               ones: torch.Tensor, model: nn.Module, backend: Backend, grads: str,
                               amp: AmpContext, out: _StageMeasure) -> int:
     """B°: the stage's backward peak when it runs under a non-reentrant checkpoint, counted from the end of
@@ -676,17 +681,18 @@ def _recomputed_backward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_i
     meter = backend.make_meter()
     levels = _Levels(meter)
     with meter:
+        armed = stage.arm()
         base = meter.mark_baseline()
         levels.start()
         with torch.enable_grad(), amp():
-            y = checkpoint(stage, _stage_input(x_in, []), use_reentrant=False,
-                           context_fn=lambda: (contextlib.nullcontext(), _ResetPeakOnExit(meter, levels)))
-        if not any_requires_grad(y):
+            y, exports = checkpoint(stage, _stage_input(x_in, []), use_reentrant=False,
+                                    context_fn=lambda: (contextlib.nullcontext(), _ResetPeakOnExit(meter, levels)))
+        with torch.enable_grad():
+            loss = stage.loss(y, ones, exports, armed)
+        del y, exports
+        if loss is None:
             levels.stop()
             return 0
-        with torch.enable_grad():
-            loss = seeded_sum(y, ones)
-        del y
         loss_bytes = backend.storage_bytes(loss)
         meter.reset_peak()  # a stage that saves nothing is never recomputed: its whole backward counts
         levels.window_start = levels.restart()
@@ -699,19 +705,20 @@ def _recomputed_backward_peak(stage: Callable[[torch.Tensor], torch.Tensor], x_i
     return max(peak, 0)
 
 
-def _time_backward(stage: Callable[[torch.Tensor], torch.Tensor], x_in: torch.Tensor, ones: torch.Tensor,
+def _time_backward(stage: StagePass, x_in: torch.Tensor, ones: torch.Tensor,
                    model: nn.Module, backend: Backend, grads: str, repeats: int, amp: AmpContext) -> float:
     """Fastest backward time of the isolated pass over ``repeats`` runs, without the meter. (Forward times are
     taken inside a whole pass instead: NOTE [ timing a plan ].)"""
     bwd: list[float] = []
     for _ in range(repeats):
         set_grad_convention(model, grads)
+        armed = stage.arm()
         with torch.enable_grad(), amp():
-            y = stage(_stage_input(x_in, []))
-        if any_requires_grad(y):
-            with torch.enable_grad():
-                loss = seeded_sum(y, ones)
-            del y
+            y, exports = stage(_stage_input(x_in, []))
+        with torch.enable_grad():
+            loss = stage.loss(y, ones, exports, armed)
+        del y, exports
+        if loss is not None:
             bwd.append(backend.time_ms(loss.backward))
             del loss
         x_in.grad = None
@@ -902,21 +909,25 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
         measures: list[_StageMeasure] = [_StageMeasure() for _ in range(n)]
         grad_strides: tuple[int, ...] | None = None  # of x_i's gradient in a real step; the loss's is dense
         side_grads: dict[int, tuple[int, set[int]]] = {}  # side value storage -> (its gradient's bytes, senders)
+        export_grads: ExportGradients = {}  # NOTE [ seeding a stage's exports ]
         for i in range(n, 0, -1):  # last to first: NOTE [ output gradient layout ]
-            stage = stage_callable(chain, i)
+            stage = StagePass(chain, i, stage_callable(chain, i), export_grads)
             x_in = rec.outputs[i - 1].detach().requires_grad_(rec.requires_grad[i - 1])
             ones = _gradient_seed(rec.outputs[i], grad_strides)
             layouts: list[tuple[int, ...]] = []
             m = _isolated_pass(stage, x_in, ones, model, backend, grads, layouts, amp)
             for key, nbytes in _side_grads_sent(chain).items():
                 side_grads.setdefault(key, (nbytes, set()))[1].add(i)
+            add_side_gradients(chain, export_grads)
             _clear_side_grads(chain)
             grad_strides = layouts[0] if layouts else None
             if timing_repeats > 0:
                 m.backward_ms = _time_backward(stage, x_in, ones, model, backend, grads, timing_repeats, amp)
                 _clear_side_grads(chain)
             measures[i - 1] = m
-            del x_in, ones
+            for name in stage.names:  # its maker is done: what a step sends it is seeded no more
+                export_grads.pop(name, None)
+            del x_in, ones, stage
         # G_i: in backward order, a parameter's gradient is born in the last stage that uses it.
         param_grad = [0] * (n + 1)
         if grads == "none":
