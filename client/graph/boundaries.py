@@ -86,7 +86,7 @@ def cut_vertices(order: list[str], path_edges: dict[str, list[str]], source: str
 
 def parked_gaps(order: list[str], path_edges: dict[str, list[str]], jump_edges: dict[str, list[str]],
                 inputs: dict[str, int], candidates: set[str],
-                blocks: Mapping[str, tuple[str, int]], parkable: set[str]) -> dict[str, list[tuple[str, str]]]:
+                blocks: Mapping[str, tuple[str, int]]) -> dict[str, list[tuple[str, str]]]:
     """Stretches where a value waits, untouched, while a part of the graph that shares no input with it runs:
     node -> [(the node before the stretch, the node after it)].
 
@@ -106,15 +106,15 @@ def parked_gaps(order: list[str], path_edges: dict[str, list[str]], jump_edges: 
     transformer's embeddings and its first block holds no block, so a ResNet's or a language model's chain is
     never changed by this; nor is a cross-attention, whose keys and values are computed from the encoder's
     output while its queries wait, inside one block.
-    Only values no gradient reaches are parked (``parkable``: computed from integer inputs alone). A floating
-    one would be CLIP's image embedding waiting for the text tower: the stage that makes it would also start
-    the text tower, and the profiler's isolated backward of a stage follows its boundary's gradient only, so
-    the image tower's tail in that stage would go unprofiled (tried: CLIP cut into 18 stages, predictions off
-    by −20% to +2.6% against measured). CLIP stays one stage until the profiler seeds such values' gradients.
+    A floating value waits the same way: CLIP's image embedding while the text tower runs, after which the
+    loss reads both (CLIP went from one stage to 17 with it). The stage that makes it also starts the text
+    tower, so its gradient reaches that stage by the parked value only; the profiler seeds it there (NOTE
+    [ seeding a stage's exports ] in remat.worker.profilers.export_seeds), without which those plans were
+    predicted −20% to +2.6% against measured.
     """
-    values = [u for u, vs in jump_edges.items() if vs and u in parkable]
-    if not values:  # most models: nothing could wait
+    if len(inputs) < 2:  # one input: everything descends from it, nothing waits for another part of the graph
         return {}
+    values = [u for u, vs in jump_edges.items() if vs]
     pos = {name: i for i, name in enumerate(order)}
     readers: dict[str, list[str]] = {}
     for u, vs in path_edges.items():

@@ -45,13 +45,15 @@ from remat.client.graph.fx_trace import ARCHITECTURE_HASH, HASH_GRAPH
 __all__ = ["ARCH_HASH_FORMAT", "architecture_description", "architecture_hash", "canon", "description_hash",
            "module_description"]
 
-ARCH_HASH_FORMAT = "remat-arch/3"
+ARCH_HASH_FORMAT = "remat-arch/4"
 """Part of every hash: raised when plans stored under the old hashes would no longer fit the models they name.
 A chain plan numbers the boundaries of the stage chain the cutter makes, so a cutter that cuts an
 architecture differently must change its hash. /2: dense blocks are cut after every layer (NOTE [side values]
 in stage_graph; DenseNet went from 20 stages to 236), so a /1 plan for them names other boundaries. /3: token
 ids are held like a call's other inputs (NOTE [ token ids are held ] in stage_graph; RoBERTa, whose position
-ids are computed from the ids, went from 24 stages to 29)."""
+ids are computed from the ids, went from 24 stages to 29). /4: values that wait while another tower runs are
+handed past it (NOTE [ parked values ] in boundaries: BART given labels 13 stages to 25, CLIP 1 to 17) and views
+of held token ids are held too (GPT-2's first stage, a view of its ids, is gone: 14 stages to 13)."""
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 #: Instance attributes that are state or remat's own bookkeeping, not configuration.
 _SKIP_ATTRS = {"training", "forward", "call_super_init", "dump_patches"}

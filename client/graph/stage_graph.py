@@ -46,7 +46,7 @@ notes). This module builds the chain from those and re-exports the public API ab
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -243,15 +243,19 @@ def _flat_inputs(gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall) ->
 # (an image) still decides: its late readers (a global skip) would change the chains plans are stored for.
 
 
-def _without_gradient(nodes: list[torch.fx.Node], floating: frozenset[str]) -> set[str]:
-    """Nodes computed from integer inputs alone: no floating-point input, parameter or buffer feeds them, so no
-    gradient ever reaches them (labels shifted into a decoder's input ids, masks built from an integer mask)."""
-    out: set[str] = set()
+def _held_views(nodes: list[torch.fx.Node], held: set[str], node_name: Callable[[torch.fx.Node], str]) -> set[str]:
+    """``held`` and the views of held inputs: an op whose schema says its output aliases its input (``view``,
+    ``unsqueeze``, ``expand``…) on a value the caller holds makes a tensor whose storage the caller holds too,
+    so handing it to later stages keeps nothing alive (CLIP pools its text tower at the end of token ids it
+    reshaped at the start). Exported graphs only: their targets are aten overloads with schemas."""
+    out = set(held)
     for n in nodes:
-        if n.op == "placeholder":
-            if n.name not in floating:
-                out.add(n.name)
-        elif n.op == "call_function" and all(u.name in out for u in n.all_input_nodes):
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        returns = n.target._schema.returns
+        first = n.args[0] if n.args else None
+        if (len(returns) == 1 and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+                and isinstance(first, torch.fx.Node) and node_name(first) in out):
             out.add(n.name)
     return out
 
@@ -264,8 +268,10 @@ def _boundaries(model: nn.Module, nodes: list[torch.fx.Node], main: torch.fx.Nod
 
     Paths start at every tensor input. Inputs besides the main one (masks, labels) are held by the caller for
     the whole step and side values (NOTE [side values]) by every stage that reads them: their edges never
-    decide a boundary, nor do the main input's when it is handed too (NOTE [ token ids are held ]). A
-    boundary is on the main input's paths (not a mask's) and carries one tensor (a cut
+    decide a boundary, nor do the main input's when it is handed too (NOTE [ token ids are held ]), nor a view
+    of such an input (``_held_views``). A boundary is on the paths of the main input or of another
+    floating-point input (CLIP's pixels, whose tower runs before the text tower of its token ids; not a mask's)
+    and carries one tensor (a cut
     vertex whose value is a tuple, shufflenet's channel split, is none: the nodes that unpack it stay in its
     stage).
     """
@@ -283,13 +289,15 @@ def _boundaries(model: nn.Module, nodes: list[torch.fx.Node], main: torch.fx.Nod
     path_edges = on_path_edges(order, edges, SOURCE, OUTPUT)
     lists = module_lists(model)
     side = side_values(nodes, lists, dict(has_tensor)) & set(path_edges)
-    held = others | ({INPUT} if main_handed else set())
+    held = _held_views(nodes, others | ({INPUT} if main_handed else set()), node_name)
     jump_edges = {u: vs for u, vs in path_edges.items() if u not in side and u not in held and u != SOURCE}
     from_main = reachable(path_edges, INPUT)
+    for name in floating - {main.name}:
+        from_main |= reachable(path_edges, name)
     candidates = {c for c in from_main if c not in (INPUT, OUTPUT) and c not in side and is_tensor.get(c, False)}
     bits = {node_name(n): 1 << i for i, n in enumerate(placeholders)}
     blocks = {n.name: b for n in nodes if (b := block_of(n, lists)) is not None}
-    gaps = parked_gaps(order, path_edges, jump_edges, bits, candidates, blocks, _without_gradient(nodes, floating))
+    gaps = parked_gaps(order, path_edges, jump_edges, bits, candidates, blocks)
     # A parked value is no boundary: it is handed past its stretch, as a side value (NOTE [ parked values ]).
     cuts = [c for c in cut_vertices(order, jump_edges, SOURCE, OUTPUT, gaps)
             if c != INPUT and c in from_main and is_tensor.get(c, False) and c not in gaps]

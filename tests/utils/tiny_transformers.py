@@ -27,8 +27,8 @@ PAD = 0
 
 
 def tiny(arch: str, *, layers: int = 2) -> nn.Module:
-    """A two-block model of ``arch`` in train mode: gpt2, llama, bert (masked LM), t5, bart, mixtral, bloom, and
-    gpt2-classifier, llama-classifier (sequence classification, 3 labels)."""
+    """A two-block model of ``arch`` in train mode: gpt2, llama, bert (masked LM), t5, bart, clip (two towers of
+    two blocks), mixtral, bloom, and gpt2-classifier, llama-classifier (sequence classification, 3 labels)."""
     _quiet()
     torch.manual_seed(0)
     auto = transformers.AutoModelForCausalLM
@@ -62,6 +62,13 @@ def tiny(arch: str, *, layers: int = 2) -> nn.Module:
                                                 decoder_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=64,
                                                 use_cache=False)
         auto = transformers.AutoModelForSeq2SeqLM
+    elif arch == "clip":  # two towers side by side until the loss: call it with clip_batch()
+        cfg = transformers.AutoConfig.for_model("clip", projection_dim=32)
+        cfg.text_config.update({"num_hidden_layers": layers, "hidden_size": 64, "intermediate_size": 128,
+                                "num_attention_heads": 4, "vocab_size": VOCAB, "max_position_embeddings": 64})
+        cfg.vision_config.update({"num_hidden_layers": layers, "hidden_size": 64, "intermediate_size": 128,
+                                  "num_attention_heads": 4, "image_size": 32, "patch_size": 8})
+        return transformers.AutoModel.from_config(cfg).train()
     elif arch == "mixtral":
         cfg = transformers.AutoConfig.for_model("mixtral", num_hidden_layers=layers, hidden_size=64,
                                                 intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -95,6 +102,13 @@ def batch(*, seed: int = 0, seq: int = SEQ, mask: bool = True, size: int = BATCH
         attention[0, -1] = 0
         out["attention_mask"] = attention
     return out
+
+
+def clip_batch(*, seed: int = 0, seq: int = 16, size: int = 4) -> dict[str, Any]:
+    """A CLIP training call: token ids, 32² images, and the contrastive loss asked for."""
+    gen = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(3, VOCAB, (size, seq), generator=gen),
+            "pixel_values": torch.randn(size, 3, 32, 32, generator=gen), "return_loss": True}
 
 
 Step = tuple[torch.Tensor, list[torch.Tensor | None]]
