@@ -318,7 +318,11 @@ def _chained_forward(chain: StageChainLike, x0: torch.Tensor, backend: Backend, 
         key = storage_key(t)
         if key in side:
             side_savers.setdefault(key, set()).add(current[0])  # type: ignore[arg-type]
-        if key is not None and key not in excluded and (key == x0_key or backend.born_in_pass(meter, t)):
+        # The call's inputs are the caller's, never activation memory: booked only as a stage's own input (its
+        # saves_input), not as what a later stage saves of them (CLIP's text embedding saves the token ids).
+        if key is not None and key not in excluded and (
+                key == keys[current[0] - 1] == x0_key
+                or (key not in inputs and backend.born_in_pass(meter, t))):
             saved[current[0]][key] = backend.storage_bytes(t)
         # Detached: the pass never runs backward, and a saved *output* returned as itself would hold its own
         # grad_fn, a reference cycle through C++ that gc cannot break (ResNet's in-place ReLUs: the whole
