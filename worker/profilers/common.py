@@ -430,19 +430,6 @@ def _detach_side_values(chain: StageChainLike, names: set[str]) -> None:
             torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad and t.is_floating_point()), env[name])
 
 
-def _side_grads_sent(chain: StageChainLike) -> dict[int, int]:
-    """After an isolated backward: the side values it sent a gradient to, storage key -> the gradient's bytes."""
-    env = getattr(chain, "_probe_env", {})
-    sent: dict[int, int] = {}
-    for name in getattr(chain, "side_values", ()):
-        for t in pytree.tree_leaves(env.get(name)):
-            if isinstance(t, torch.Tensor) and t.is_leaf and t.grad is not None:
-                key = storage_key(t)
-                if key is not None:
-                    sent[key] = sent.get(key, 0) + t.grad.numel() * t.grad.element_size()
-    return sent
-
-
 def _clear_side_grads(chain: StageChainLike) -> None:
     """Drop the gradients an isolated backward left on side values, so the next pass allocates its own."""
     env = getattr(chain, "_probe_env", {})
@@ -920,9 +907,8 @@ def profile_chain(chain: StageChainLike, model: nn.Module, example_input: torch.
             ones = _gradient_seed(rec.outputs[i], grad_strides)
             layouts: list[tuple[int, ...]] = []
             m = _isolated_pass(stage, x_in, ones, model, backend, grads, layouts, amp)
-            for key, nbytes in _side_grads_sent(chain).items():
+            for key, nbytes in add_side_gradients(chain, export_grads).items():
                 side_grads.setdefault(key, (nbytes, set()))[1].add(i)
-            add_side_gradients(chain, export_grads)
             _clear_side_grads(chain)
             grad_strides = layouts[0] if layouts else None
             if timing_repeats > 0:

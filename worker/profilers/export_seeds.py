@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from remat.worker.memory_meter import storage_key
 from remat.worker.model_output import requires_grad as any_requires_grad
 from remat.worker.model_output import seeded_sum
 
@@ -98,10 +99,12 @@ class StagePass:
         return loss
 
 
-def add_side_gradients(chain: Any, gradients: ExportGradients) -> None:
+def add_side_gradients(chain: Any, gradients: ExportGradients) -> dict[int, int]:
     """After an isolated backward: add the gradients it sent to side values (leaves of the probe environment,
-    NOTE [side values]) to ``gradients``, by value name."""
+    NOTE [side values]) to ``gradients``, by value name. Returns what it sent, by the side value's storage key:
+    the gradient's bytes (the trace's ``side_values``)."""
     env = getattr(chain, "_probe_env", {})
+    sent: dict[int, int] = {}
     for name in getattr(chain, "side_values", ()):
         leaves = pytree.tree_leaves(env.get(name))
         sums = gradients.get(name)
@@ -112,3 +115,7 @@ def add_side_gradients(chain: Any, gradients: ExportGradients) -> None:
                 sums = gradients[name] = [None] * len(leaves)
             g = t.grad.detach()
             sums[k] = g if sums[k] is None else sums[k] + g
+            key = storage_key(t)
+            if key is not None:
+                sent[key] = sent.get(key, 0) + g.numel() * g.element_size()
+    return sent
