@@ -53,10 +53,10 @@ from remat.client.precision import autocast_dtype, precision_of_call
 __all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "example_for", "remove"]
 
 _STATE = "_remat_applied"
-_USER_FRAME = 8
+_USER_FRAME = 7
 """``stacklevel`` that names the user's line calling the model, for a warning raised in a function ``_planned``
-calls: that function, ``_planned``, dynamo's ``disable`` wrapper, ``_forward``, ``_PlanForward.__call__``,
-``Module._call_impl`` and ``Module._wrapped_call_impl``."""
+calls: that function, ``_planned``, ``_forward``, ``_PlanForward.__call__``, ``Module._call_impl`` and
+``Module._wrapped_call_impl``."""
 MAX_SIZED_CHAINS = 8
 """Sizes other than its chain's whose chain an applied exported model keeps (NOTE [ other sizes ]); the least
 recently used goes first. A chain for one size holds a graph and its stage modules (GPT-2's graph file is
@@ -430,7 +430,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not self.training or not torch.is_grad_enabled():
         return type(self).forward(self, *args, **kwargs)  # under torch.compile, compiled as ever
     if torch.compiler.is_compiling():
-        _warn_compiled(self)
+        return _planned_under_compile(self, *args, **kwargs)
     return _planned(self, *args, **kwargs)
 
 
@@ -441,17 +441,43 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 # the plan's), and slower (295 against 244 ms). So dynamo does not trace the planned training forward: a
 # compiled applied model runs it eagerly, with the plan's memory and bit-equal gradients (27.2 MiB, 254 ms),
 # and warns once. Evaluation and no-grad calls run the class's forward and are compiled as usual.
-@torch._dynamo.disable
-def _warn_compiled(model: nn.Module) -> None:
-    state: _Applied = model.__dict__[_STATE]
+# ``torch._dynamo.disable`` imports torch._dynamo, which took 4.3 s of every start on this VM (bytecode not
+# cached) as a decorator at import: the eager path never needs it, so it is applied at the first compiled call.
+_DYNAMO_DISABLED: dict[str, Any] = {}
+
+
+def _caller_outside_torch() -> int:
+    """``stacklevel`` of the first frame, from the caller of the function calling this, that is neither torch's
+    nor remat.client's: the user's line, under dynamo's frames whose number varies with torch's version."""
+    own = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent))
+    frame, level = inspect.currentframe(), 0
+    while frame is not None:
+        if level >= 2 and not frame.f_code.co_filename.startswith(own):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
+
+
+def _planned_under_compile(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A training call traced by dynamo: one warning, then the plan run eagerly with dynamo off."""
+    run = _DYNAMO_DISABLED.get("planned")
+    if run is None:
+        import torch._dynamo
+
+        run = _DYNAMO_DISABLED["planned"] = torch._dynamo.disable(_warned_planned)
+    return run(self, *args, **kwargs)
+
+
+def _warned_planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    state: _Applied = self.__dict__[_STATE]
     if not state.warned_compile:
         warnings.warn("remat: torch.compile does not compile an applied model's training forward; it runs "
                       "eagerly with the plan's checkpoints (compiled as one graph, the plan's memory is lost: "
-                      "docs/apply.md, 'torch.compile')", RuntimeWarning, stacklevel=2)
+                      "docs/apply.md, 'torch.compile')", RuntimeWarning, stacklevel=_caller_outside_torch())
         state.warned_compile = True
+    return _planned(self, *args, **kwargs)
 
 
-@torch._dynamo.disable
 def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """A training call: the chain with the plan's checkpoints (NOTE [ torch.compile keeps the plan ])."""
     state: _Applied = self.__dict__[_STATE]

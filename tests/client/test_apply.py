@@ -331,8 +331,9 @@ def test_a_compiled_applied_model_runs_its_plan(resnet: nn.Module) -> None:
         st.call = _counted(st.call, calls)
     compiled = torch.compile(model)
     x = torch.randn(SHAPE)
-    with pytest.warns(RuntimeWarning, match="torch.compile"):
+    with pytest.warns(RuntimeWarning, match="torch.compile") as warned:
         loss = _step(compiled, x)
+    assert [w.filename for w in warned if "torch.compile" in str(w.message)] == [__file__]  # the user's line
     assert torch.equal(loss, _step(ref, x))
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     assert len(calls) == 14 + 10  # as in test_resnet_step_is_bit_identical: the checkpointed path ran
