@@ -219,7 +219,7 @@ class StageChain:
         What the stage hands to later ones (its exports: side values) is kept for them; with
         ``hand_exports`` the callable returns ``(x_i, {name: value})`` instead and keeps nothing, so that a
         measured pass holds the stage's exports only as long as its caller does (NOTE [ seeding a stage's
-        exports ] in remat.worker.profilers.common).
+        exports ] in remat.worker.profilers.export_seeds).
         """
         if not 1 <= i <= self.num_stages:
             raise IndexError(f"stage {i} is not in 1..{self.num_stages}")
