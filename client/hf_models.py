@@ -4,7 +4,8 @@ Two spellings (``remat.client.model_spec`` makes them canonical):
 
 - ``hf:gpt2``: an architecture of the allow-list :data:`HF_ARCHITECTURES`, at its built-in default
   configuration (``AutoConfig.for_model``); ``--model-kwargs`` overrides configuration fields
-  (``'{"n_layer": 6}'``);
+  (``'{"n_layer": 6}'``), and the fields of a sub-configuration as an object of them (CLIP's
+  ``'{"text_config": {"num_hidden_layers": 4}}'``);
 - ``hf:path/to/config.json`` (canonical: its absolute path): a local ``config.json`` whose ``model_type`` is on
   the allow-list. Client side only: a service's workers never read a path that a request names.
 
@@ -12,7 +13,9 @@ Models get random weights (plans never depend on them), train mode and ``use_cac
 keeps no cache); no remote code ever runs (``trust_remote_code`` is never passed, ``auto_map`` is dropped).
 A model trains on one call of keyword inputs (:func:`hf_example_call`): token models on ``input_ids``,
 ``attention_mask`` and ``labels`` (so the model computes its own loss), ``(seq_len,)`` being one sample's
-shape; vision models on ``pixel_values`` and ``labels``, at the image size of their configuration.
+shape; vision models on ``pixel_values`` and ``labels``, at the image size of their configuration; two-tower
+models (CLIP) on ``input_ids`` and ``pixel_values`` with ``return_loss=True`` (their contrastive loss), the
+tokens at ``(seq_len,)`` and the images at their vision configuration's size.
 
 Importing this module loads neither torch nor transformers: the checks a request needs before anything is
 built read the allow-list and, for a path, the JSON file. Checking override names against the configuration
@@ -24,9 +27,11 @@ Public API::
     canonical_hf_name(name) -> str      # "gpt2" or an absolute config.json path; ModelError with close matches
     is_hf_path(name) -> bool
     hf_architecture(spec) -> str        # the allow-list name a spec builds (a path: by its model_type)
-    is_token_model(spec) -> bool / input_kind(spec) -> "tokens" | "image"
-    default_seq_len(device) -> int
-    hf_image_shape(spec, overrides) -> (C, H, W)      # vision models: from the configuration
+    input_kind(spec) -> "tokens" | "image" | "tokens+image"
+    is_token_model(spec) -> bool        # takes --seq-len: tokens, or tokens and images
+    default_seq_len(device, spec, overrides) -> int
+    text_positions(spec, overrides) -> int | None     # a two-tower model's longest caption, without transformers
+    hf_image_shape(spec, overrides) -> (C, H, W)      # models that take images: from the configuration
     check_override_values(overrides) -> dict          # JSON scalars or lists; no field remat sets itself
     check_overrides(spec, overrides) -> dict          # + every key a field of the configuration (transformers)
     check_service_spec(spec, overrides) -> None       # what a service's workers may build ("model: …" errors)
@@ -55,7 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_CPU_SEQ_LEN", "DEFAULT_CUDA_SEQ_LEN", "HF_ARCHITECTURES", "HF_PREFIX", "MAX_SEQ_LEN", "TASKS",
            "HfArchitecture", "HfZooModel", "build_hf_model", "canonical_hf_name", "check_override_values",
            "check_overrides", "check_service_spec", "default_seq_len", "hf_architecture", "hf_example_call",
-           "hf_image_shape", "hf_zoo", "input_kind", "is_hf_path", "is_token_model"]
+           "hf_image_shape", "hf_zoo", "input_kind", "is_hf_path", "is_token_model", "text_positions"]
 
 HF_PREFIX = "hf:"
 DEFAULT_CPU_SEQ_LEN = 128
@@ -68,8 +73,11 @@ TASKS = {
     "masked-lm": "AutoModelForMaskedLM",
     "seq2seq-lm": "AutoModelForSeq2SeqLM",
     "image-classification": "AutoModelForImageClassification",
+    "contrastive": "AutoModel",
 }
-"""A task decides the transformers Auto class that builds the model (and so its head and its loss)."""
+"""A task decides the transformers Auto class that builds the model (and so its head and its loss). A
+``contrastive`` model (CLIP's ``CLIPModel``) has no head: called with ``return_loss=True`` it computes the
+contrastive loss of its two towers' embeddings."""
 
 
 class HfArchitecture(NamedTuple):
@@ -90,12 +98,19 @@ HF_ARCHITECTURES: dict[str, HfArchitecture] = {
     "t5": HfArchitecture("t5", "seq2seq-lm"),
     "bart": HfArchitecture("bart", "seq2seq-lm"),
     "vit": HfArchitecture("vit", "image-classification"),
+    "clip": HfArchitecture("clip", "contrastive"),  # two towers: text and image
 }
 """The architectures remat builds (a fixed allow-list: a name is never looked up anywhere else)."""
 
-_DEFAULT_IMAGE = {"vit": (3, 224)}
-"""(num_channels, image_size) of each vision architecture's default configuration (a test holds them equal to
-transformers'), so that a request's input shape needs no transformers."""
+_DEFAULT_IMAGE = {"vit": (3, 224), "clip": (3, 224)}
+"""(num_channels, image_size) of each architecture's default configuration that takes images (a test holds them
+equal to transformers'), so that a request's input shape needs no transformers."""
+_SUB_CONFIGS = {"clip": {"text": "text_config", "image": "vision_config"}}
+"""Where a composite configuration keeps the fields of its text and its image tower (the others keep them at
+the top level)."""
+_DEFAULT_TEXT_POSITIONS = {"clip": 77}
+"""The text tower's position limit of a composite default configuration (a test holds it equal to
+transformers'): the default ``--seq-len`` is at most that."""
 
 _REFUSED_OVERRIDES = {
     "model_type": "the spec names the architecture",
@@ -191,25 +206,47 @@ def hf_architecture(spec: str) -> str:
     return _resolve(spec)[0]
 
 
-def input_kind(spec: str) -> Literal["tokens", "image"]:
-    """What one sample is: ``tokens`` (a sequence of ids, ``(seq_len,)``) or ``image`` (``(C, H, W)``)."""
+def input_kind(spec: str) -> Literal["tokens", "image", "tokens+image"]:
+    """What one sample is: ``tokens`` (a sequence of ids, ``(seq_len,)``), ``image`` (``(C, H, W)``) or both
+    (CLIP: a caption of ``seq_len`` ids and an image at its vision configuration's size)."""
     task = HF_ARCHITECTURES[hf_architecture(spec)].task
-    return "image" if task == "image-classification" else "tokens"
+    if task == "image-classification":
+        return "image"
+    return "tokens+image" if task == "contrastive" else "tokens"
 
 
 def is_token_model(spec: str) -> bool:
-    """Whether the spec's model takes token ids (and so ``--seq-len``) rather than images."""
-    return input_kind(spec) == "tokens"
+    """Whether the spec's model takes token ids, and so ``--seq-len`` (a request's ``input_shape`` is then
+    ``[seq_len]``; a two-tower model's images take its configuration's size, like a vision model's)."""
+    return input_kind(spec) != "image"
 
 
-def default_seq_len(device: str) -> int:
-    """The sequence length of a token model when none is asked for: short on a CPU, realistic on a GPU."""
-    return DEFAULT_CPU_SEQ_LEN if str(device).split(":")[0] == "cpu" else DEFAULT_CUDA_SEQ_LEN
+def default_seq_len(device: str, spec: str | None = None, overrides: Mapping[str, Any] | None = None) -> int:
+    """The sequence length of a token model when none is asked for: short on a CPU, realistic on a GPU; for a
+    two-tower model (``spec`` given) at most its text tower's positions (:func:`text_positions`)."""
+    length = DEFAULT_CPU_SEQ_LEN if str(device).split(":")[0] == "cpu" else DEFAULT_CUDA_SEQ_LEN
+    limit = text_positions(spec, overrides) if spec is not None else None
+    return length if limit is None else min(length, limit)
+
+
+def text_positions(spec: str, overrides: Mapping[str, Any] | None = None) -> int | None:
+    """A two-tower model's longest caption (CLIP: 77 tokens at its default configuration), read without
+    transformers from the overrides, the config.json or the default configuration; None for the other models,
+    whose position limit is checked once the model is built (:func:`hf_example_call`)."""
+    arch, values = _resolve(spec)
+    if arch not in _DEFAULT_TEXT_POSITIONS:
+        return None
+    text = _merged_fields(values, overrides or {}).get(_SUB_CONFIGS[arch]["text"])
+    limit = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        limit = _DEFAULT_TEXT_POSITIONS[arch]
+    return limit
 
 
 def hf_image_shape(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple[int, int, int]:
-    """One image's shape ``(num_channels, image_size, image_size)`` for a vision spec: the overrides', else the
-    config.json's, else the architecture's default configuration. Needs no transformers.
+    """One image's shape ``(num_channels, image_size, image_size)`` for a spec that takes images: the
+    overrides', else the config.json's, else the architecture's default configuration (a two-tower model's
+    from its vision configuration, ``vision_config``). Needs no transformers.
 
     Raises:
         ModelError: a token model, or a size that is not a positive integer.
@@ -218,17 +255,31 @@ def hf_image_shape(spec: str, overrides: Mapping[str, Any] | None = None) -> tup
     if arch not in _DEFAULT_IMAGE:
         raise ModelError(f"model {HF_PREFIX}{_name_of(spec)}: takes token ids, not images")
     channels, size = _DEFAULT_IMAGE[arch]
-    merged = {**values, **dict(overrides or {})}
+    merged = _merged_fields(values, overrides or {})
+    where = _SUB_CONFIGS.get(arch, {}).get("image")
+    if where is not None:
+        merged = merged.get(where) if isinstance(merged.get(where), dict) else {}
     out = []
     for field, default in (("num_channels", channels), ("image_size", size)):
         value = merged.get(field, default)
         if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
             value = value[0]  # [224, 224]: square
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 16:
-            raise ModelError(f"model_kwargs: {field} must be a positive integer (one side of a square image), "
+            label = f"{where}.{field}" if where else field
+            raise ModelError(f"model_kwargs: {label} must be a positive integer (one side of a square image), "
                              f"got {value!r}")
         out.append(value)
     return out[0], out[1], out[1]
+
+
+def _merged_fields(values: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A config.json's fields with the overrides on top; a sub-configuration given in both (``text_config``)
+    is merged field by field, as transformers builds it from the one dict it is handed."""
+    merged = dict(values)
+    for key, value in overrides.items():
+        below = merged.get(key)
+        merged[key] = {**below, **value} if isinstance(value, dict) and isinstance(below, dict) else value
+    return merged
 
 
 # --- configuration overrides ------------------------------------------------------------------------------
@@ -247,29 +298,44 @@ def _check_value(key: str, value: Any, depth: int = 0) -> Any:
             raise ModelError(f"model_kwargs: {key}: a list of more than {_MAX_LIST_ITEMS} items")
         return [_check_value(key, item, depth + 1) for item in value]
     raise ModelError(f"model_kwargs: {key}: must be a JSON scalar or a list of them, got "
-                     f"{type(value).__name__} (set nested fields in a config.json: hf:path/to/config.json)")
+                     f"{type(value).__name__} (an object only for a sub-configuration's fields, such as "
+                     f"text_config; set deeper fields in a config.json: hf:path/to/config.json)")
+
+
+def _check_field_values(fields: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
+    """Each key a plain field name remat does not set itself, each value :func:`_check_value`'s; at the top
+    level (``prefix`` empty) a value may also be an object of one sub-configuration's fields."""
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        label = f"{prefix}{key}"
+        if not isinstance(key, str) or not key or key.startswith("_"):
+            raise ModelError(f"model_kwargs: {label!r} is not a configuration field")
+        if key in _REFUSED_OVERRIDES:
+            raise ModelError(f"model_kwargs: {label} cannot be set: {_REFUSED_OVERRIDES[key]}")
+        if isinstance(value, Mapping) and not prefix:
+            if len(value) > _MAX_LIST_ITEMS:
+                raise ModelError(f"model_kwargs: {key}: an object of more than {_MAX_LIST_ITEMS} fields")
+            out[key] = _check_field_values(value, f"{key}.")
+        else:
+            out[key] = _check_value(label, value)
+    return out
 
 
 def check_override_values(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The overrides as plain JSON values; needs no transformers.
+    """The overrides as plain JSON values; needs no transformers. A value may be an object of fields itself
+    (one level deep): the fields of a sub-configuration, such as CLIP's ``text_config``, which
+    :func:`check_overrides` holds to that sub-configuration's fields.
 
     Raises:
         ModelError: (``model_kwargs: …``) a key remat sets itself or that is private, or a value that is not a
-            JSON scalar (null, boolean, number, text) or a list of them.
+            JSON scalar (null, boolean, number, text), a list of them or, at the top, an object of them.
     """
     if overrides is None:
         return {}
     if not isinstance(overrides, Mapping):
         raise ModelError(f"model_kwargs: must be a JSON object of configuration fields, got "
                          f"{type(overrides).__name__}")
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        if not isinstance(key, str) or not key or key.startswith("_"):
-            raise ModelError(f"model_kwargs: {key!r} is not a configuration field")
-        if key in _REFUSED_OVERRIDES:
-            raise ModelError(f"model_kwargs: {key} cannot be set: {_REFUSED_OVERRIDES[key]}")
-        out[key] = _check_value(key, value)
-    return out
+    return _check_field_values(overrides)
 
 
 def _config_fields(config: Any) -> set[str]:
@@ -323,26 +389,40 @@ def check_overrides(spec: str, overrides: Mapping[str, Any] | None) -> dict[str,
         return checked
     arch, values = _resolve(spec)
     config = _base_config(arch, _json_fields(values))
+    _check_known(config, checked, f"{HF_PREFIX}{arch}'s configuration")
+    _check_kinds(config, checked)
+    for key, fields in checked.items():
+        if not isinstance(fields, dict):
+            continue
+        sub = getattr(config, key, None)
+        if not callable(getattr(sub, "to_dict", None)):
+            raise ModelError(f"model_kwargs: {key}: an object sets the fields of a sub-configuration, and {key} "
+                             f"is not one of {HF_PREFIX}{arch}'s (set it in a config.json: hf:path/to/config.json)")
+        _check_known(sub, fields, f"{HF_PREFIX}{arch}'s {key}")
+        _check_kinds(sub, fields, f"{key}.")
+    _base_config(arch, _merged_fields(_json_fields(values), checked))  # the configuration's own checks
+    return checked
+
+
+def _check_known(config: Any, overrides: Mapping[str, Any], what: str) -> None:
+    """Every key a field of ``config`` (``what`` names it in the error, with close matches)."""
     known = _config_fields(config)
-    unknown = [k for k in checked if k not in known]
+    unknown = [k for k in overrides if k not in known]
     if unknown:
         hints = []
         for key in unknown:
             close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
             hints.append(f"{key!r}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
-        raise ModelError(f"model_kwargs: {HF_PREFIX}{arch}'s configuration has no field {', '.join(hints)}")
-    _check_kinds(config, checked)
-    _base_config(arch, {**_json_fields(values), **checked})  # the configuration's own checks of the values
-    return checked
+        raise ModelError(f"model_kwargs: {what} has no field {', '.join(hints)}")
 
 
-def _check_kinds(config: Any, overrides: Mapping[str, Any]) -> None:
+def _check_kinds(config: Any, overrides: Mapping[str, Any], prefix: str = "") -> None:
     """Each value of the kind of its field's default: transformers checks few values itself, and a layer count
     of -1 built a model with no blocks that planned without a word, a count given as text failed deep in the
     build. A field whose default is None takes anything the configuration accepts."""
     for key, value in overrides.items():
         default = getattr(config, key, None)
-        if default is None or value is None or isinstance(default, (list, tuple, dict)):
+        if default is None or value is None or isinstance(default, (list, tuple, dict)) or isinstance(value, dict):
             continue
         if isinstance(default, bool):
             fits, kind = isinstance(value, bool), "true or false"
@@ -356,7 +436,8 @@ def _check_kinds(config: Any, overrides: Mapping[str, Any]) -> None:
         else:
             continue
         if not fits:
-            raise ModelError(f"model_kwargs: {key} must be {kind} like its default ({default!r}), got {value!r}")
+            raise ModelError(f"model_kwargs: {prefix}{key} must be {kind} like its default ({default!r}), got "
+                             f"{value!r}")
 
 
 def check_service_spec(spec: str, overrides: Mapping[str, Any] | None) -> None:
@@ -390,7 +471,7 @@ def check_service_spec(spec: str, overrides: Mapping[str, Any] | None) -> None:
 def _training_config(spec: str, overrides: Mapping[str, Any] | None) -> tuple[str, Any]:
     arch, values = _resolve(spec)
     checked = check_overrides(spec, overrides)
-    config = _base_config(arch, {**_json_fields(values), **checked})
+    config = _base_config(arch, _merged_fields(_json_fields(values), checked))
     if "use_cache" in config.to_dict() or hasattr(config, "use_cache"):
         config.use_cache = False  # a training step keeps no cache (with it, outputs carry a DynamicCache)
     if HF_ARCHITECTURES[arch].task == "seq2seq-lm":
@@ -442,7 +523,9 @@ def hf_example_call(model: nn.Module, spec: str, *, batch_size: int, seq_len: in
     out by the model's forward anyway (remat.client.graph.mask_skips); the plan keys of the zoo's profiles name
     no mask. ``seq_len`` None: :func:`default_seq_len`, at
     most the model's position limit. Vision models: ``pixel_values`` ``(batch_size, C, H, W)`` at the
-    configuration's image size in the model's floating dtype, and ``labels`` below ``num_labels``.
+    configuration's image size in the model's floating dtype, and ``labels`` below ``num_labels``. Two-tower
+    models: ``input_ids`` as a token model's (its text configuration's vocabulary and position limit),
+    ``pixel_values`` as a vision model's (its vision configuration's size) and ``return_loss=True``.
 
     Raises:
         ModelError: a ``seq_len`` for a vision model, or longer than the model's position embeddings.
@@ -450,18 +533,28 @@ def hf_example_call(model: nn.Module, spec: str, *, batch_size: int, seq_len: in
     import torch
 
     config = model.config  # type: ignore[union-attr]
+    arch = hf_architecture(spec)
     name = f"{HF_PREFIX}{_name_of(spec)}"
+    kind = input_kind(spec)
     generator = torch.Generator().manual_seed(0)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ModelError(f"batch_size: must be a positive integer, got {batch_size!r}")
-    if not is_token_model(spec):
+
+    def pixels() -> torch.Tensor:
+        whole = model.config  # type: ignore[union-attr]
+        image = getattr(whole, _SUB_CONFIGS[arch]["image"]) if arch in _SUB_CONFIGS else whole
+        size, channels = int(image.image_size), int(image.num_channels)
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        return torch.randn((batch_size, channels, size, size), generator=generator).to(device=device, dtype=dtype)
+
+    if kind == "image":
         if seq_len is not None:
             raise ModelError(f"--seq-len: {name} takes images, not token sequences")
-        size, channels = int(config.image_size), int(config.num_channels)
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        pixels = torch.randn((batch_size, channels, size, size), generator=generator).to(device=device, dtype=dtype)
+        pixel_values = pixels()
         labels = torch.randint(0, int(config.num_labels), (batch_size,), generator=generator)
-        return (), {"pixel_values": pixels, "labels": labels.to(device)}
+        return (), {"pixel_values": pixel_values, "labels": labels.to(device)}
+    if kind == "tokens+image":
+        config = getattr(config, _SUB_CONFIGS[arch]["text"])
     limit = _max_tokens(config)
     if seq_len is None:
         seq_len = default_seq_len(torch.device(device).type)
@@ -473,21 +566,29 @@ def hf_example_call(model: nn.Module, spec: str, *, batch_size: int, seq_len: in
     vocab = int(config.vocab_size)
     shape = (batch_size, seq_len)
     input_ids = torch.randint(0, vocab, shape, generator=generator)
-    if HF_ARCHITECTURES[hf_architecture(spec)].task == "causal-lm":
+    if kind == "tokens+image":  # the images drawn after the ids: a caption's ids do not depend on the image size
+        return (), {"input_ids": input_ids.to(device), "pixel_values": pixels(), "return_loss": True}
+    if HF_ARCHITECTURES[arch].task == "causal-lm":
         labels = input_ids.clone()  # a tensor of its own: torch.export merges inputs that alias
     else:
         labels = torch.randint(0, vocab, shape, generator=generator)
     return (), {"input_ids": input_ids.to(device), "labels": labels.to(device)}
 
 
-def hf_call_signature(spec: str, *, batch_size: int, sample_shape: tuple[int, ...], dtype: str) -> str:
+def hf_call_signature(spec: str, *, batch_size: int, sample_shape: tuple[int, ...], dtype: str,
+                      overrides: Mapping[str, Any] | None = None) -> str:
     """The plan key's ``inputs`` for the call :func:`hf_example_call` makes, without building anything: what a
-    lookup by name in the store compares (every allow-listed forward takes its main input before ``labels``;
-    a test holds this equal to ``ModelCall.bind(...).signature``)."""
+    lookup by name in the store compares (every allow-listed forward takes its main input before ``labels``,
+    CLIP's ids before its pixels; a test holds this equal to ``ModelCall.bind(...).signature``). ``overrides``
+    (the request's configuration fields) size a two-tower model's images."""
     dims = ", ".join(str(d) for d in (batch_size, *sample_shape))
-    if is_token_model(spec):
-        return f"input_ids: int64[{dims}]; labels: int64[{batch_size}, {sample_shape[0]}]"
     floating = "float32" if dtype.startswith("autocast_") else dtype
+    kind = input_kind(spec)
+    if kind == "tokens+image":
+        image = ", ".join(str(d) for d in (batch_size, *hf_image_shape(spec, overrides)))
+        return f"input_ids: int64[{dims}]; pixel_values: {floating}[{image}]; return_loss=True"
+    if kind == "tokens":
+        return f"input_ids: int64[{dims}]; labels: int64[{batch_size}, {sample_shape[0]}]"
     return f"pixel_values: {floating}[{dims}]; labels: int64[{batch_size}]"
 
 
@@ -510,10 +611,13 @@ _SMALL_DECODER = {"num_hidden_layers": 4, "hidden_size": 256, "intermediate_size
                   "num_key_value_heads": 2, "vocab_size": _SMALL_VOCAB}
 
 
+_SMALL_TOWER = {"num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4}
+
+
 def hf_zoo() -> list[HfZooModel]:
     """The models ``remat-client zoo hf`` profiles: one per family (GPT-2, a Llama-style decoder, Mixtral's
-    mixture of experts, BERT, T5, ViT), each small enough for a CPU training step well under a second or two
-    at the default batch and sequence length."""
+    mixture of experts, BERT, T5, ViT, CLIP's two towers), each small enough for a CPU training step well under
+    a second or two at the default batch and sequence length."""
     return [
         HfZooModel("hf:gpt2", {"n_layer": 6, "n_embd": 384, "n_head": 6, "n_positions": 512,
                                "vocab_size": _SMALL_VOCAB, "bos_token_id": 0, "eos_token_id": 0}),
@@ -526,4 +630,7 @@ def hf_zoo() -> list[HfZooModel]:
                              "num_heads": 4, "vocab_size": _SMALL_VOCAB}),
         HfZooModel("hf:vit", {"image_size": 64, "patch_size": 16, "num_hidden_layers": 4, "hidden_size": 192,
                               "intermediate_size": 768, "num_attention_heads": 3, "num_labels": 10}),
+        HfZooModel("hf:clip", {"projection_dim": 128,
+                               "text_config": {**_SMALL_TOWER, "vocab_size": _SMALL_VOCAB},
+                               "vision_config": {**_SMALL_TOWER, "image_size": 64, "patch_size": 16}}),
     ]

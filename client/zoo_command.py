@@ -226,7 +226,8 @@ def zoo_command(zoo: str, pattern: str | None, batch_size: int | None, input_sha
     """Plan every classification model of ZOO (or those --filter selects) and tabulate what checkpointing saves.
 
     ZOO is torchvision (its classification models) or hf (small Hugging Face architectures: GPT-2, a Llama-style
-    decoder, Mixtral, BERT, T5, ViT); there --seq-len applies to the token models, --input-shape to the others.
+    decoder, Mixtral, BERT, T5, ViT, CLIP); there --seq-len applies to the token models and CLIP, --input-shape to
+    ViT.
 
     \b
     Examples:

@@ -57,6 +57,11 @@ TINY: dict[str, dict[str, Any]] = {
              "max_position_embeddings": 64},
     "vit": {"image_size": 32, "patch_size": 16, "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
             "num_attention_heads": 2, "num_labels": 5},
+    "clip": {"projection_dim": 16,
+             "text_config": {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                             "num_attention_heads": 2, "vocab_size": 100, "max_position_embeddings": 24},
+             "vision_config": {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                               "num_attention_heads": 2, "image_size": 32, "patch_size": 16}},
 }
 
 
@@ -72,6 +77,7 @@ def test_importing_the_spec_side_loads_neither_torch_nor_transformers() -> None:
             "from remat.client.request import default_request\n"
             "default_request('hf:gpt2', batch_size=None, sample_shape=None, device='cpu', grads='none')\n"
             "default_request('hf:vit', batch_size=None, sample_shape=None, device='cpu', grads='none')\n"
+            "default_request('hf:clip', batch_size=None, sample_shape=None, device='cpu', grads='none')\n"
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          check=True)
@@ -83,6 +89,7 @@ def test_the_allow_list_covers_the_families_and_every_task_has_an_auto_class() -
     assert {arch.task for arch in HF_ARCHITECTURES.values()} <= set(TASKS)
     assert HF_ARCHITECTURES["t5"].task == "seq2seq-lm" and HF_ARCHITECTURES["bert"].task == "masked-lm"
     assert input_kind("hf:vit") == "image" and is_token_model("hf:mixtral") and not is_token_model("vit")
+    assert input_kind("hf:clip") == "tokens+image" and is_token_model("hf:clip")  # --seq-len, images sized
 
 
 @pytest.mark.parametrize(("spec", "canonical"), [
@@ -139,7 +146,7 @@ def test_a_config_json_names_its_architecture_and_its_image(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"rope_parameters": {"rope_theta": 1.0}}, "model_kwargs: rope_parameters: must be a JSON scalar or a list"),
+    ({"text_config": {"rope": {"theta": 1.0}}}, "model_kwargs: text_config.rope: must be a JSON scalar or a list"),
     ({"model_type": "bert"}, "model_kwargs: model_type cannot be set: the spec names the architecture"),
     ({"dtype": "bfloat16"}, "model_kwargs: dtype cannot be set: --dtype sets the precision"),
     ({"use_cache": True}, "model_kwargs: use_cache cannot be set"),
@@ -269,6 +276,73 @@ def test_aliases_and_num_labels_are_fields(transformers: Any) -> None:
 def test_the_default_image_sizes_are_transformers_own(transformers: Any) -> None:
     config = transformers.AutoConfig.for_model("vit")
     assert hf_image_shape("hf:vit") == (config.num_channels, config.image_size, config.image_size)
+    vision = transformers.AutoConfig.for_model("clip").vision_config
+    assert hf_image_shape("hf:clip") == (vision.num_channels, vision.image_size, vision.image_size)
+    text = transformers.AutoConfig.for_model("clip").text_config
+    assert default_request("hf:clip", batch_size=None, sample_shape=None, device="cpu",
+                           grads="none").seq_len == text.max_position_embeddings < DEFAULT_CPU_SEQ_LEN
+
+
+# --- two towers: sub-configurations -------------------------------------------------------------------------
+
+def test_a_two_tower_request_takes_its_tokens_length_and_its_images_from_the_vision_configuration(
+        tmp_path: Path) -> None:
+    small = {"vision_config": {"image_size": 48}, "text_config": {"max_position_embeddings": 40}}
+    assert hf_image_shape("hf:clip", small) == (3, 48, 48)
+    request = default_request("hf:clip", batch_size=2, sample_shape=None, device="cuda", grads="none",
+                              model_kwargs=small)
+    assert request.seq_len == 40 and request.sample_shape == (40,)  # the text tower's positions cap the default
+    assert request.call_signature == ("input_ids: int64[2, 40]; pixel_values: float32[2, 3, 48, 48]; "
+                                      "return_loss=True")
+    at_32 = default_request("hf:clip", batch_size=2, sample_shape=None, seq_len=16, device="cpu", grads="none",
+                            model_kwargs={"vision_config": {"image_size": 32}})
+    assert at_32.call_signature != request.call_signature and at_32.fingerprint != request.fingerprint
+    # A config.json's sub-configuration and the overrides merge field by field.
+    clip = _write_config(tmp_path / "clip.json", model_type="clip",
+                         vision_config={"image_size": 64, "num_channels": 1, "patch_size": 16})
+    assert hf_image_shape(f"hf:{clip}") == (1, 64, 64)
+    assert hf_image_shape(f"hf:{clip}", {"vision_config": {"image_size": 32}}) == (1, 32, 32)
+    for overrides, message in (
+            ({"vision_config": {"image_size": 0}}, "model_kwargs: vision_config.image_size must be a positive"),
+            ({"vision_config": {"image_size": True}}, "model_kwargs: vision_config.image_size must be")):
+        with pytest.raises(ModelError, match=message):
+            hf_image_shape("hf:clip", overrides)
+    with pytest.raises(ModelError, match=r"--input-shape: hf:clip takes token ids, not a sample shape; give "
+                                         r"--seq-len N \(tokens per sample\) \(its images take vision_config"):
+        default_request("hf:clip", batch_size=2, sample_shape=(3, 32, 32), device="cpu", grads="none")
+    with pytest.raises(ModelError, match=r"--seq-len: hf:clip takes captions of at most 40 tokens \(its text "
+                                         r"tower's position embeddings, text_config.max_position_embeddings\), "
+                                         r"got 41"):
+        default_request("hf:clip", batch_size=2, sample_shape=None, seq_len=41, device="cpu", grads="none",
+                        model_kwargs=small)
+
+
+def test_sub_configuration_fields_are_checked_like_the_top_levels(transformers: Any) -> None:
+    from remat.client.hf_models import check_overrides
+
+    fine = {"projection_dim": 16, "text_config": {"num_hidden_layers": 2, "hidden_act": "gelu"},
+            "vision_config": {"image_size": 32, "patch_size": 16}}
+    assert check_overrides("hf:clip", fine) == fine
+    for overrides, message in (
+            ({"text_config": {"num_layers": 2}}, "model_kwargs: hf:clip's text_config has no field 'num_layers' "
+                                                 "(did you mean num_labels or num_hidden_layers?)"),
+            ({"text_config": {"num_hidden_layers": -1}}, "model_kwargs: text_config.num_hidden_layers must be a "
+                                                         "non-negative integer"),
+            ({"text_config": {"model_type": "gpt2"}}, "model_kwargs: text_config.model_type cannot be set"),
+            ({"text_config": {"_x": 1}}, "model_kwargs: 'text_config._x' is not a configuration field"),
+            ({"text_config": {"num_hidden_layers": {"deeper": 1}}},
+             "model_kwargs: text_config.num_hidden_layers: must be a JSON scalar or a list of them, got dict"),
+            ({"projection_dim": {"x": 1}}, "model_kwargs: projection_dim: an object sets the fields of a "
+                                           "sub-configuration, and projection_dim is not one of hf:clip's"),
+            ({"vision_config": {"hidden_size": 30, "num_attention_heads": 4}},
+             "model hf:clip: the configuration is refused: StrictDataclassClassValidationError")):
+        with pytest.raises(ModelError) as info:
+            check_overrides("hf:clip", overrides)
+        assert str(info.value).startswith(message), info.value
+    with pytest.raises(ModelError, match=r"model_kwargs: rope_parameters: an object sets the fields of a "
+                                         r"sub-configuration, and rope_parameters is not one of hf:llama's \(set it "
+                                         r"in a config.json"):
+        check_overrides("hf:llama", {"rope_parameters": {"rope_theta": 1.0}})  # a dict field, not a configuration
 
 
 def test_a_service_takes_allow_list_names_with_known_fields_only(transformers: Any, tmp_path: Path) -> None:
@@ -305,12 +379,17 @@ def test_every_architecture_builds_from_its_configuration_and_trains(transformer
                                    device="cpu")
     assert torch.equal(state, torch.random.get_rng_state())  # a generator of its own
     again = hf_example_call(model, f"hf:{arch}", batch_size=2, seq_len=None if arch == "vit" else 16, device="cpu")
-    assert all(torch.equal(kwargs[k], again[1][k]) for k in kwargs)  # seeded
+    assert all(torch.equal(v, again[1][k]) if isinstance(v, torch.Tensor) else v == again[1][k]
+               for k, v in kwargs.items())  # seeded
     assert args == ()
     if arch == "vit":
         assert set(kwargs) == {"pixel_values", "labels"}
         assert kwargs["pixel_values"].shape == (2, 3, 32, 32) and kwargs["pixel_values"].dtype == torch.float32
         assert int(kwargs["labels"].max()) < 5
+    elif arch == "clip":  # two towers: a caption and an image per sample, the contrastive loss asked for
+        assert set(kwargs) == {"input_ids", "pixel_values", "return_loss"} and kwargs["return_loss"] is True
+        assert kwargs["input_ids"].shape == (2, 16) and int(kwargs["input_ids"].max()) < 100
+        assert kwargs["pixel_values"].shape == (2, 3, 32, 32)
     else:
         assert set(kwargs) == {"input_ids", "labels"}  # no padding, no mask (hf_example_call says why)
         ids, labels = kwargs["input_ids"], kwargs["labels"]
@@ -326,8 +405,8 @@ def test_every_architecture_builds_from_its_configuration_and_trains(transformer
     from remat.client.graph.model_call import ModelCall
 
     sample = (16,) if arch != "vit" else tuple(kwargs["pixel_values"].shape[1:])
-    assert hf_call_signature(f"hf:{arch}", batch_size=2, sample_shape=sample, dtype="float32") == \
-        ModelCall.bind(model, args, kwargs).signature
+    assert hf_call_signature(f"hf:{arch}", batch_size=2, sample_shape=sample, dtype="float32",
+                             overrides=TINY[arch]) == ModelCall.bind(model, args, kwargs).signature
 
 
 def test_t5_gets_a_decoder_start_token_and_a_config_json_never_sets_the_precision(transformers: Any,
@@ -365,14 +444,14 @@ def test_a_sequence_longer_than_the_positions_and_a_bad_configuration_are_one_li
 # --- the hf zoo -------------------------------------------------------------------------------------------
 
 def test_the_hf_zoo_selects_by_name_and_covers_the_families() -> None:
-    assert select_models("hf") == ["hf:gpt2", "hf:llama", "hf:mixtral", "hf:bert", "hf:t5", "hf:vit"]
+    assert select_models("hf") == ["hf:gpt2", "hf:llama", "hf:mixtral", "hf:bert", "hf:t5", "hf:vit", "hf:clip"]
     assert [m.spec for m in hf_zoo()] == select_models("hf")
     assert select_models("hf", "gpt2, l*") == ["hf:gpt2", "hf:llama"]
     chosen = select_zoo_models("hf", "mixtral")
     assert chosen[0].model_kwargs["num_local_experts"] == 4
     from remat.client.errors import UnknownModelError
 
-    with pytest.raises(UnknownModelError, match="filter: 'gpt3' matches none of the 6 hf models"):
+    with pytest.raises(UnknownModelError, match="filter: 'gpt3' matches none of the 7 hf models"):
         select_models("hf", "gpt3")
 
 
@@ -421,10 +500,10 @@ def test_the_model_commands_take_seq_len(capsys) -> None:
     (["plan", "hf:gpt2", "--input-shape", "3,32,32"], "--input-shape: hf:gpt2 takes token ids"),
     (["plan", "hf:gpt2", "--seq-len", "0"], "Invalid value for '--seq-len'"),
     (["measure", "hf:llama", "--model-kwargs", '{"rope_parameters": {"rope_theta": 1}}'],
-     "model_kwargs: rope_parameters: must be a JSON scalar or a list of them"),
+     "model_kwargs: rope_parameters: an object sets the fields of a sub-configuration"),
     (["trace", "hf:gpt2", "--model-kwargs", '{"model_type": "bert"}'], "model_kwargs: model_type cannot be set"),
     (["show", "hf:missing/config.json"], "config.json: cannot be read"),
-    (["zoo", "hf", "--filter", "nothing*"], "filter: 'nothing*' matches none of the 6 hf models"),
+    (["zoo", "hf", "--filter", "nothing*"], "filter: 'nothing*' matches none of the 7 hf models"),
     (["zoo", "hf", "--filter", "vit", "--seq-len", "64"], "seq_len: none of the selected models takes token"),
     (["zoo", "torchvision", "--filter", "resnet18", "--seq-len", "64"], "seq_len: none of the selected models"),
     (["submit", "hf:cfg/config.json", "--server", "http://127.0.0.1:9"], "never read a file of yours"),

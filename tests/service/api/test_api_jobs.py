@@ -111,6 +111,13 @@ def test_an_hf_job_is_recorded_with_its_sequence_length_and_configuration(client
                       headers=AUTH)
     assert vit.status_code == 202, vit.text
     assert "seq_len" not in vit.json()["request"]
+    clip = client.post("/v1/jobs", json={"model": "hf:clip", "batch_size": 2, "input_shape": [16], "device": "cpu",
+                                         "model_kwargs": {"text_config": {"num_hidden_layers": 1},
+                                                          "vision_config": {"image_size": 32}}},
+                       headers=AUTH)
+    assert clip.status_code == 202, clip.text  # two towers: [seq_len], the images sized by vision_config
+    assert clip.json()["request"]["seq_len"] == 16
+    assert clip.json()["request"]["model_kwargs"]["vision_config"] == {"image_size": 32}
 
 
 @pytest.mark.parametrize("change, detail", [
@@ -121,7 +128,8 @@ def test_an_hf_job_is_recorded_with_its_sequence_length_and_configuration(client
     ({"model": "hf:config.json"}, "model: 'hf:config.json' names a file"),
     ({"model_kwargs": {"n_layers": 2}}, "model_kwargs: hf:gpt2's configuration has no field 'n_layers' (did you "
                                         "mean n_layer"),
-    ({"model_kwargs": {"n_layer": {"a": 1}}}, "model_kwargs: n_layer: must be a JSON scalar or a list of them"),
+    ({"model_kwargs": {"n_layer": {"a": 1}}}, "model_kwargs: n_layer: an object sets the fields of a "
+                                            "sub-configuration, and n_layer is not one of hf:gpt2's"),
     ({"model_kwargs": {"auto_map": "x.y"}}, "model_kwargs: auto_map cannot be set"),
     ({"model": "hf:llama", "model_kwargs": {"hidden_size": 65, "num_attention_heads": 4}},
      "model_kwargs: model hf:llama: the configuration is refused: StrictDataclassClassValidationError"),
@@ -131,6 +139,12 @@ def test_an_hf_job_is_recorded_with_its_sequence_length_and_configuration(client
      "input_shape: hf:vit trains at its configuration's image size [3, 224, 224]"),
     ({"model": "hf:vit", "model_kwargs": None, "input_shape": [3, 224, 224], "seq_len": 8},
      "seq_len: hf:vit takes images"),
+    ({"model": "hf:clip", "model_kwargs": None, "input_shape": [3, 224, 224]},
+     "input_shape: hf:clip takes token ids: input_shape is [seq_len]"),
+    ({"model": "hf:clip", "model_kwargs": {"vision_config": {"image_size": 0}}, "input_shape": [16]},
+     "model_kwargs: vision_config.image_size must be a positive integer"),
+    ({"model": "hf:clip", "model_kwargs": {"text_config": {"n_layer": 1}}, "input_shape": [16]},
+     "model_kwargs: hf:clip's text_config has no field 'n_layer'"),
 ])
 def test_bad_hf_jobs_are_422_naming_the_field(client: TestClient, change: dict, detail: str) -> None:
     pytest.importorskip("transformers")

@@ -117,7 +117,7 @@ def test_an_hf_zoo_batch_gives_each_model_its_configuration_and_the_token_models
 
 
 @pytest.mark.parametrize("change, detail", [
-    ({"zoo": "hf", "filter": "gpt3"}, "filter: 'gpt3' matches none of the 6 hf models"),
+    ({"zoo": "hf", "filter": "gpt3"}, "filter: 'gpt3' matches none of the 7 hf models"),
     ({"zoo": "hf", "filter": "vit", "seq_len": 32}, "seq_len: none of the selected models takes token sequences"),
     ({"filter": "resnet18", "seq_len": 32}, "seq_len: none of the selected models takes token sequences"),
     ({"zoo": "hf", "filter": "gpt2", "input_shape": [3, 32, 32]}, "input_shape: every selected model takes token"),
