@@ -2,8 +2,8 @@
 
 The script: GPT-2 (``AutoConfig.for_model("gpt2", use_cache=False)``, random weights, nothing downloaded),
 one batch of token ids (batch 2, sequence 256, CPU), then
-``remat.client.checkpoint(model, input_ids=ids, labels=ids.clone())``. Each run is a fresh interpreter
-(``PYTHONDONTWRITEBYTECODE=1``), as a training job is; the figure is the time of the ``checkpoint()`` call
+``remat.client.checkpoint(model, input_ids=ids, labels=ids.clone())``. Each run is a fresh interpreter, as a
+training job is (with or without cached bytecode: below); the figure is the time of the ``checkpoint()`` call
 alone (``import remat.client`` is reported beside it), the median of ``--runs`` interpreters.
 
 The first run fills the cache: it exports, probes and profiles GPT-2 here (minutes on a CPU) and writes the
@@ -17,6 +17,10 @@ interpreters with timers around each step of the hit (importing remat's modules,
 does on first use, export-cache pre-key and load, torch.export if it ran, architecture hash, chain cut, plan
 lookup, apply) to say where the time goes.
 
+Bytecode (benchmarks/child_bytecode.py): by default every child compiles each module it imports from source,
+torch's and remat's alike, a worst case and how this VM runs everything; ``--bytecode`` reads bytecode cached
+beside the plans, as an ordinary install does once it has run and as remat's Docker image does from the start.
+
     uv run python benchmarks/checkpoint_hit_hf.py --runs 5 --split --without-graph-cache
     uv run python benchmarks/checkpoint_hit_hf.py --cache /tmp/gpt2-cache --layers 2   # n_layer=2, both ways
 """
@@ -25,12 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from child_bytecode import child_environment  # a sibling script, not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,9 +100,9 @@ def run_child(cache: str, args: argparse.Namespace, *, split: bool = False, no_g
     overrides = f", n_layer={args.layers}" if args.layers else ""
     code = CHILD.format(threads=args.threads, root=str(ROOT), overrides=overrides, batch=args.batch, seq=args.seq,
                         split=split, no_graph_cache=no_graph_cache, mask=args.mask)
-    env = {**os.environ, "REMAT_PLAN_CACHE_DIR": cache, "REMAT_DATABASE_URL": f"sqlite:///{cache}/local.sqlite",
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    with child_environment(cache, bytecode=args.bytecode, REMAT_PLAN_CACHE_DIR=cache,
+                           REMAT_DATABASE_URL=f"sqlite:///{cache}/local.sqlite") as env:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"the child failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -114,6 +119,9 @@ def main() -> None:
                         help="attention_mask in the call: none, without padding (all ones), or padded")
     parser.add_argument("--cache", help="cache directory kept between invocations (default: a temporary one)")
     parser.add_argument("--split", action="store_true", help="also time each step of the hit")
+    parser.add_argument("--bytecode", action="store_true",
+                        help="children write and read cached bytecode, as an ordinary install does (default: "
+                             "every module compiled from source at every start)")
     parser.add_argument("--without-graph-cache", action="store_true",
                         help="also time hits that export the model (the exported-graph cache turned off)")
     args = parser.parse_args()
@@ -125,11 +133,14 @@ def main() -> None:
                   file=sys.stderr, flush=True)
             first = run_child(cache, args)
             print(f"miss: checkpoint() took {first['call_s']:.1f} s", file=sys.stderr, flush=True)
+        if args.bytecode:
+            run_child(cache, args)  # writes the bytecode the timed runs read
         runs = [run_child(cache, args) for _ in range(args.runs)]
         calls = sorted(r["call_s"] * 1e3 for r in runs)
         imports = statistics.median(r["import_s"] for r in runs) * 1e3
         mask = {"none": "", "ones": ", mask without padding", "padded": ", padded mask"}[args.mask]
         label = f"GPT-2{f' n_layer={args.layers}' if args.layers else ''}, batch {args.batch}, seq {args.seq}{mask}"
+        label += ", bytecode cached" if args.bytecode else ", compiled from source"
         print("| model | import remat.client ms | checkpoint() on a hit ms (median) | runs ms |")
         print("|---|---|---|---|")
         print(f"| {label} | {imports:.0f} | {statistics.median(calls):.0f} | {', '.join(f'{c:.0f}' for c in calls)} |")

@@ -3,11 +3,14 @@
 Each run is a fresh interpreter, as a training job is: it imports torch, builds the model and one batch
 (the baseline), then imports remat.client and calls ``checkpoint`` with the plan already in the disk cache.
 The figure is the time from after the batch exists to after ``checkpoint`` returns, split into the import and
-the call; the median of ``--runs`` fresh interpreters. One warm-up run fills the cache first.
+the call; the median of ``--runs`` fresh interpreters. One warm-up run fills the cache first. Every module is
+compiled from source in each interpreter unless ``--bytecode`` (then the warm-up writes the bytecode the
+timed runs read; benchmarks/child_bytecode.py).
 
     uv run python benchmarks/checkpoint_start.py                  # the user model of the tests, and resnet18
     uv run python benchmarks/checkpoint_start.py --runs 9
     uv run python benchmarks/checkpoint_start.py --derived        # the hit of a plan derived at a new batch
+    uv run python benchmarks/checkpoint_start.py --bytecode       # bytecode cached, as an ordinary install
 
 With ``--derived`` the store first gets profiles at batch 2 and 4 (two runs of the script on a slice of the
 batch), so the warm-up run at the full batch derives its trace instead of profiling (checked in the store), and
@@ -18,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from child_bytecode import child_environment  # a sibling script, not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,10 +59,11 @@ MODELS = {
 }
 
 
-def run_child(build: str, cache: str, threads: int) -> dict:
+def run_child(build: str, cache: str, threads: int, bytecode: bool) -> dict:
     code = CHILD.format(threads=threads, root=str(ROOT), build=build, cache=cache)
-    env = {**os.environ, "REMAT_DATABASE_URL": f"sqlite:///{cache}/local.sqlite"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT)
+    with child_environment(cache, bytecode=bytecode, REMAT_DATABASE_URL=f"sqlite:///{cache}/local.sqlite") as env:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                             cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -79,6 +84,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--derived", action="store_true", help="time the hit of a plan derived at a new batch size")
+    parser.add_argument("--bytecode", action="store_true",
+                        help="bytecode cached, as an ordinary install (default: every module compiled from source)")
     args = parser.parse_args()
     print("| model | import remat.client ms | checkpoint() on a cache hit ms | total added ms | "
           "sqlalchemy/celery/fastapi/httpx loaded |")
@@ -87,11 +94,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache:
             if args.derived:
                 for batch in (2, 4):
-                    run_child(f"{build}\nx = x[:{batch}].contiguous()", cache, args.threads)
-            run_child(build, cache, args.threads)  # profiles (or derives) and fills the cache
+                    run_child(f"{build}\nx = x[:{batch}].contiguous()", cache, args.threads, args.bytecode)
+            run_child(build, cache, args.threads, args.bytecode)  # profiles (or derives), fills the cache
             if args.derived:
                 _check_derived(cache)
-            runs = [run_child(build, cache, args.threads) for _ in range(args.runs)]
+            runs = [run_child(build, cache, args.threads, args.bytecode) for _ in range(args.runs)]
         imp = statistics.median(r["import_s"] for r in runs) * 1e3
         call = statistics.median(r["call_s"] for r in runs) * 1e3
         total = statistics.median((r["import_s"] + r["call_s"]) for r in runs) * 1e3

@@ -632,5 +632,5 @@ def hf_zoo() -> list[HfZooModel]:
                               "intermediate_size": 768, "num_attention_heads": 3, "num_labels": 10}),
         HfZooModel("hf:clip", {"projection_dim": 128,
                                "text_config": {**_SMALL_TOWER, "vocab_size": _SMALL_VOCAB},
-                               "vision_config": {**_SMALL_TOWER, "image_size": 64, "patch_size": 16}}),
+                               "vision_config": {**_SMALL_TOWER, "image_size": 128, "patch_size": 8}}),
     ]
