@@ -95,7 +95,9 @@ def _takes_tokens(spec: str) -> bool:
 def zoo_requests(models: Sequence[ZooModel], *, batch_size: int | None, sample_shape: Sequence[int] | None,
                  seq_len: int | None, device: str, grads: str, dtype: str) -> list[ModelRequest]:
     """One request per model, sharing everything else: ``seq_len`` applies to the token models and
-    ``sample_shape`` to the others (an hf zoo holds both kinds); each model's default where not given.
+    ``sample_shape`` to the others (an hf zoo holds both kinds); each model's default where not given. A
+    two-tower model's captions stop at its text tower's positions (CLIP: 77 tokens), as its default does: a
+    zoo asked for longer sequences still plans it, at the longest caption it takes (its key says which).
 
     Raises:
         ModelError: ``seq_len`` (or ``input_shape``) given while no selected model takes it; a request error
@@ -109,10 +111,16 @@ def zoo_requests(models: Sequence[ZooModel], *, batch_size: int | None, sample_s
         raise ModelError("input_shape: every selected model takes token ids; give seq_len (--seq-len) instead")
     out = []
     for model, token in zip(models, tokens, strict=True):
+        length = seq_len if token else None
+        if length is not None:
+            from remat.client.hf_models import text_positions
+
+            limit = text_positions(model.spec, model.model_kwargs)
+            length = length if limit is None else min(length, limit)
         try:
             out.append(default_request(model.spec, batch_size=batch_size,
                                        sample_shape=None if token else sample_shape,
-                                       seq_len=seq_len if token else None, device=device, grads=grads, dtype=dtype,
+                                       seq_len=length, device=device, grads=grads, dtype=dtype,
                                        model_kwargs=dict(model.model_kwargs)))
         except (ModelError, PlanError) as exc:
             raise type(exc)(f"{exc} (model {model.spec})") from None

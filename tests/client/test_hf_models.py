@@ -461,6 +461,9 @@ def test_zoo_requests_give_the_sequence_length_to_token_models_only() -> None:
                              dtype="float32")
     assert gpt2.seq_len == 32 and gpt2.input_shape == (2, 32) and gpt2.model_kwargs["n_layer"] == 6
     assert vit.seq_len is None and vit.input_shape == (2, 3, 64, 64)
+    gpt2, clip = zoo_requests(select_zoo_models("hf", "gpt2,clip"), batch_size=2, sample_shape=None, seq_len=256,
+                              device="cpu", grads="none", dtype="float32")
+    assert gpt2.seq_len == 256 and clip.seq_len == 77  # CLIP's captions stop at its text tower's positions
     with pytest.raises(ModelError, match="seq_len: none of the selected models takes token sequences"):
         zoo_requests(select_zoo_models("hf", "vit"), batch_size=2, sample_shape=None, seq_len=32, device="cpu",
                      grads="none", dtype="float32")
