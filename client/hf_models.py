@@ -31,6 +31,7 @@ Public API::
     is_token_model(spec) -> bool        # takes --seq-len: tokens, or tokens and images
     default_seq_len(device, spec, overrides) -> int
     text_positions(spec, overrides) -> int | None     # a two-tower model's longest caption, without transformers
+    check_two_tower_input(spec, overrides, seq_len, field=...) -> None   # its images and captions, before building
     hf_image_shape(spec, overrides) -> (C, H, W)      # models that take images: from the configuration
     check_override_values(overrides) -> dict          # JSON scalars or lists; no field remat sets itself
     check_overrides(spec, overrides) -> dict          # + every key a field of the configuration (transformers)
@@ -59,8 +60,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_CPU_SEQ_LEN", "DEFAULT_CUDA_SEQ_LEN", "HF_ARCHITECTURES", "HF_PREFIX", "MAX_SEQ_LEN", "TASKS",
            "HfArchitecture", "HfZooModel", "build_hf_model", "canonical_hf_name", "check_override_values",
-           "check_overrides", "check_service_spec", "default_seq_len", "hf_architecture", "hf_example_call",
-           "hf_image_shape", "hf_zoo", "input_kind", "is_hf_path", "is_token_model", "text_positions"]
+           "check_overrides", "check_service_spec", "check_two_tower_input", "default_seq_len", "hf_architecture",
+           "hf_example_call", "hf_image_shape", "hf_zoo", "input_kind", "is_hf_path", "is_token_model", "text_positions"]
 
 HF_PREFIX = "hf:"
 DEFAULT_CPU_SEQ_LEN = 128
@@ -241,6 +242,24 @@ def text_positions(spec: str, overrides: Mapping[str, Any] | None = None) -> int
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         limit = _DEFAULT_TEXT_POSITIONS[arch]
     return limit
+
+
+def check_two_tower_input(spec: str, overrides: Mapping[str, Any] | None, seq_len: int, *, field: str) -> None:
+    """What a request of a two-tower model must hold before anything is built (nothing for other models): its
+    images a positive ``vision_config.image_size`` (:func:`hf_image_shape`) and its captions within its text
+    tower's positions (:func:`text_positions`). One check for the CLI and the service's jobs.
+
+    Raises:
+        ModelError: ``model_kwargs: …`` for the image size; ``{field}: …`` (``--seq-len`` or ``seq_len``) for a
+            caption longer than the text tower takes.
+    """
+    if input_kind(spec) != "tokens+image":
+        return
+    hf_image_shape(spec, overrides)
+    limit = text_positions(spec, overrides)
+    if limit is not None and seq_len > limit:
+        raise ModelError(f"{field}: {spec} takes captions of at most {limit} tokens (its text tower's position "
+                         f"embeddings, text_config.max_position_embeddings), got {seq_len}")
 
 
 def hf_image_shape(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple[int, int, int]:

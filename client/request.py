@@ -182,13 +182,17 @@ def default_request(spec: str, *, batch_size: int | None, sample_shape: Sequence
 def _hf_input(spec: str, sample_shape: Sequence[int] | None, seq_len: int | None, device: str,
               model_kwargs: dict[str, Any] | None) -> tuple[tuple[int, ...], int | None, dict[str, Any]]:
     """An hf: request's sample shape, sequence length and checked configuration overrides."""
-    from remat.client.hf_models import check_overrides, default_seq_len, hf_image_shape, input_kind, text_positions
+    from remat.client.hf_models import (
+        check_overrides,
+        check_two_tower_input,
+        default_seq_len,
+        hf_image_shape,
+        input_kind,
+    )
 
     canonical = canonical_spec(spec)
     model_kwargs = check_overrides(canonical, model_kwargs)
     kind = input_kind(canonical)
-    if kind == "tokens+image":
-        hf_image_shape(canonical, model_kwargs)  # a bad vision_config.image_size is named before building
     if kind != "image":
         if sample_shape is not None:
             images = (" (its images take vision_config.image_size of --model-kwargs)"
@@ -197,10 +201,7 @@ def _hf_input(spec: str, sample_shape: Sequence[int] | None, seq_len: int | None
                              f"(tokens per sample){images}")
         if seq_len is None:
             seq_len = default_seq_len(device, canonical, model_kwargs)
-        limit = text_positions(canonical, model_kwargs)
-        if limit is not None and isinstance(seq_len, int) and seq_len > limit:
-            raise ModelError(f"--seq-len: {canonical} takes captions of at most {limit} tokens (its text tower's "
-                             f"position embeddings, text_config.max_position_embeddings), got {seq_len}")
+        check_two_tower_input(canonical, model_kwargs, seq_len, field="--seq-len")
         return (seq_len,), seq_len, model_kwargs
     if seq_len is not None:
         raise ModelError(f"--seq-len: {canonical} takes images, not token sequences")

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
 
 from remat.client.errors import ModelError, PlanError, UnknownModelError
+from remat.client.hf_models import text_positions
 from remat.client.job_state import JobState
 from remat.client.report import BASELINE_ALGORITHM, ModelReport, Trade
 from remat.client.request import ModelRequest, default_request
@@ -112,11 +113,9 @@ def zoo_requests(models: Sequence[ZooModel], *, batch_size: int | None, sample_s
     out = []
     for model, token in zip(models, tokens, strict=True):
         length = seq_len if token else None
-        if length is not None:
-            from remat.client.hf_models import text_positions
-
-            limit = text_positions(model.spec, model.model_kwargs)
-            length = length if limit is None else min(length, limit)
+        limit = text_positions(model.spec, model.model_kwargs) if length is not None else None
+        if limit is not None:
+            length = min(length, limit)
         try:
             out.append(default_request(model.spec, batch_size=batch_size,
                                        sample_shape=None if token else sample_shape,

@@ -53,7 +53,13 @@ def _hf_request(body: JobCreate) -> ModelRequest:
     """An ``hf:NAME`` request: an allow-list name (never a path), configuration fields it has, and the input
     its kind takes (``[seq_len]`` for token models, the configuration's image size for vision models). Checking
     the fields imports transformers (and so torch), once per process, when there are any."""
-    from remat.client.hf_models import check_override_values, check_service_spec, hf_image_shape, input_kind
+    from remat.client.hf_models import (
+        check_override_values,
+        check_service_spec,
+        check_two_tower_input,
+        hf_image_shape,
+        input_kind,
+    )
     from remat.client.model_spec import canonical_spec
 
     try:
@@ -61,14 +67,12 @@ def _hf_request(body: JobCreate) -> ModelRequest:
         spec = canonical_spec(body.model)
         kwargs = check_override_values(body.model_kwargs)
         seq_len = body.seq_len
-        kind = input_kind(spec)
-        if kind == "tokens+image":
-            hf_image_shape(spec, kwargs)  # model_kwargs: a vision_config.image_size that is not one
-        if kind != "image":
+        if input_kind(spec) != "image":
             if len(body.input_shape) != 1:
                 raise HTTPException(422, detail=f"input_shape: {spec} takes token ids: input_shape is [seq_len], "
                                                 f"got {body.input_shape}")
             seq_len = body.input_shape[0] if seq_len is None else seq_len
+            check_two_tower_input(spec, kwargs, seq_len, field="seq_len")
         else:
             if seq_len is not None:
                 raise HTTPException(422, detail=f"seq_len: {spec} takes images, not token sequences")

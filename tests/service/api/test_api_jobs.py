@@ -145,6 +145,8 @@ def test_an_hf_job_is_recorded_with_its_sequence_length_and_configuration(client
      "model_kwargs: vision_config.image_size must be a positive integer"),
     ({"model": "hf:clip", "model_kwargs": {"text_config": {"n_layer": 1}}, "input_shape": [16]},
      "model_kwargs: hf:clip's text_config has no field 'n_layer'"),
+    ({"model": "hf:clip", "model_kwargs": None, "input_shape": [100]},
+     "seq_len: hf:clip takes captions of at most 77 tokens"),
 ])
 def test_bad_hf_jobs_are_422_naming_the_field(client: TestClient, change: dict, detail: str) -> None:
     pytest.importorskip("transformers")
