@@ -61,7 +61,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_CPU_SEQ_LEN", "DEFAULT_CUDA_SEQ_LEN", "HF_ARCHITECTURES", "HF_PREFIX", "MAX_SEQ_LEN", "TASKS",
            "HfArchitecture", "HfZooModel", "build_hf_model", "canonical_hf_name", "check_override_values",
            "check_overrides", "check_service_spec", "check_two_tower_input", "default_seq_len", "hf_architecture",
-           "hf_example_call", "hf_image_shape", "hf_zoo", "input_kind", "is_hf_path", "is_token_model", "text_positions"]
+           "hf_example_call", "hf_image_shape", "hf_zoo", "input_kind", "is_hf_path", "is_token_model",
+           "text_positions"]
 
 HF_PREFIX = "hf:"
 DEFAULT_CPU_SEQ_LEN = 128
