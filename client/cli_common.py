@@ -208,5 +208,9 @@ def print_model_table(report: Any, source: str | None = None) -> None:
     if report.frontier:
         low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes
         measured = sum(1 for r in report.frontier if r.measured_peak_bytes is not None)
-        click.echo(f"Time-memory frontier: {len(report.frontier)} plans from {format_bytes(low)} to "
-                   f"{format_bytes(high)} ({measured} measured); --budget SIZE picks the fastest that fits.")
+        if len(report.frontier) == 1:  # no trade: every other plan is slower for no less memory
+            click.echo(f"Time-memory frontier: one plan, {format_bytes(low)} "
+                       f"({'measured' if measured else 'not measured'}); no plan trades step time for memory here.")
+        else:
+            click.echo(f"Time-memory frontier: {len(report.frontier)} plans from {format_bytes(low)} to "
+                       f"{format_bytes(high)} ({measured} measured); --budget SIZE picks the fastest that fits.")

@@ -52,3 +52,31 @@ def test_the_table_says_within_noise_instead_of_a_faster_plan(capsys: pytest.Cap
     linear = next(line for line in out.splitlines() if "linear" in line)
     assert "within noise" in linear and "-4%" not in linear
     assert "+30%" in next(line for line in out.splitlines() if "checkmate" in line)
+
+
+def _frontier_report(peaks: list[int]) -> object:
+    def point(peak: int) -> PlanRow:
+        plan = Plan(algorithm="budget", checkpoints=(2,), predicted_peak_bytes=peak, baseline_peak_bytes=200,
+                    cost_model="pytorch", num_stages=4, budget_bytes=peak)
+        return PlanRow.from_measurement(plan, Measurement(algorithm="budget", measured_peak_bytes=peak))
+
+    class Report:
+        request = type("R", (), {"name": "toy", "input_shape": (1, 3), "dtype": "float32", "device": "cpu",
+                                 "grads": "none"})()
+        device_name, num_stages, from_store = "cpu", 4, True
+        rows = [_row("none", 100.0, 1.0)]
+        frontier = [point(p) for p in peaks]
+
+        def row(self, name: str) -> PlanRow | None:
+            return next((r for r in self.rows if r.plan.algorithm == name), None)
+
+    return Report()
+
+
+def test_the_frontier_line_counts_its_plans(capsys: pytest.CaptureFixture[str]) -> None:
+    print_model_table(_frontier_report([3 << 20]))
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("Time-memory frontier"))
+    assert line == ("Time-memory frontier: one plan, 3.0 MiB (measured); no plan trades step time for memory here.")
+    print_model_table(_frontier_report([1 << 20, 2 << 20, 3 << 20]))
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("Time-memory frontier"))
+    assert line.startswith("Time-memory frontier: 3 plans from 1.0 MiB to 3.0 MiB (3 measured)")
