@@ -25,8 +25,7 @@ follow the plan's creation order (a checkpointed call is created when its unit r
 runs as soon as it is ready. Each node's profiled apply transient is a candidate on top of the ledger; the
 gradients it sends are new storages, the very tensor it received (``AddBackward0``) or views of a received
 storage (``CatBackward0``); the engine then frees its inputs and saved tensors and adds each gradient into
-the next node's input buffer, in place when the buffer holds the only reference to a dense tensor (else a
-new buffer: ``InputBuffer::accumulate``).
+the next node's input buffer, always into a new buffer (NOTE [ accumulation under the meter ]).
 
 Recompute (non-reentrant, early stop): when the first autograd node of a call that holds a pack runs, the
 call's nodes are re-run on top of everything alive then (the node's received gradients included), with the
@@ -39,6 +38,7 @@ runs): that node is charged its profiled peak up to that pack only.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
@@ -209,6 +209,9 @@ class Prediction:
     key is its profile sid, a recomputed one ``("r", call, sid)``, a gradient or scratch ``("g", k)``."""
 
 
+_GRAD_SERIALS = itertools.count()
+
+
 @dataclass(eq=False, slots=True)
 class _Grad:
     """A gradient tensor object of the engine: its storage, its own bytes, its layout, its owners."""
@@ -217,6 +220,9 @@ class _Grad:
     nbytes: int
     dense: bool
     refs: int = 0
+    serial: int = field(default_factory=lambda: next(_GRAD_SERIALS))
+    """Its name as a holder of its storage. Not ``id(self)``: Python reuses an id once the object is gone, so a
+    hold left standing by a gradient the replay let go of would pass to a newer one born at that address."""
 
 
 @dataclass(slots=True)
@@ -591,12 +597,12 @@ class _Backward:
         """One owner of ``t`` lets go; its storage loses ``t`` as a holder with the last."""
         t.refs -= 1
         if t.refs == 0:
-            self.led.release(t.storage, ("grad", id(t)))
+            self.led.release(t.storage, ("grad", t.serial))
 
     def own(self, t: _Grad) -> _Grad:
         """One more owner of ``t``; with the first, ``t`` holds its storage."""
         if t.refs == 0:
-            self.led.hold(t.storage, ("grad", id(t)))
+            self.led.hold(t.storage, ("grad", t.serial))
         t.refs += 1
         return t
 
@@ -612,6 +618,15 @@ class _Backward:
             _, a = heapq.heappop(self.heap)
             self.apply(a)
 
+    # NOTE [ accumulation under the meter ] The engine adds a second gradient into a node's input buffer in place
+    # when it holds the only reference to a dense tensor (``InputBuffer::accumulate``, ``can_accumulate_inplace``),
+    # unless a Python dispatch mode is active: then every tensor counts as a subclass and the sum is out of place
+    # (``aten.add``, not ``aten.add_``; seen with torch.profiler, no mode, against a mode, torch 2.15). The CPU
+    # meter that measures every step and the graph profiler's recorder are such modes, so the measured step sums
+    # out of place, and this replay does too. Before (in place where the engine would be), a GPT-2's graph plan
+    # was predicted 3.4 MiB (4.5%) under its measured peak: its tied embedding's two gradients were summed in a
+    # new 11.7 MiB buffer where the plan left little else alive. A CPU run without the meter needs up to that
+    # buffer less at such an event: the prediction errs high there, never low.
     def apply(self, a: int) -> None:
         """Autograd node ``a`` runs: its calls are re-run first, then its apply's transient is a peak candidate,
         its gradients are made, its inputs and saved tensors freed, and its gradients sent on.
@@ -682,8 +697,8 @@ class _Backward:
                 continue
             if t is not None:
                 # Into input ``nr`` of node ``t_index``'s buffer (``InputBuffer::accumulate``): the first is kept
-                # as it is, a later one is added in place when the buffer holds the only reference to a dense
-                # tensor, else into a new buffer tensor (a peak candidate).
+                # as it is, a later one is added into a new buffer tensor (a peak candidate): NOTE [ accumulation
+                # under the meter ].
                 buf = buffers.get(t_index)
                 if buf is None:
                     buf = buffers[t_index] = [None] * max(autograd[t_index].get("inputs", 1), nr + 1)
@@ -692,7 +707,7 @@ class _Backward:
                 old = buf[nr]
                 if old is None:
                     buf[nr] = own(t)
-                elif not (old.dense and old.refs == 1 and len(led.holders.get(old.storage, ())) == 1):
+                else:
                     key = led.new(old.nbytes)
                     led.observe(0, f"gradient accumulation into #{t_index} after {label}")
                     buf[nr] = own(_Grad(key, old.nbytes, True))
