@@ -198,8 +198,6 @@ def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall,
     try:
         with _uninstalled(model):
             if state.plan.is_graph_plan:
-                if not isinstance(example, torch.Tensor):
-                    raise ModelError("graph plans run on models called with one tensor")
                 state.chain = build_op_graph(model, example, train=True, graph=graph)
             else:
                 state.chain = build_stage_chain(model, example, train=True, graph=graph)
@@ -294,6 +292,37 @@ def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
     if chain is None or chain.graph_module is None:
         return None
     return chain if sizes_refused(chain.graph_module, call.flat_inputs()) is None else None
+
+
+# NOTE [ graph plans of a call ] A graph plan names vertices of one op graph, cut from the graph exported for the
+# plan's call (NOTE [ an op graph of a call ] in remat.client.graph.op_graph): its sizes and its mask decisions.
+# Unlike a chain plan, whose boundaries carry over to a chain cut from another export when its stages are the
+# same (NOTE [ other sizes ]), nothing maps the vertices of another export onto the plan's, so a training call
+# at other sizes is refused naming them (a chain plan runs at any). A call whose masks have no padding while the
+# graph builds them runs on it (the same numbers up to float rounding, as a chain plan's does, with the same
+# warning); a call with padding that the graph leaves out is refused, as a chain plan's is.
+def _check_graph_call(state: _Applied, graph: OpGraph, call: ModelCall) -> None:
+    """Refuse a training call the graph plan's op graph cannot run (NOTE [ graph plans of a call ])."""
+    if state.sizes is not None and call.sizes != state.sizes:
+        raise _mismatch(state.plan, f"a graph plan ({state.plan.algorithm}) runs only at the sizes it was made "
+                                    f"for: this training call {_short(call.sizes)} (the plan's: "
+                                    f"{_short(state.sizes)}); a chain plan (linear, checkpoint()'s default) runs "
+                                    f"at any sizes")
+    gm = graph.graph_module
+    if gm.meta.get(PRECONDITION) is None:
+        return
+    wanted, have = mask_decisions(gm, call.flat_inputs()), gm.meta[MASK_SKIPS]
+    if wanted is None or wanted == have:
+        return
+    if any(h and not w for h, w in zip(have, wanted, strict=True)):
+        raise _mismatch(state.plan, "this training call's attention masks have padding the plan's graph leaves "
+                                    "out (it was made from a batch without padding), and a graph plan runs on "
+                                    "that graph only (give checkpoint() a padded batch to plan for both)")
+    if not state.warned_masks:
+        warnings.warn("remat: the model's own forward leaves out this training call's attention masks (no "
+                      "padding); the graph plan runs on its graph, which builds them: the same numbers up to "
+                      "float rounding", RuntimeWarning, stacklevel=_USER_FRAME)
+        state.warned_masks = True
 
 
 def _skips_of(chain: StageChain | OpGraph | None) -> tuple[bool, ...]:
@@ -500,6 +529,9 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     chain = state.chain
     assert chain is not None
     nested = {"nested": True} if state.plan.nested else {}  # a nested plan runs on a StageChain (_build)
+    if isinstance(chain, OpGraph) and chain.pytree_specs is not None:
+        _check_graph_call(state, chain, call)
+        return chain.run_call(example, _cut_points(state.plan))
     if isinstance(chain, StageChain) and chain.pytree_specs is not None:
         if call.sizes != state.sizes:
             chain = _chain_for_sizes(state, self, call)

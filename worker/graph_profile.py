@@ -38,12 +38,13 @@ from typing import Any, cast
 import torch
 import torch.fx
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from remat.client.graph.model_call import ModelCall
 from remat.client.graph.op_graph import OpGraph
 from remat.client.graph.write_probe import running_stat_slots
 from remat.client.planning.graph_predict import LOSS, AutogradRecord, GraphProfile, NodeRecord, PackRecord
-from remat.worker.measure import make_loss
+from remat.worker.measure import step_loss
 from remat.worker.memory_meter import MemoryMeter, storage_key
 from remat.worker.profilers.common import preserved_state, set_grad_convention
 
@@ -137,6 +138,7 @@ class _Profiler:
         self.current: dict[str, Any] | None = None
         self.current_base = 0
         self.apply_state: dict[int, tuple[int, list[tuple[int | None, int]]]] = {}
+        self.handles: list[Any] = []
 
     # -- forward --------------------------------------------------------------------------------------
     def pack(self, t: torch.Tensor) -> _Token:
@@ -206,8 +208,16 @@ class _Profiler:
             entry = self.autograd[index]
             entry["next"] = [[self.node_index[id(nxt)] if nxt is not None else -1, nr]
                              for nxt, nr in fn.next_functions]
-            fn.register_prehook(self._prehook(index))
-            fn.register_hook(self._posthook(index))
+            self.handles.append(fn.register_prehook(self._prehook(index)))
+            self.handles.append(fn.register_hook(self._posthook(index)))
+
+    def unhook(self) -> None:
+        """Remove every hook: a parameter's ``AccumulateGrad`` node outlives the step (the parameter keeps it
+        while any graph holds it), and left hooked it rewrote this profile's records in every later step
+        (a measured plan of a GPT-2 changed what the profile predicted for another plan, by 33 KB)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
 
     def _prehook(self, index: int) -> Any:
         def hook(grad_outputs: Sequence[torch.Tensor | None]) -> None:
@@ -266,21 +276,23 @@ def _module_slots(gm: torch.fx.GraphModule, graph: OpGraph, n: torch.fx.Node) ->
     return out
 
 
-def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph, *, grads: str = "kept",
-                  train: bool = True) -> GraphProfile:
+def profile_graph(model: nn.Module, example_input: torch.Tensor | ModelCall, graph: OpGraph, *,
+                  grads: str = "kept", train: bool = True) -> GraphProfile:
     """Record one training step of ``model`` (no checkpointing) for the graph predictor; see the module doc.
 
-    The step is the one ``measure_step`` measures: the same loss (:func:`remat.worker.measure.make_loss`),
-    the same gradient convention, after a warm-up step; the model comes back unchanged.
+    The step is the one ``measure_step`` measures: the same loss (the model's own when it computes one, else
+    :func:`remat.worker.measure.make_loss`), the same gradient convention, after a warm-up step; the model
+    comes back unchanged. ``example_input``: one batch, or one call of several inputs (``ModelCall``) for an
+    op graph cut from its exported graph.
     """
     gm = graph.graph_module
-    x = example_input
+    inputs = graph.split_call(example_input)
     with preserved_state(model):
         model.train(train)
         with torch.no_grad():
-            loss_fn = make_loss(graph.run(x))
+            loss_fn = step_loss(graph.run_call(example_input))
         set_grad_convention(model, grads)
-        loss_fn(graph.run(x)).backward()  # warm-up, as measure_step does
+        loss_fn(graph.run_call(example_input)).backward()  # warm-up, as measure_step does
         set_grad_convention(model, grads)
         gc.collect()
         prof = _Profiler(model, graph)
@@ -293,6 +305,7 @@ def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
                     env: dict[torch.fx.Node, Any] = {}
                     last_use: dict[torch.fx.Node, torch.fx.Node] = {}
                     nodes = list(gm.graph.nodes)
+                    input_of = dict(zip([n for n in nodes if n.op == "placeholder"], inputs, strict=True))
                     for n in nodes:
                         for u in n.all_input_nodes:
                             last_use[u] = n
@@ -310,7 +323,7 @@ def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
                                 return getattr(interp, n.op)(n.target, a, k)
 
                             if n.op == "placeholder":
-                                env[n] = x
+                                env[n] = input_of[n]
                                 prof.nodes.append({"name": n.name, "reads": [], "packs": [], "pack_peaks": [],
                                                    "pack_alive": [], "slots": [], "autograd": [], "peak": 0,
                                                    "births": [], "value": []})
@@ -321,6 +334,8 @@ def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
                                 del env[u]
                     outputs = [u.name for u in nodes[-1].all_input_nodes] if nodes[-1].op == "output" else []
                     env.clear()
+                    if graph.pytree_specs is not None:  # the model's own output (its ModelOutput and loss)
+                        output_value = tree_unflatten(list(output_value), graph.pytree_specs[1])
                     box = [output_value]  # handed to the loss and dropped by it, as in measure_step's one expression
                     output_value = None
                     loss = prof.run_fx_node(LOSS, outputs, lambda: loss_fn(box.pop()), [])
@@ -333,6 +348,7 @@ def profile_graph(model: nn.Module, example_input: torch.Tensor, graph: OpGraph,
                     del grad, loss
                 peak = rec.step_peak
         finally:
+            prof.unhook()
             gc.enable()
         param_grads = {rec.sid(p.grad) for p in model.parameters() if p.grad is not None}
         param_grads.discard(None)

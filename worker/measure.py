@@ -41,7 +41,7 @@ from remat.worker.model_output import AUX_LOSS_WEIGHT, output_tensors, own_loss
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
 
-__all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "time_plans",
+__all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "step_loss", "time_plans",
            "time_plans_spread"]
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -136,6 +136,12 @@ def _default_loss(chain: StageChainLike, x: Any, precision: str) -> LossFn:
     output as the step will produce it (its dtype under autocast)."""
     with torch.no_grad(), autocast_context(precision, x.device.type):
         output = _run(chain, x, ())
+    return step_loss(output)
+
+
+def step_loss(output: Any) -> LossFn:
+    """The loss of a training step whose network output looks like ``output``: the model's own when it
+    computes one (``output.loss``), else :func:`make_loss`'s seeded sum over every floating output."""
     if own_loss(output) is not None:
         return _own_loss
     return make_loss(output)

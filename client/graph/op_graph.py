@@ -9,6 +9,10 @@ ResNet block, a DenseNet dense block or an Inception module it has no boundary. 
     graph.edges         # list[(u, v)]: v consumes a tensor u computed; u < v, on input→output paths only
     graph.names         # readable labels (module path of the vertex's first op)
     graph.run(x, dropped=(3, 4, 9))   # the model; dropped vertices re-run under checkpoint in backward
+    graph.run_call(call, (3, 4, 9))   # the same for a call of several inputs, its output folded back
+
+A model called with several inputs (``ModelCall``: token ids, labels, masks; an exported graph, NOTE [ an op
+graph of a call ]) has every input in vertex 0, the source.
 
 How vertices are formed, from the fx graph and one probe run (no grad, state restored, as for the chain):
 - A vertex is a set of fx nodes that produce one group of storages. Nodes that return a storage another
@@ -46,12 +50,14 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from remat.client.errors import ModelError, PlanError
 from remat.client.graph.boundaries import on_path_edges
 from remat.client.graph.fx_trace import trace_model, training_mode
+from remat.client.graph.model_call import ModelCall
 from remat.client.graph.stage_chain import recompute_contexts
 from remat.client.graph.stage_graph import module_path
 from remat.client.graph.write_probe import (
@@ -222,6 +228,10 @@ class OpGraph:
     _slots: dict[str, list[tuple[nn.Module, str]]] = field(repr=False, default_factory=dict)
     _seeded: frozenset[str] = field(repr=False, default=frozenset())
     _executors: dict[tuple[int, ...], torch.fx.GraphModule] = field(repr=False, default_factory=dict)
+    num_inputs: int = 1
+    """Graph inputs (placeholders): 1 for a model of one tensor; a call's flat inputs, constants included."""
+    pytree_specs: Any = field(default=None, repr=False)
+    """(input spec, output spec) of an exported model, as ``StageChain.pytree_specs``; None for fx traces."""
 
     @property
     def num_vertices(self) -> int:
@@ -237,11 +247,14 @@ class OpGraph:
     def sink(self) -> int:
         return self.num_vertices - 1
 
-    def run(self, x: Any, dropped: Sequence[int] = ()) -> Any:
+    def run(self, x: Any, dropped: Sequence[int] = (), *, inputs: Sequence[Any] = ()) -> Any:
         """The model's forward with the ``dropped`` vertices recomputed in backward (see module docstring).
 
-        ``dropped`` names vertices 1..sink-1; () runs the traced graph without checkpointing.
+        ``dropped`` names vertices 1..sink-1; () runs the traced graph without checkpointing. ``inputs``: the
+        graph's other inputs, in placeholder order, for a call of several (``run_call`` splits a call).
         """
+        if len(inputs) + 1 != self.num_inputs:
+            raise PlanError(f"this op graph takes {self.num_inputs} inputs, given {len(inputs) + 1}")
         key = tuple(sorted(set(dropped)))
         if len(key) != len(dropped) or any(
             isinstance(v, bool) or not isinstance(v, int) or not 0 < v < self.sink for v in key
@@ -249,9 +262,30 @@ class OpGraph:
             raise PlanError(f"dropped vertices {list(dropped)} must be distinct vertices in 1..{self.sink - 1}")
         if key not in self._executors:
             self._executors[key] = self._build_executor(key)
-        return self._executors[key](x)
+        return self._executors[key](x, *inputs)
 
     __call__ = run
+
+    def split_call(self, call: Any) -> list[Any]:
+        """A call's graph inputs in placeholder order (a tensor for a model of one); refused when its
+        structure is not the one the graph was exported for."""
+        if isinstance(call, torch.Tensor):
+            return [call]
+        if self.pytree_specs is None:
+            return [call.main]
+        leaves, spec = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))
+        if spec != self.pytree_specs[0] or len(leaves) != self.num_inputs:
+            raise PlanError("this call's inputs are not those the op graph was built for (names or structure differ)")
+        return leaves
+
+    def run_call(self, call: Any, dropped: Sequence[int] = ()) -> Any:
+        """``run`` on a whole call (tensor or ``ModelCall``), returning what the model returns (an exported
+        model's flat outputs folded back into its ``ModelOutput``)."""
+        first, *rest = self.split_call(call)
+        out = self.run(first, dropped, inputs=rest)
+        if self.pytree_specs is None:
+            return out
+        return pytree.tree_unflatten(list(out), self.pytree_specs[1])
 
     def dropped_for_chain_plan(self, stage_nodes: Sequence[Sequence[str]], boundaries: Sequence[str],
                                checkpoints: Sequence[int]) -> list[int]:
@@ -502,31 +536,57 @@ def _attr(root: nn.Module, target: str) -> Any:
     return obj
 
 
-def build_op_graph(model: nn.Module, example_input: torch.Tensor, *, train: bool = True,
+# NOTE [ an op graph of a call ] A model called with several inputs (a transformer's token ids, labels, masks)
+# is cut from its exported graph (remat.client.graph.fx_trace.export_model), whose placeholders are the call's
+# flat inputs, constants included. All of them form vertex 0: the planners' single source, never dropped, as
+# the one input of a model of one tensor is. What the model computes from any of them (a causal mask from the
+# ids, position tables, the labels' shift) depends on the source and is planned like any other tensor;
+# what depends on none of them (position and token-type embeddings of a buffer's ids, rotary tables) hangs off
+# the source too, as if it read it: left off the planned paths it would run as traced, outside every
+# checkpointed call, and a call that reads it would hold it as an input until its backward (BERT: a hidden
+# state and a position table, 640 KiB above the chain plan the graph plan was translated from, at every
+# plan); on them, a plan re-runs it inside the call, as the chain's stage does.
+def build_op_graph(model: nn.Module, example_input: torch.Tensor | ModelCall, *, train: bool = True,
                    graph: torch.fx.GraphModule | None = None) -> OpGraph:
     """The op graph of ``model`` (see the module docstring); raise ``ModelError`` if it has none.
 
     Args:
         model: the model; it is not modified (the probe run restores buffers and RNG).
-        example_input: one input batch; its shape and dtype give the vertex sizes.
+        example_input: one input batch, or one training call of several inputs (``ModelCall``, with
+            ``graph`` its exported graph: NOTE [ an op graph of a call ]); shapes and dtypes give the vertex
+            sizes.
         train: trace and probe in train mode (what checkpointing needs) or eval mode.
         graph: ``trace_model(model, train=train)`` when the caller already has it.
     """
-    if not isinstance(example_input, torch.Tensor):
-        raise ModelError(f"example_input must be a tensor, got {type(example_input).__name__}")
+    if isinstance(example_input, ModelCall) and example_input.single_tensor is not None:
+        example_input = example_input.single_tensor
+    if isinstance(example_input, ModelCall):
+        if graph is None:
+            graph = trace_model(model, train=train, call=example_input)
+        specs = graph.meta.get("remat_pytree")
+        inputs = example_input.detach().flat_inputs()
+        if specs is None or pytree.tree_flatten((tuple(example_input.args), dict(example_input.kwargs)))[1] != specs[0]:
+            raise ModelError(f"the graph of {type(model).__name__} was not exported for this call's inputs")
+    elif isinstance(example_input, torch.Tensor):
+        specs, inputs = None, [example_input]
+    else:
+        raise ModelError(f"example_input must be a tensor or a ModelCall, got {type(example_input).__name__}")
     gm = graph if graph is not None else trace_model(model, train=train)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    if len(placeholders) != 1:
+    if len(placeholders) != len(inputs):
         raise ModelError(
             f"{type(model).__name__}.forward takes {len(placeholders)} inputs; only one tensor is supported"
+            if specs is None else
+            f"the graph of {type(model).__name__} takes {len(placeholders)} inputs, the call {len(inputs)}"
         )
-    with training_mode(model, train), untouched(model, example_input):
+    where = example_input.main if isinstance(example_input, ModelCall) else example_input
+    with training_mode(model, train), untouched(model, where):
         recorder = _SeededRecorder(buffer_owners(model, gm))
         interp = _StorageInterpreter(gm, recorder)
         try:
             with recorder:
-                interp.run(example_input)
+                interp.run(*inputs)
         except Exception as exc:  # noqa: BLE001 - a traced graph that cannot run has no op graph
             raise ModelError(f"the traced graph of {type(model).__name__} does not run: {exc}") from None
 
@@ -539,6 +599,8 @@ def build_op_graph(model: nn.Module, example_input: torch.Tensor, *, train: bool
     uf = _UnionFind()
     for n in compute:
         uf.find(n.name)
+    for n in placeholders[1:]:  # every input of a call is the source (NOTE [ an op graph of a call ])
+        uf.union(placeholders[0].name, n.name)
     first_owner: dict[int, str] = {}
     for n in compute:  # nodes returning a storage an earlier node created join that node
         owners = []
@@ -596,6 +658,11 @@ def build_op_graph(model: nn.Module, example_input: torch.Tensor, *, train: bool
             a, b = uf.find(u.name), uf.find(n.name)
             if a != b:
                 tensor_succ.setdefault(a, set()).add(b)
+    if specs is not None:  # tables made from buffers alone hang off the source (NOTE [ an op graph of a call ])
+        fed_by_tensor = {b for bs in tensor_succ.values() for b in bs}
+        for r in order[1:]:
+            if r not in fed_by_tensor and any(interp.has_tensor.get(name, False) for name in members[r]):
+                tensor_succ.setdefault(source_root, set()).add(r)
     output_node = next(n for n in nodes if n.op == "output")
     fed = list(dict.fromkeys(uf.find(u.name) for u in output_node.all_input_nodes if u.op != "get_attr"))
     virtual = not (len(fed) == 1 and not tensor_succ.get(fed[0]))
@@ -634,5 +701,5 @@ def build_op_graph(model: nn.Module, example_input: torch.Tensor, *, train: bool
     return OpGraph(
         model=model, graph_module=gm, vertex_nodes=vertex_nodes, names=labels, weights=weights, edges=edges,
         virtual_sink=virtual, train=train, _slots=dict(recorder.buffer_writes),
-        _seeded=frozenset(recorder.seeded),
+        _seeded=frozenset(recorder.seeded), num_inputs=len(inputs), pytree_specs=specs,
     )
