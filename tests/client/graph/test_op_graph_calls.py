@@ -160,3 +160,21 @@ def test_checkpoint_applies_a_graph_plan_to_a_transformer(cache_dir: Path) -> No
         assert all(torch.equal(a, b) for a, b in zip(expected[1], got[1], strict=True))
     with pytest.raises(PlanMismatchError, match=r"runs only at the sizes it was made for: .*int64\[2, 16\]"):
         model(**batch(seed=3, seq=16))
+    # The plan's batch was padded, so its graph builds the attention masks; an unpadded call, which the model's
+    # own forward would run without them, runs on that graph with a warning: the same loss up to float rounding.
+    unpadded = batch(seed=4) | {"attention_mask": torch.ones(2, 32, dtype=torch.int64)}
+    with pytest.warns(RuntimeWarning, match="the graph plan runs on its graph, which builds them"):
+        got = step(model, unpadded)
+    assert torch.allclose(got[0], step(reference, unpadded)[0], rtol=1e-5)
+
+
+def test_a_graph_plan_made_without_padding_refuses_a_padded_call(cache_dir: Path) -> None:
+    """Planned on a batch without padding, the graph holds the model's own decision to leave the masks out; a
+    padded call would attend to its padding there, so it is refused (NOTE [ graph plans of a call ])."""
+    model = tiny("bert")
+    unpadded = batch(seed=1) | {"attention_mask": torch.ones(2, 32, dtype=torch.int64)}
+    remat.client.checkpoint(model, algorithm="acg", cache_dir=cache_dir, **unpadded)
+    assert applied_plan(model).is_graph_plan
+    step(model, unpadded)
+    with pytest.raises(PlanMismatchError, match="padding the plan's graph leaves out"):
+        model(**batch(seed=2))
