@@ -82,10 +82,11 @@ def explains_its_step(profile: Any, graph: Any) -> bool:
     """Whether a graph profile's replay of the unmodified step peaks where the profiled step measured (within
     ``GRAPH_REPLAY_TOLERANCE``): the predictor's check on itself before it judges any plan.
 
-    Why: the replay follows the autograd nodes the profile could attach to; a step whose backward it cannot
-    follow (CLIP's two towers: 7 of 508 nodes) is predicted far below what it measures (112.4 against 117.1
-    MiB unmodified, 13.3 against 111.9 MiB for the plan its search chose). Such a model keeps no op graph:
-    ``acg`` plans its chain, as for a trace without a graph, and every prediction stays a measured one."""
+    Why: a replay that misses part of the step judges every plan wrong. One did: CLIP's replay stopped after its first
+    7 autograd nodes, of 508 (an output the loss does not read was counted as a gradient to wait for, since
+    fixed) and predicted 112.4 against 117.1 MiB unmodified, and 13.3 against 111.9 MiB for the plan its search
+    chose. A model whose profile fails this keeps no op graph: ``acg`` plans its chain, as for a trace without
+    a graph, and every stored prediction stays one that measures."""
     from remat.client.planning.graph_predict import predict_graph_peak
     from remat.worker.graph_profile import executor_units
 
