@@ -47,9 +47,9 @@ def _silent(message: str, fraction: float) -> None:
     return None
 
 
-def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
+def profile(built: BuiltModel, *, timing_repeats: int = 1, with_graph: bool = True) -> Trace:
     """The built model's ``remat-trace/1`` trace, keyed by its architecture hash, with its op graph (train
-    mode, when the model has one: ``acg`` plans on it)."""
+    mode, when the model has one and ``with_graph``: ``acg`` plans on it)."""
     from remat.worker.profilers import profile as profile_chain
 
     request = built.request
@@ -58,7 +58,7 @@ def profile(built: BuiltModel, *, timing_repeats: int = 1) -> Trace:
                               train=request.mode == "train", chain=built.chain, model_name=request.name,
                               model_hash=built.key.model_hash, precision=request.dtype,
                               timing_repeats=timing_repeats)
-        if request.mode == "train":
+        if request.mode == "train" and with_graph:
             built.op_graph = op_graph(built)
         if built.op_graph is not None and request.device == "cpu" and not autocast_dtype(request.dtype):
             from remat.worker.graph_profile import profile_graph

@@ -195,3 +195,18 @@ def test_an_output_the_loss_does_not_read_leaves_the_replay_whole() -> None:
         predicted = predict_graph_peak(profile, executor_units(graph, dropped)).peak
         measured = measure_step(model, call, dropped, grads="none", chain=graph, baseline=False).measured_peak_bytes
         assert abs(predicted - measured) <= 8, (dropped, predicted, measured)
+
+
+def test_a_training_jobs_miss_builds_no_op_graph_unless_acg_is_asked_for(cache_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ graphs on a training job's miss ] in remat.worker.local: the graph's profile and search run inside
+    the user's job, so ``checkpoint()`` pays for them only when it applies ``acg``."""
+    from remat.worker import pipeline
+
+    def refuse(built: object) -> None:
+        raise AssertionError("an op graph was built for a linear plan")
+
+    monkeypatch.setattr(pipeline, "op_graph", refuse)
+    model = tiny("gpt2")
+    remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1))
+    assert applied_plan(model).algorithm == "linear" and not applied_plan(model).is_graph_plan
