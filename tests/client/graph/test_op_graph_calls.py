@@ -106,10 +106,15 @@ def test_a_call_with_other_inputs_is_refused_by_its_op_graph() -> None:
 
 def test_the_replay_of_a_calls_step_is_what_the_meter_measures() -> None:
     """Random plans of GPT-2 (tied embedding and head) predicted against measured steps, to the loss's scalar."""
-    model, call, graph = _graph("gpt2")
+    _assert_replays_as_measured(*_graph("gpt2"), random_plans=4)
+
+
+def _assert_replays_as_measured(model: torch.nn.Module, call: ModelCall, graph: OpGraph, *, random_plans: int) -> None:
+    """The graph profile explains its own step, and the unmodified step and ``random_plans`` random plans are
+    predicted to 8 bytes of the meter (the loss's scalar)."""
     profile = profile_graph(model, call, graph, grads="none")
     assert explains_its_step(profile, graph)
-    for dropped in [[], *_valid_dropped_sets(graph, 4)]:
+    for dropped in [[], *_valid_dropped_sets(graph, random_plans)]:
         predicted = predict_graph_peak(profile, executor_units(graph, dropped)).peak
         measured = measure_step(model, call, dropped, grads="none", chain=graph, baseline=False).measured_peak_bytes
         assert abs(predicted - measured) <= 8, (dropped, predicted, measured)
@@ -189,12 +194,7 @@ def test_an_output_the_loss_does_not_read_leaves_the_replay_whole() -> None:
     model = tiny("clip")
     call = ModelCall.bind(model, (), clip_batch(seed=1))
     graph = build_op_graph(model, call, graph=trace_model(model, train=True, call=call))
-    profile = profile_graph(model, call, graph, grads="none")
-    assert explains_its_step(profile, graph)
-    for dropped in [[], *_valid_dropped_sets(graph, 3)]:
-        predicted = predict_graph_peak(profile, executor_units(graph, dropped)).peak
-        measured = measure_step(model, call, dropped, grads="none", chain=graph, baseline=False).measured_peak_bytes
-        assert abs(predicted - measured) <= 8, (dropped, predicted, measured)
+    _assert_replays_as_measured(model, call, graph, random_plans=3)
 
 
 def test_a_training_jobs_miss_builds_no_op_graph_unless_acg_is_asked_for(cache_dir: Path,
