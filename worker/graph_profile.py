@@ -38,7 +38,7 @@ from typing import Any, cast
 import torch
 import torch.fx
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 from remat.client.graph.model_call import ModelCall
 from remat.client.graph.op_graph import OpGraph
@@ -334,8 +334,7 @@ def profile_graph(model: nn.Module, example_input: torch.Tensor | ModelCall, gra
                                 del env[u]
                     outputs = [u.name for u in nodes[-1].all_input_nodes] if nodes[-1].op == "output" else []
                     env.clear()
-                    if graph.pytree_specs is not None:  # the model's own output (its ModelOutput and loss)
-                        output_value = tree_unflatten(list(output_value), graph.pytree_specs[1])
+                    output_value = graph.fold_output(output_value)  # the model's own (a ModelOutput, its loss)
                     box = [output_value]  # handed to the loss and dropped by it, as in measure_step's one expression
                     output_value = None
                     loss = prof.run_fx_node(LOSS, outputs, lambda: loss_fn(box.pop()), [])

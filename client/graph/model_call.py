@@ -137,6 +137,12 @@ class ModelCall:
         """Every input, constants included, in the order an exported graph's placeholders take them."""
         return pytree.tree_leaves((tuple(self.args), dict(self.kwargs)))
 
+    def inputs_for(self, in_spec: Any) -> list[Any] | None:
+        """``flat_inputs`` when the call has the structure an exported graph's input spec records (its names,
+        nesting and constants' places), else None: one call may only run on a graph exported for its kind."""
+        leaves, spec = pytree.tree_flatten((tuple(self.args), dict(self.kwargs)))
+        return leaves if spec == in_spec else None
+
     @property
     def main(self) -> torch.Tensor:
         """The tensor whose shape is the key's ``input_shape``: the first tensor input (``input_ids``)."""

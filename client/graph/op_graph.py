@@ -273,19 +273,22 @@ class OpGraph:
             return [call]
         if self.pytree_specs is None:
             return [call.main]
-        leaves, spec = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))
-        if spec != self.pytree_specs[0] or len(leaves) != self.num_inputs:
+        leaves = call.inputs_for(self.pytree_specs[0])
+        if leaves is None or len(leaves) != self.num_inputs:
             raise PlanError("this call's inputs are not those the op graph was built for (names or structure differ)")
         return leaves
 
-    def run_call(self, call: Any, dropped: Sequence[int] = ()) -> Any:
-        """``run`` on a whole call (tensor or ``ModelCall``), returning what the model returns (an exported
-        model's flat outputs folded back into its ``ModelOutput``)."""
-        first, *rest = self.split_call(call)
-        out = self.run(first, dropped, inputs=rest)
+    def fold_output(self, flat: Any) -> Any:
+        """The model's output from the graph's: an exported model's flat outputs folded back into its
+        ``ModelOutput`` (``StageChain.fold_output``)."""
         if self.pytree_specs is None:
-            return out
-        return pytree.tree_unflatten(list(out), self.pytree_specs[1])
+            return flat
+        return pytree.tree_unflatten(list(flat), self.pytree_specs[1])
+
+    def run_call(self, call: Any, dropped: Sequence[int] = ()) -> Any:
+        """``run`` on a whole call (tensor or ``ModelCall``), returning what the model returns."""
+        first, *rest = self.split_call(call)
+        return self.fold_output(self.run(first, dropped, inputs=rest))
 
     def dropped_for_chain_plan(self, stage_nodes: Sequence[Sequence[str]], boundaries: Sequence[str],
                                checkpoints: Sequence[int]) -> list[int]:
@@ -564,9 +567,10 @@ def build_op_graph(model: nn.Module, example_input: torch.Tensor | ModelCall, *,
         if graph is None:
             graph = trace_model(model, train=train, call=example_input)
         specs = graph.meta.get("remat_pytree")
-        inputs = example_input.detach().flat_inputs()
-        if specs is None or pytree.tree_flatten((tuple(example_input.args), dict(example_input.kwargs)))[1] != specs[0]:
+        found = example_input.detach().inputs_for(specs[0]) if specs is not None else None
+        if found is None:
             raise ModelError(f"the graph of {type(model).__name__} was not exported for this call's inputs")
+        inputs = found
     elif isinstance(example_input, torch.Tensor):
         specs, inputs = None, [example_input]
     else:

@@ -182,8 +182,8 @@ class StageChain:
         with the signature the chain was built for."""
         if isinstance(call, torch.Tensor) or self.pytree_specs is None:
             return (call if isinstance(call, torch.Tensor) else call.main), {}
-        leaves, spec = pytree.tree_flatten((tuple(call.args), dict(call.kwargs)))
-        if spec != self.pytree_specs[0] or len(leaves) != len(self.input_names):
+        leaves = call.inputs_for(self.pytree_specs[0])
+        if leaves is None or len(leaves) != len(self.input_names):
             raise PlanError("this call's inputs are not those the chain was built for (names or structure differ)")
         named = dict(zip(self.input_names, leaves, strict=True))
         return named.pop(self.main_input), named

@@ -38,7 +38,6 @@ runs): that node is charged its profiled peak up to that pack only.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
@@ -209,9 +208,6 @@ class Prediction:
     key is its profile sid, a recomputed one ``("r", call, sid)``, a gradient or scratch ``("g", k)``."""
 
 
-_GRAD_SERIALS = itertools.count()
-
-
 @dataclass(eq=False, slots=True)
 class _Grad:
     """A gradient tensor object of the engine: its storage, its own bytes, its layout, its owners."""
@@ -220,9 +216,6 @@ class _Grad:
     nbytes: int
     dense: bool
     refs: int = 0
-    serial: int = field(default_factory=lambda: next(_GRAD_SERIALS))
-    """Its name as a holder of its storage. Not ``id(self)``: Python reuses an id once the object is gone, so a
-    hold left standing by a gradient the replay let go of would pass to a newer one born at that address."""
 
 
 @dataclass(slots=True)
@@ -606,12 +599,12 @@ class _Backward:
         """One owner of ``t`` lets go; its storage loses ``t`` as a holder with the last."""
         t.refs -= 1
         if t.refs == 0:
-            self.led.release(t.storage, ("grad", t.serial))
+            self.led.release(t.storage, ("grad", id(t)))
 
     def own(self, t: _Grad) -> _Grad:
         """One more owner of ``t``; with the first, ``t`` holds its storage."""
         if t.refs == 0:
-            self.led.hold(t.storage, ("grad", t.serial))
+            self.led.hold(t.storage, ("grad", id(t)))
         t.refs += 1
         return t
 
