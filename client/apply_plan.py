@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.client.errors import ModelError, PlanError, PlanMismatchError
+from remat.client.errors import ModelError, PlanError, PlanMismatchError, StalePlanError
 from remat.client.graph.fx_trace import (
     ANY_SIZES_GUARDS,
     any_sizes_probe_facts,
@@ -166,19 +166,27 @@ def _mismatch(plan: Plan, detail: str) -> PlanMismatchError:
     return PlanMismatchError(f"plan ({plan.algorithm}, {plan.num_stages} stages) does not fit this model: {detail}")
 
 
+def _stale(plan: Plan, detail: str) -> StalePlanError:
+    return StalePlanError(f"plan ({plan.algorithm}, {plan.num_stages} stages) does not fit this model: {detail}")
+
+
 def _check_stages(state: _Applied) -> None:
+    """Refuse a plan whose boundaries or vertices name another chain or op graph than the model's (an older
+    remat's cut, or another model's plan forced with strict=False): indices only mean something on the chain or
+    graph they were chosen for, so this is refused even when not strict."""
     assert state.chain is not None
     if isinstance(state.chain, OpGraph):
         if state.chain.num_vertices != state.plan.num_vertices:
-            raise _mismatch(state.plan, f"the model's op graph has {state.chain.num_vertices} vertices, the "
-                                        f"plan's {state.plan.num_vertices}")
-        state.chain.check(state.plan.dropped_vertices or ())
+            raise _stale(state.plan, f"the model's op graph has {state.chain.num_vertices} vertices, the "
+                                     f"plan's {state.plan.num_vertices}")
+        try:
+            state.chain.check(state.plan.dropped_vertices or ())
+        except PlanError as exc:
+            raise _stale(state.plan, f"on the model's op graph, {exc}") from None
         return
     n = state.chain.num_stages
     if n != state.plan.num_stages:
-        # Boundary indices only mean something on the chain they were chosen for, so this is refused
-        # even with strict=False.
-        raise _mismatch(state.plan, f"the model splits into {n} stages, the plan into {state.plan.num_stages}")
+        raise _stale(state.plan, f"the model splits into {n} stages, the plan into {state.plan.num_stages}")
 
 
 @contextlib.contextmanager

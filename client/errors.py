@@ -7,6 +7,7 @@ Hierarchy::
     ├── PlanError                   a plan cannot be computed or used (also ValueError)
     │   ├── InvalidKeyError         a plan key field (hash, input shape, dtype, device, ...) is malformed
     │   ├── PlanMismatchError       a plan's key does not match the model it is applied to
+    │   │   └── StalePlanError      a plan of this very key names cuts of another chain or op graph
     │   └── PlanNotFoundError       the plan service has no plan for the key
     ├── ServiceError                the plan service could not be reached or answered an error
     └── ModelError                  a model cannot be resolved, traced or cut into stages (also ValueError)
@@ -36,6 +37,11 @@ class InvalidKeyError(PlanError):
 
 class PlanMismatchError(PlanError):
     """A plan was computed for another model, input signature or convention than the one at hand."""
+
+
+class StalePlanError(PlanMismatchError):
+    """A plan made for this very key whose boundaries or vertices name another stage chain or op graph than the
+    model is cut into now: an older remat cut the model otherwise. ``checkpoint`` plans such a model again."""
 
 
 class PlanNotFoundError(PlanError):

@@ -39,7 +39,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from remat.client.errors import PlanError, PlanNotFoundError, RematError, ServiceError
+from remat.client.errors import PlanError, PlanNotFoundError, RematError, ServiceError, StalePlanError
 from remat.client.local_planner import local_planner, local_planner_or_none
 from remat.client.local_plans import LocalPlanCache
 
@@ -132,25 +132,25 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         algorithm = f"budget {spec.text}"  # for the messages below
     else:
         plan = _find(built.key, algorithm, cache, server, token, timeout_s)
-    if plan is not None and not _fits_chain(plan, built.chain):
-        warnings.warn(f"remat: the {algorithm} plan found for {type(model).__name__} at input {described} was made "
-                      f"on a chain of {plan.num_stages} stages; this remat cuts the model into "
-                      f"{built.chain.num_stages} (an older remat made it): planning again", RuntimeWarning,
+    if plan is not None:
+        try:
+            return apply_with_chain(model, plan, key=built.key, chain=built.chain, cache_dir=cache.directory)
+        except StalePlanError as exc:
+            warnings.warn(f"remat: the {algorithm} plan found for {type(model).__name__} at input {described} was "
+                          f"made on another cut of the model (an older remat made it; {exc}): planning again",
+                          RuntimeWarning, stacklevel=2)
+    if on_miss == "raise":
+        raise PlanNotFoundError(f"no {algorithm} plan for {type(model).__name__} at input "
+                                f"{described} in the plan cache, the local store"
+                                f"{' or the service' if server else ''}")
+    if on_miss == "none":
+        warnings.warn(f"remat: no {algorithm} plan for {type(model).__name__} at input "
+                      f"{described}; training without checkpointing", RuntimeWarning,
                       stacklevel=2)
-        plan = None
-    if plan is None:
-        if on_miss == "raise":
-            raise PlanNotFoundError(f"no {algorithm} plan for {type(model).__name__} at input "
-                                    f"{described} in the plan cache, the local store"
-                                    f"{' or the service' if server else ''}")
-        if on_miss == "none":
-            warnings.warn(f"remat: no {algorithm} plan for {type(model).__name__} at input "
-                          f"{described}; training without checkpointing", RuntimeWarning,
-                          stacklevel=2)
-            return model
-        if built.probe_batch is not None:  # profiling needs a chain probed with the whole batch
-            built = build_from_model(built.request, model, example, graph=built.chain.graph_module)
-        plan = _profile_here(built, algorithm, cache, server, token, timeout_s, budget=spec)
+        return model
+    if built.probe_batch is not None:  # profiling needs a chain probed with the whole batch
+        built = build_from_model(built.request, model, example, graph=built.chain.graph_module)
+    plan = _profile_here(built, algorithm, cache, server, token, timeout_s, budget=spec)
     return apply_with_chain(model, plan, key=built.key, chain=built.chain, cache_dir=cache.directory)
 
 
@@ -252,14 +252,6 @@ def _find(key: PlanKey, algorithm: str, cache: LocalPlanCache, server: str | Non
             logger.info("remat: %s plan from the service at %s", algorithm, server)
             return served
     return None
-
-
-def _fits_chain(plan: Plan, chain: Any) -> bool:
-    """Whether a found chain plan was made on this chain's stages: a plan stored before remat cut the model
-    differently (NOTE [ parked values ]: encoder-decoders given labels) names boundaries of another chain, and
-    applying it is refused; ``checkpoint`` plans such a model again instead. Op-graph plans are checked by
-    ``apply``."""
-    return plan.num_vertices is not None or plan.num_stages == chain.num_stages
 
 
 def _budget_spec(budget: str | int, algorithm: str, example: torch.Tensor) -> BudgetSpec:

@@ -288,10 +288,17 @@ def test_a_cached_plan_for_another_key_is_refused_with_what_differs(cache_dir: P
     with pytest.raises(PlanError, match="unreadable.*delete it"):
         remat.client.checkpoint(model, x, cache_dir=cache_dir)
     # The same key on a chain of another length: made by a remat that cut the model otherwise. It is not
-    # applied; checkpoint goes on as on a miss (here: train without a plan), saying why.
+    # applied; checkpoint goes on as on a miss (here: train without a plan), saying why (StalePlanError).
     cache.path(key, "linear").write_text(json.dumps({**body, "plan": {**plan.to_dict(), "key": key.to_dict()}}))
-    with pytest.warns(RuntimeWarning, match="was made on a chain of 3 stages; this remat cuts the model into"):
+    with pytest.warns(RuntimeWarning, match=r"made on another cut .*the model splits into \d+ stages, the plan into 3"):
         remat.client.checkpoint(model, x, cache_dir=cache_dir, on_miss="none")
+    assert applied_plan(model) is None
+    # So is a graph plan on an op graph of another vertex count.
+    graph_plan = Plan(algorithm="acg", cost_model="classic", checkpoints=(), predicted_peak_bytes=1,
+                      baseline_peak_bytes=1, num_stages=3, dropped_vertices=(1,), num_vertices=999)
+    cache.path(key, "acg").write_text(json.dumps({**body, "plan": {**graph_plan.to_dict(), "key": key.to_dict()}}))
+    with pytest.warns(RuntimeWarning, match=r"made on another cut .*op graph has \d+ vertices, the plan's 999"):
+        remat.client.checkpoint(model, x, algorithm="acg", cache_dir=cache_dir, on_miss="none")
     assert applied_plan(model) is None
 
 

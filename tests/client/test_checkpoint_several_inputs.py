@@ -464,7 +464,7 @@ def test_a_plan_made_on_an_older_chain_is_planned_again(cache_dir: Path, monkeyp
         remat.client.checkpoint(older, cache_dir=cache_dir, **first)
     stale = applied_plan(older)
     model = copy.deepcopy(reference)
-    with pytest.warns(RuntimeWarning, match=rf"chain of {stale.num_stages} stages; this remat cuts the model into"):
+    with pytest.warns(RuntimeWarning, match=rf"another cut .*the plan into {stale.num_stages}\)"):
         remat.client.checkpoint(model, cache_dir=cache_dir, **first)
     plan = applied_plan(model)
     assert plan.num_stages > stale.num_stages
