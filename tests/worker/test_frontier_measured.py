@@ -35,3 +35,33 @@ def test_every_frontier_point_measures_within_its_budget_in_order(model: str) ->
     assert peaks == sorted(peaks), "a tighter budget measured a higher peak"
     costs = [p.recompute_ms for p in frontier]
     assert costs == sorted(costs, reverse=True)
+
+
+def test_plans_that_are_one_step_are_measured_once_and_share_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ one step, one measurement ]: two planners' plans at the same checkpoints are one training step,
+    so one metered step, gradient check and timing stand for both; measured twice, timing noise told users
+    the same step had two costs."""
+    from dataclasses import replace
+
+    from remat.client.planning.plans import STORED_COST_MODEL, make_plan
+    from remat.worker import measure
+
+    request = ModelRequest(spec="resnet18", batch_size=2, sample_shape=(3, 32, 32), grads="kept")
+    built = built_model.build(request)
+    trace = pipeline.profile(built)
+    none, linear = (make_plan(trace, name, cost_model=STORED_COST_MODEL) for name in ("none", "linear"))
+    assert linear.checkpoints, "the test needs a plan that recomputes something"
+    twin = replace(linear, algorithm="cubic")  # another planner's plan on the same boundaries
+    metered: list[tuple[int, ...]] = []
+    real = measure.measure_step
+
+    def counted(model, example, checkpoints, **kwargs):  # noqa: ANN001, ANN202
+        metered.append(tuple(checkpoints))
+        return real(model, example, checkpoints, **kwargs)
+
+    monkeypatch.setattr(measure, "measure_step", counted)
+    out = pipeline.validate(built, trace, [none, linear, twin], timing_rounds=2)
+    assert metered == [(), linear.checkpoints]
+    assert out["cubic"] == replace(out["linear"], algorithm="cubic")
+    assert out["linear"].grad_check_passed and out["linear"].baseline_step_ms == out["none"].step_ms
+    assert out["linear"].measured_peak_bytes < out["none"].measured_peak_bytes
