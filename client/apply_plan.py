@@ -75,7 +75,7 @@ class _Applied:
     warned_compile: bool = False
     sizes: str | None = None
     """``ModelCall.sizes`` of the call ``chain`` was cut for; None until known (set at the first training call)."""
-    sized_chains: OrderedDict[str, StageChain] = field(default_factory=OrderedDict)
+    sized_chains: OrderedDict[str, StageChain | OpGraph] = field(default_factory=OrderedDict)
     """Chains of an exported model for calls at other sizes (NOTE [ other sizes ]), by their ``sizes``."""
     any_sizes: dict[tuple[bool, ...], StageChain | None] = field(default_factory=dict)
     """The chains cut from the export for any sizes (NOTE [ any sizes ] in remat.client.graph.fx_trace), by the
@@ -263,7 +263,7 @@ def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> Stag
     return _used(state, call.sizes)
 
 
-def _used(state: _Applied, name: str) -> StageChain:
+def _used(state: _Applied, name: str) -> Any:
     """The kept chain ``name``, marked the most recently used; the least recently used beyond
     ``MAX_SIZED_CHAINS`` go."""
     state.sized_chains.move_to_end(name)
@@ -304,18 +304,54 @@ def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
 
 # NOTE [ graph plans of a call ] A graph plan names vertices of one op graph, cut from the graph exported for the
 # plan's call (NOTE [ an op graph of a call ] in remat.client.graph.op_graph): its sizes and its mask decisions.
-# Unlike a chain plan, whose boundaries carry over to a chain cut from another export when its stages are the
-# same (NOTE [ other sizes ]), nothing maps the vertices of another export onto the plan's, so a training call
-# at other sizes is refused naming them (a chain plan runs at any). A call whose masks have no padding while the
-# graph builds them runs on it (the same numbers up to float rounding, as a chain plan's does, with the same
-# warning); a call with padding that the graph leaves out is refused, as a chain plan's is.
+# A training call at other sizes (the same inputs: ``ModelCall.same_inputs``) runs on an op graph cut from the
+# model exported at its sizes, with the plan graph's mask decisions, when that graph has the plan graph's layout
+# (``OpGraph.layout``: every vertex the same ops, the same edges): then the plan's dropped vertices recompute
+# the same ops on it. It is kept for the next call at those sizes (``MAX_SIZED_CHAINS``, beside a chain plan's
+# chains). Otherwise (export traced other ops at those sizes: a batch of one row, whose size-1 ops export drops;
+# a size the code branches on) the call is refused naming the sizes. Unlike a chain plan's, there is no export
+# for any sizes: it adds ops of its own for the symbolic sizes (two sym_size in BERT's and Llama's), so its
+# layout is not the plan graph's although its vertex count is. Measured on a 2-core CPU with the tests' tiny
+# transformers: a new size's first step took 0.34-0.80 s, export and op graph included (docs/benchmarks.md). A
+# call whose masks have no padding while the graph builds them runs on it (the same numbers up to float
+# rounding, as a chain plan's does, with the same warning); a call with padding that the graph leaves out is
+# refused, as a chain plan's is.
+def _graph_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> OpGraph:
+    """The op graph for a training call at other sizes than the graph plan's (NOTE [ graph plans of a call ])."""
+    assert isinstance(state.chain, OpGraph) and state.sizes is not None
+    known = state.sized_chains.get(call.sizes)
+    if known is None:
+        sizes = f"{_short(call.sizes)} (the plan's graph: {_short(state.sizes)})"
+        if not call.same_inputs(state.sizes):
+            raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}"
+                                        f"{_pass_them_too(call, state.sizes)}")
+        started = time.perf_counter()
+        try:
+            with _uninstalled(model):
+                graph = export_model(model, call, train=True, cache_dir=state.graph_cache,
+                                     mask_skips=_skips_of(state.chain))
+                known = build_op_graph(model, call, train=True, graph=graph)
+        except ModelError as exc:
+            raise _mismatch(state.plan, f"the model cannot be exported at this call's sizes, {sizes}: {exc}") from None
+        if known.layout() != state.chain.layout():
+            raise _mismatch(state.plan, f"a graph plan ({state.plan.algorithm}) runs at other sizes only where the "
+                                        f"model exports the same ops, and at this call's it does not ("
+                                        f"{known.num_vertices} vertices against {state.chain.num_vertices}, or "
+                                        f"other ops in them), {sizes}; a chain plan (linear, checkpoint()'s "
+                                        f"default) runs at any sizes")
+        if not state.warned_sizes:
+            warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}, runs the graph plan on "
+                          f"an op graph exported for these sizes (once per new size; pad batches to fixed sizes to "
+                          f"avoid it): {time.perf_counter() - started:.1f} s; its peak is not the plan's "
+                          f"prediction", RuntimeWarning, stacklevel=_USER_FRAME)
+            state.warned_sizes = True
+        state.sized_chains[call.sizes] = known
+    return _used(state, call.sizes)
+
+
 def _check_graph_call(state: _Applied, graph: OpGraph, call: ModelCall) -> None:
-    """Refuse a training call the graph plan's op graph cannot run (NOTE [ graph plans of a call ])."""
-    if state.sizes is not None and call.sizes != state.sizes:
-        raise _mismatch(state.plan, f"a graph plan ({state.plan.algorithm}) runs only at the sizes it was made "
-                                    f"for: this training call {_short(call.sizes)} (the plan's: "
-                                    f"{_short(state.sizes)}); a chain plan (linear, checkpoint()'s default) runs "
-                                    f"at any sizes")
+    """Refuse a training call ``graph`` (the plan's, or one cut at the call's sizes) cannot run with the plan's
+    mask decisions (NOTE [ graph plans of a call ])."""
     gm = graph.graph_module
     if gm.meta.get(PRECONDITION) is None:
         return
@@ -538,6 +574,8 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     assert chain is not None
     nested = {"nested": True} if state.plan.nested else {}  # a nested plan runs on a StageChain (_build)
     if isinstance(chain, OpGraph) and chain.pytree_specs is not None:
+        if call.sizes != state.sizes:
+            chain = _graph_for_sizes(state, self, call)
         _check_graph_call(state, chain, call)
         return chain.run_call(example, _cut_points(state.plan))
     if isinstance(chain, StageChain) and chain.pytree_specs is not None:

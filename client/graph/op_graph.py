@@ -247,6 +247,17 @@ class OpGraph:
     def sink(self) -> int:
         return self.num_vertices - 1
 
+    def layout(self) -> tuple[tuple[Any, ...], ...]:
+        """What each vertex runs (its nodes' ops, in order) and the value edges between vertices. Two op graphs
+        of one model exported at other sizes have one layout when export traced the same ops, so a graph plan's
+        dropped vertices mean the same recomputation on both (NOTE [ graph plans of a call ] in
+        remat.client.apply_plan). Sizes, which an export writes into its views and expands, are arguments, not
+        ops: they are left out."""
+        by_name = self._node_by_name
+        ops = tuple(tuple(str(by_name[name].target) for name in names if name in by_name)
+                    for names in self.vertex_nodes)
+        return ops, tuple(self.edges)
+
     def run(self, x: Any, dropped: Sequence[int] = (), *, inputs: Sequence[Any] = ()) -> Any:
         """The model's forward with the ``dropped`` vertices recomputed in backward (see module docstring).
 

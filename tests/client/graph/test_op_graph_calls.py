@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import remat.client
+from remat.client import apply_plan
 from remat.client.apply_plan import applied_chain, applied_plan
 from remat.client.errors import PlanError, PlanMismatchError
 from remat.client.graph.fx_trace import trace_model
@@ -26,7 +27,7 @@ from remat.client.planning.planners.acg import plan_graph
 from remat.worker.graph_profile import executor_units, profile_graph
 from remat.worker.measure import measure_step
 from remat.worker.pipeline import explains_its_step
-from tests.utils.tiny_transformers import batch, step, tiny
+from tests.utils.tiny_transformers import batch, same_step, step, tiny
 
 
 def _graph(arch: str, **batch_kwargs: object) -> tuple[torch.nn.Module, ModelCall, OpGraph]:
@@ -151,7 +152,8 @@ def test_a_profile_whose_replay_misses_its_step_is_not_used() -> None:
 
 def test_checkpoint_applies_a_graph_plan_to_a_transformer(cache_dir: Path) -> None:
     """``checkpoint(model, algorithm="acg", **call)``: planned on the op graph, trained bit-equal to the model
-    (BERT, dropout on); a call at other sizes is refused naming them (NOTE [ graph plans of a call ])."""
+    (BERT, dropout on), at the plan's sizes and at others, each on an op graph of its own sizes (NOTE [ graph
+    plans of a call ])."""
     reference = tiny("bert")
     model = copy.deepcopy(reference)
     first = batch(seed=1)
@@ -163,11 +165,16 @@ def test_checkpoint_applies_a_graph_plan_to_a_transformer(cache_dir: Path) -> No
         expected, got = step(reference, batch(seed=seed)), step(model, batch(seed=seed))
         assert torch.equal(expected[0], got[0])
         assert all(torch.equal(a, b) for a, b in zip(expected[1], got[1], strict=True))
-    with pytest.raises(PlanMismatchError, match=r"runs only at the sizes it was made for: .*int64\[2, 16\]"):
-        model(**batch(seed=3, seq=16))
+    with pytest.warns(RuntimeWarning, match=r"other sizes than the plan's, .*int64\[2, 16\].* runs the graph plan"):
+        shorter = step(model, batch(seed=3, seq=16))
+    assert same_step(step(reference, batch(seed=3, seq=16)), shorter)
+    (graph16,) = model.__dict__[apply_plan._STATE].sized_chains.values()
+    assert isinstance(graph16, OpGraph) and graph16 is not applied_chain(model)
+    for kwargs in ({"seed": 4, "seq": 40, "size": 3}, {"seed": 5, "seq": 16}):
+        assert same_step(step(reference, batch(**kwargs)), step(model, batch(**kwargs)))
     # The plan's batch was padded, so its graph builds the attention masks; an unpadded call, which the model's
     # own forward would run without them, runs on that graph with a warning: the same loss up to float rounding.
-    unpadded = batch(seed=4) | {"attention_mask": torch.ones(2, 32, dtype=torch.int64)}
+    unpadded = batch(seed=6) | {"attention_mask": torch.ones(2, 32, dtype=torch.int64)}
     with pytest.warns(RuntimeWarning, match="the graph plan runs on its graph, which builds them"):
         got = step(model, unpadded)
     assert torch.allclose(got[0], step(reference, unpadded)[0], rtol=1e-5)
@@ -210,3 +217,13 @@ def test_a_training_jobs_miss_builds_no_op_graph_unless_acg_is_asked_for(cache_d
     model = tiny("gpt2")
     remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1))
     assert applied_plan(model).algorithm == "linear" and not applied_plan(model).is_graph_plan
+
+
+def test_a_graph_plan_refuses_sizes_at_which_the_model_exports_other_ops(cache_dir: Path) -> None:
+    """A batch of one row: export drops Llama's size-1 ops, so its op graph is not the plan's and the plan's
+    vertices would name other ops; the call is refused naming the sizes (NOTE [ graph plans of a call ])."""
+    model = tiny("llama")
+    remat.client.checkpoint(model, algorithm="acg", cache_dir=cache_dir, **batch(seed=1))
+    with pytest.raises(PlanMismatchError, match=r"runs at other sizes only where the model exports the same ops.*"
+                                                r"int64\[1, 32\].*a chain plan \(linear"):
+        model(**batch(seed=2, size=1))
