@@ -337,15 +337,11 @@ class OpGraph:
         """The connected groups of ``dropped`` vertices (over every value edge), each sorted."""
         drop = set(dropped)
         uf = _UnionFind()
-        node_vertex = self._vertex_of_node
         for v in drop:
             uf.find(str(v))
-        for n in self.graph_module.graph.nodes:
-            v = node_vertex.get(n.name)
-            if v not in drop:
-                continue
-            for u in n.all_input_nodes:
-                w = node_vertex.get(u.name)
+        reads = self._vertex_reads
+        for v in drop:
+            for w in reads[v]:
                 if w in drop:
                     uf.union(str(v), str(w))
         comps: dict[str, list[int]] = {}
@@ -412,9 +408,30 @@ class OpGraph:
 
     def _value_edges(self) -> set[tuple[int, int]]:
         """Vertex pairs (u, v) where a node of v reads a value of a node of u (tensors and shapes)."""
+        return self._vertex_edges
+
+    # The graph search (remat.client.planning.graph_predict.search_plan) asks for the groups, calls and run order
+    # of up to 2,000 dropped sets; what they read of the fx graph, which never changes once the op graph is cut,
+    # is computed once.
+    @cached_property
+    def _nodes(self) -> list[torch.fx.Node]:
+        return list(self.graph_module.graph.nodes)
+
+    @cached_property
+    def _node_index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self._nodes)}
+
+    @cached_property
+    def _node_reads(self) -> list[tuple[int, int]]:
+        """(i, j) for every node j and every node i it reads, by traced position, in traced order."""
+        index = self._node_index
+        return [(index[u.name], j) for j, n in enumerate(self._nodes) for u in n.all_input_nodes]
+
+    @cached_property
+    def _vertex_edges(self) -> set[tuple[int, int]]:
         node_vertex = self._vertex_of_node
         out = set()
-        for n in self.graph_module.graph.nodes:
+        for n in self._nodes:
             v = node_vertex.get(n.name)
             if v is None:
                 continue
@@ -423,6 +440,14 @@ class OpGraph:
                 if w is not None and w != v:
                     out.add((w, v))
         return out
+
+    @cached_property
+    def _vertex_reads(self) -> list[set[int]]:
+        """Per vertex, the vertices its nodes read (``_value_edges`` by reader)."""
+        reads: list[set[int]] = [set() for _ in self.vertex_nodes]
+        for w, v in self._vertex_edges:
+            reads[v].add(w)
+        return reads
 
     @cached_property
     def _vertex_of_node(self) -> dict[str, int]:
@@ -441,25 +466,22 @@ class OpGraph:
             PlanError: as :meth:`calls`, when the groups cannot be ordered, or when the order would run random
                 ops (dropout) in another order than the model does.
         """
-        nodes = list(self.graph_module.graph.nodes)
+        nodes, index = self._nodes, self._node_index
         pos = {n: i for i, n in enumerate(nodes)}
-        group_of: dict[torch.fx.Node, int] = {}
+        unit_of: list[tuple[str, int]] = [("n", i) for i in range(len(nodes))]
         groups: list[list[torch.fx.Node]] = []
         for gi, members in enumerate(self.calls(dropped) if dropped else []):
-            names = {name for v in members for name in self.vertex_nodes[v]}
-            group_nodes = [n for n in nodes if n.name in names]
-            for n in group_nodes:
-                group_of[n] = gi
-            groups.append(group_nodes)
-        unit_of = {n: ("g", group_of[n]) if n in group_of else ("n", pos[n]) for n in nodes}
+            at = sorted({index[name] for v in members for name in self.vertex_nodes[v] if name in index})
+            for i in at:
+                unit_of[i] = ("g", gi)
+            groups.append([nodes[i] for i in at])
         first: dict[tuple[str, int], int] = {}
-        for n in nodes:
-            first.setdefault(unit_of[n], pos[n])
+        for i, unit in enumerate(unit_of):
+            first.setdefault(unit, i)
         succ: dict[tuple[str, int], set[tuple[str, int]]] = {}
-        for n in nodes:
-            for u in n.all_input_nodes:
-                if unit_of[u] != unit_of[n]:
-                    succ.setdefault(unit_of[u], set()).add(unit_of[n])
+        for i, j in self._node_reads:
+            if unit_of[i] != unit_of[j]:
+                succ.setdefault(unit_of[i], set()).add(unit_of[j])
         order = _topological(list(first), succ, first)
         if len(order) != len(first):  # check() rules cycles out; kept as a guard
             raise PlanError(f"dropped vertices {list(dropped)} cannot be ordered into checkpointed groups")

@@ -313,7 +313,7 @@ def _flatten(units: Sequence[dict[str, Any]]) -> list[tuple[str, int | None]]:
 
 
 def predict_graph_peak(profile: GraphProfile, units: Sequence[dict[str, Any]], *,
-                       capture: bool = False) -> Prediction:
+                       capture: bool = False, labels: Sequence[str] | None = None) -> Prediction:
     """The measured activation peak of one training step run as ``units`` (see the module docstring).
 
     Args:
@@ -322,14 +322,23 @@ def predict_graph_peak(profile: GraphProfile, units: Sequence[dict[str, Any]], *
         units: ``executor_units(graph, dropped)``: fx node names in the order the plan's executor runs them,
             checkpointed calls marked.
         capture: also report the storages alive at the peak (``Prediction.live``; replays the step twice).
+        labels: :func:`backward_labels` of ``profile``, from a caller that predicts many plans of one profile
+            (the search: made once, not at every autograd node of every plan).
     """
+    labels = labels if labels is not None else backward_labels(profile)
     if capture:
-        first = _simulate(profile, units, -1)
-        return _simulate(profile, units, first.events_at_peak)
-    return _simulate(profile, units, -1)
+        first = _simulate(profile, units, -1, labels)
+        return _simulate(profile, units, first.events_at_peak, labels)
+    return _simulate(profile, units, -1, labels)
 
 
-def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at: int) -> Prediction:
+def backward_labels(profile: GraphProfile) -> list[str]:
+    """What each autograd node's backward is called where it is the peak (``Prediction.where``)."""
+    return [f"backward of {node['type']} #{a} ({node['fx']})" for a, node in enumerate(profile.autograd)]
+
+
+def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at: int,
+              labels: Sequence[str]) -> Prediction:
     """One replay of the step: the plan's schedule, then forward and backward on one ledger (module docstring).
 
     ``capture_at``: the event at which to copy the ledger's storages into ``Prediction.live`` (-1: none).
@@ -337,7 +346,7 @@ def _simulate(profile: GraphProfile, units: Sequence[dict[str, Any]], capture_at
     schedule = _Schedule.of(profile, units)
     led = _Ledger(capture_at=capture_at)
     unexplained = _replay_forward(profile, schedule, led)
-    _Backward(profile, schedule, led).run()
+    _Backward(profile, schedule, led, labels).run()
     return Prediction(peak=led.peak, where=led.where, events=led.events, unexplained=unexplained, live=led.live,
                       events_at_peak=led.peak_event, peaks=led.peak_count)
 
@@ -561,11 +570,12 @@ class _Backward:
     saved, send its gradients on) reads and updates the same engine state.
     """
 
-    __slots__ = ("buffers", "consumed", "deps", "heap", "led", "owners_left", "pgrads", "profile", "recomputed",
-                 "schedule", "seq")
+    __slots__ = ("buffers", "consumed", "deps", "heap", "labels", "led", "owners_left", "pgrads", "profile",
+                 "recomputed", "schedule", "seq")
 
-    def __init__(self, profile: GraphProfile, schedule: _Schedule, led: _Ledger) -> None:
+    def __init__(self, profile: GraphProfile, schedule: _Schedule, led: _Ledger, labels: Sequence[str]) -> None:
         self.profile = profile
+        self.labels = labels
         self.schedule = schedule
         self.led = led
         self.seq = _sequence_numbers(profile, schedule)
@@ -639,7 +649,7 @@ class _Backward:
         led, profile, schedule, own = self.led, self.profile, self.schedule, self.own
         node = profile.autograd[a]
         inputs = self.buffers.pop(a, [])
-        label = f"backward of {node['type']} #{a} ({node['fx']})"
+        label = self.labels[a]
         owner_calls = schedule.owner_calls.get(a, ())
         for g in owner_calls:
             if not self.recomputed[g]:
@@ -971,12 +981,13 @@ class _Judge:
     yet known is not predicted (None, like a refused one): the search ends by count, never by a clock.
     """
 
-    __slots__ = ("cache", "limit", "profile", "units_of")
+    __slots__ = ("cache", "labels", "limit", "profile", "units_of")
 
     def __init__(self, profile: GraphProfile, units_of: Any, limit: int) -> None:
         self.profile = profile
         self.units_of = units_of
         self.limit = limit
+        self.labels = backward_labels(profile)
         self.cache: dict[tuple[int, ...], Prediction | None] = {}
 
     def __call__(self, dropped: Sequence[int]) -> Prediction | None:
@@ -986,7 +997,7 @@ class _Judge:
             if len(self.cache) >= self.limit:
                 return None
             try:
-                self.cache[key] = predict_graph_peak(self.profile, self.units_of(list(key)))
+                self.cache[key] = predict_graph_peak(self.profile, self.units_of(list(key)), labels=self.labels)
             except PlanError:
                 self.cache[key] = None
         return self.cache[key]
