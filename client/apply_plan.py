@@ -24,7 +24,7 @@ import inspect
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,24 +240,36 @@ def _build(state: _Applied, model: nn.Module, example: torch.Tensor | ModelCall,
 def _chain_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> StageChain:
     """The chain for a training call at other sizes than ``state.chain``'s (NOTE [ other sizes ])."""
     assert isinstance(state.chain, StageChain) and state.sizes is not None
-    known = state.sized_chains.get(call.sizes)
-    if known is None:
-        sizes = f"{_short(call.sizes)} (the plan's chain: {_short(state.sizes)})"
+
+    def cut(sizes: str) -> tuple[StageChain, str]:
+        chain = _any_sizes_chain(state, model, call, _skips_of(state.chain))
+        if chain is None:
+            return (_one_size_chain(state, model, call, sizes), "the plan's checkpoints on a graph exported for "
+                    "these sizes (once per new size; pad batches to fixed sizes to avoid it)")
+        if chain.graph_module is not None and ANY_SIZES_GUARDS not in chain.graph_module.meta:
+            return chain, "the plan's checkpoints on its graph for any sizes, read back from an earlier start"
+        return chain, "the plan's checkpoints on its graph exported for any sizes (once)"
+
+    return _at_other_sizes(state, call, "chain", cut)
+
+
+def _at_other_sizes(state: _Applied, call: ModelCall, what: str, cut: Callable[[str], tuple[Any, str]]) -> Any:
+    """The chain or op graph (``what``) that runs a training call at other sizes than the plan's: cut by ``cut``
+    the first time (given the sizes as the messages name them, it returns what it cut and how it ran, for the
+    one warning) and kept for the next call at those sizes (NOTE [ other sizes ], NOTE [ graph plans of a
+    call ]). A call that passes other inputs than the plan's is refused naming them."""
+    assert state.sizes is not None
+    if call.sizes not in state.sized_chains:
+        sizes = f"{_short(call.sizes)} (the plan's {what}: {_short(state.sizes)})"
         if not call.same_inputs(state.sizes):
             raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}"
                                         f"{_pass_them_too(call, state.sizes)}")
         started = time.perf_counter()
-        known = _any_sizes_chain(state, model, call, _skips_of(state.chain))
-        how = "on its graph exported for any sizes (once)"
-        if known is not None and known.graph_module is not None and ANY_SIZES_GUARDS not in known.graph_module.meta:
-            how = "on its graph for any sizes, read back from an earlier start"
-        if known is None:
-            known = _one_size_chain(state, model, call, sizes)
-            how = "on a graph exported for these sizes (once per new size; pad batches to fixed sizes to avoid it)"
+        known, how = cut(sizes)
         if not state.warned_sizes:
-            warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}, runs the plan's "
-                          f"checkpoints {how}: {time.perf_counter() - started:.1f} s; its peak is not the plan's "
-                          f"prediction", RuntimeWarning, stacklevel=_USER_FRAME)
+            warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}, runs {how}: "
+                          f"{time.perf_counter() - started:.1f} s; its peak is not the plan's prediction",
+                          RuntimeWarning, stacklevel=_USER_FRAME + 1)  # called by _chain_ or _graph_for_sizes
             state.warned_sizes = True
         state.sized_chains[call.sizes] = known
     return _used(state, call.sizes)
@@ -318,35 +330,27 @@ def _any_sizes_chain(state: _Applied, model: nn.Module, call: ModelCall,
 # refused, as a chain plan's is.
 def _graph_for_sizes(state: _Applied, model: nn.Module, call: ModelCall) -> OpGraph:
     """The op graph for a training call at other sizes than the graph plan's (NOTE [ graph plans of a call ])."""
-    assert isinstance(state.chain, OpGraph) and state.sizes is not None
-    known = state.sized_chains.get(call.sizes)
-    if known is None:
-        sizes = f"{_short(call.sizes)} (the plan's graph: {_short(state.sizes)})"
-        if not call.same_inputs(state.sizes):
-            raise _mismatch(state.plan, f"this training call passes other inputs than the first: {sizes}"
-                                        f"{_pass_them_too(call, state.sizes)}")
-        started = time.perf_counter()
+    graph = state.chain
+    assert isinstance(graph, OpGraph)
+
+    def cut(sizes: str) -> tuple[OpGraph, str]:
         try:
             with _uninstalled(model):
-                graph = export_model(model, call, train=True, cache_dir=state.graph_cache,
-                                     mask_skips=_skips_of(state.chain))
-                known = build_op_graph(model, call, train=True, graph=graph)
+                exported = export_model(model, call, train=True, cache_dir=state.graph_cache,
+                                        mask_skips=_skips_of(graph))
+                known = build_op_graph(model, call, train=True, graph=exported)
         except ModelError as exc:
             raise _mismatch(state.plan, f"the model cannot be exported at this call's sizes, {sizes}: {exc}") from None
-        if known.layout() != state.chain.layout():
+        if known.layout() != graph.layout():
             raise _mismatch(state.plan, f"a graph plan ({state.plan.algorithm}) runs at other sizes only where the "
                                         f"model exports the same ops, and at this call's it does not ("
-                                        f"{known.num_vertices} vertices against {state.chain.num_vertices}, or "
-                                        f"other ops in them), {sizes}; a chain plan (linear, checkpoint()'s "
-                                        f"default) runs at any sizes")
-        if not state.warned_sizes:
-            warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}, runs the graph plan on "
-                          f"an op graph exported for these sizes (once per new size; pad batches to fixed sizes to "
-                          f"avoid it): {time.perf_counter() - started:.1f} s; its peak is not the plan's "
-                          f"prediction", RuntimeWarning, stacklevel=_USER_FRAME)
-            state.warned_sizes = True
-        state.sized_chains[call.sizes] = known
-    return _used(state, call.sizes)
+                                        f"{known.num_vertices} vertices against {graph.num_vertices}, or other ops "
+                                        f"in them), {sizes}; a chain plan (linear, checkpoint()'s default) runs at "
+                                        f"any sizes")
+        return known, ("the graph plan on an op graph exported for these sizes (once per new size; pad batches to "
+                       "fixed sizes to avoid it)")
+
+    return _at_other_sizes(state, call, "graph", cut)
 
 
 def _check_graph_call(state: _Applied, graph: OpGraph, call: ModelCall) -> None:
