@@ -157,6 +157,15 @@ def format_kept(plan: Plan) -> str:
     return format_checkpoints(plan.checkpoints)
 
 
+def _same_step(base: Any, row: Any) -> bool:
+    """Whether ``row``'s plan is ``none``'s very training step (a chain plan that keeps every boundary, as
+    ``none`` does) measured as one with it (NOTE [ one step, one measurement ] in remat.worker.pipeline): its
+    time is ``none``'s, neither an overhead nor noise."""
+    plan = row.plan
+    return (not plan.is_graph_plan and not plan.nested and tuple(plan.checkpoints) == tuple(base.plan.checkpoints)
+            and row.step_ms == base.step_ms)
+
+
 def print_model_table(report: Any, source: str | None = None) -> None:
     """The model's plans beside their measurements; ``source`` says where the answer came from."""
     from rich.console import Console
@@ -184,8 +193,11 @@ def print_model_table(report: Any, source: str | None = None) -> None:
         if base and base.step_ms and row.step_ms is not None and row is not base:
             from remat.client.report import Trade
 
-            trade = Trade.of(base, row)
-            step += " (within noise)" if trade.within_noise else f" ({row.step_ms / base.step_ms - 1:+.0%})"
+            if _same_step(base, row):
+                step += " (none's step)"
+            else:
+                trade = Trade.of(base, row)
+                step += " (within noise)" if trade.within_noise else f" ({row.step_ms / base.step_ms - 1:+.0%})"
         predicted = format_bytes(row.plan.predicted_peak_bytes)
         if row.plan.cost_model != "pytorch":  # not the measured quantity: say which model it is
             predicted += f" ({row.plan.cost_model})"
@@ -194,7 +206,8 @@ def print_model_table(report: Any, source: str | None = None) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
                "the step time's change against none is the recompute overhead (the least of interleaved rounds; "
-               "within noise: no larger than the rounds' spread).")
+               "within noise: no larger than the rounds' spread; none's step: a plan that keeps everything, "
+               "measured as none).")
     bounded = [row.plan for row in report.rows if row.plan.lower_bound_bytes is not None]
     if bounded:
         best = min(bounded, key=lambda p: p.predicted_peak_bytes)

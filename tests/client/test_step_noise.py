@@ -54,6 +54,31 @@ def test_the_table_says_within_noise_instead_of_a_faster_plan(capsys: pytest.Cap
     assert "+30%" in next(line for line in out.splitlines() if "checkmate" in line)
 
 
+def test_a_plan_that_is_nones_step_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """A chain plan keeping every boundary is ``none``'s step, measured as one with it (NOTE [ one step, one
+    measurement ]): the table names it, neither an overhead nor noise. Only where the times are that one
+    measurement: the same checkpoints measured apart (an older store) keep the comparison."""
+    same = PlanRow.from_measurement(_plan("linear"), Measurement(algorithm="linear", measured_peak_bytes=100,
+                                                                 step_ms=100.0, step_spread_ms=8.0))
+    apart = PlanRow.from_measurement(_plan("chen-greedy"), Measurement(algorithm="chen-greedy",
+                                                                       measured_peak_bytes=100, step_ms=131.0,
+                                                                       step_spread_ms=1.0))
+
+    class Report:
+        request = type("R", (), {"name": "toy", "input_shape": (1, 3), "dtype": "float32", "device": "cpu",
+                                 "grads": "none"})()
+        device_name, num_stages, from_store, frontier = "cpu", 4, True, ()
+        rows = [_row("none", 100.0, 8.0), same, apart]
+
+        def row(self, name: str) -> PlanRow | None:
+            return next((r for r in self.rows if r.plan.algorithm == name), None)
+
+    print_model_table(Report())
+    lines = capsys.readouterr().out.splitlines()
+    assert "100 ms (none's step)" in next(line for line in lines if "linear" in line)
+    assert "131 ms (+31%)" in next(line for line in lines if "chen-greedy" in line)
+
+
 def _frontier_report(peaks: list[int]) -> object:
     def point(peak: int) -> PlanRow:
         plan = Plan(algorithm="budget", checkpoints=(2,), predicted_peak_bytes=peak, baseline_peak_bytes=200,
