@@ -162,12 +162,8 @@ def example_for(key: PlanKey, model: nn.Module) -> torch.Tensor | ModelCall:
     return torch.randn(key.input_shape, generator=generator).to(dtype).to(_model_device(model))
 
 
-def _mismatch(plan: Plan, detail: str) -> PlanMismatchError:
-    return PlanMismatchError(f"plan ({plan.algorithm}, {plan.num_stages} stages) does not fit this model: {detail}")
-
-
-def _stale(plan: Plan, detail: str) -> StalePlanError:
-    return StalePlanError(f"plan ({plan.algorithm}, {plan.num_stages} stages) does not fit this model: {detail}")
+def _mismatch(plan: Plan, detail: str, kind: type[PlanMismatchError] = PlanMismatchError) -> PlanMismatchError:
+    return kind(f"plan ({plan.algorithm}, {plan.num_stages} stages) does not fit this model: {detail}")
 
 
 def _check_stages(state: _Applied) -> None:
@@ -177,16 +173,17 @@ def _check_stages(state: _Applied) -> None:
     assert state.chain is not None
     if isinstance(state.chain, OpGraph):
         if state.chain.num_vertices != state.plan.num_vertices:
-            raise _stale(state.plan, f"the model's op graph has {state.chain.num_vertices} vertices, the "
-                                     f"plan's {state.plan.num_vertices}")
+            raise _mismatch(state.plan, f"the model's op graph has {state.chain.num_vertices} vertices, the "
+                                        f"plan's {state.plan.num_vertices}", StalePlanError)
         try:
             state.chain.check(state.plan.dropped_vertices or ())
         except PlanError as exc:
-            raise _stale(state.plan, f"on the model's op graph, {exc}") from None
+            raise _mismatch(state.plan, f"on the model's op graph, {exc}", StalePlanError) from None
         return
     n = state.chain.num_stages
     if n != state.plan.num_stages:
-        raise _stale(state.plan, f"the model splits into {n} stages, the plan into {state.plan.num_stages}")
+        raise _mismatch(state.plan, f"the model splits into {n} stages, the plan into {state.plan.num_stages}",
+                        StalePlanError)
 
 
 @contextlib.contextmanager

@@ -395,7 +395,7 @@ class OpGraph:
         self._check_groups(groups)
         group_of = {v: gi for gi, members in enumerate(groups) for v in members}
         readers: dict[int, set[int]] = {}
-        for u, v in self._value_edges():
+        for u, v in self._vertex_edges:
             if u in drop and v not in drop and v != 0:
                 readers.setdefault(v, set()).add(group_of[u])
         calls = [list(members) for members in groups]
@@ -405,10 +405,6 @@ class OpGraph:
                 if self._convex_failure([*calls[gi], v]) is None:
                     calls[gi].append(v)
         return [sorted(c) for c in calls]
-
-    def _value_edges(self) -> set[tuple[int, int]]:
-        """Vertex pairs (u, v) where a node of v reads a value of a node of u (tensors and shapes)."""
-        return self._vertex_edges
 
     # The graph search (remat.client.planning.graph_predict.search_plan) asks for the groups, calls and run order
     # of up to 2,000 dropped sets; what they read of the fx graph, which never changes once the op graph is cut,
@@ -429,6 +425,7 @@ class OpGraph:
 
     @cached_property
     def _vertex_edges(self) -> set[tuple[int, int]]:
+        """Vertex pairs (u, v) where a node of v reads a value of a node of u (tensors and shapes)."""
         node_vertex = self._vertex_of_node
         out = set()
         for n in self._nodes:
@@ -443,7 +440,7 @@ class OpGraph:
 
     @cached_property
     def _vertex_reads(self) -> list[set[int]]:
-        """Per vertex, the vertices its nodes read (``_value_edges`` by reader)."""
+        """Per vertex, the vertices its nodes read (``_vertex_edges`` by reader)."""
         reads: list[set[int]] = [set() for _ in self.vertex_nodes]
         for w, v in self._vertex_edges:
             reads[v].add(w)
@@ -455,7 +452,7 @@ class OpGraph:
 
     @cached_property
     def _node_by_name(self) -> dict[str, torch.fx.Node]:
-        return {n.name: n for n in self.graph_module.graph.nodes}
+        return {n.name: n for n in self._nodes}
 
     def execution_order(self, dropped: Sequence[int]) -> tuple[list[list[torch.fx.Node]], list[tuple[str, int]]]:
         """How ``run(x, dropped)`` orders the fx nodes: each call's nodes (traced order), and the units in run
@@ -467,7 +464,6 @@ class OpGraph:
                 ops (dropout) in another order than the model does.
         """
         nodes, index = self._nodes, self._node_index
-        pos = {n: i for i, n in enumerate(nodes)}
         unit_of: list[tuple[str, int]] = [("n", i) for i in range(len(nodes))]
         groups: list[list[torch.fx.Node]] = []
         for gi, members in enumerate(self.calls(dropped) if dropped else []):
@@ -490,7 +486,7 @@ class OpGraph:
         # this order never picks one the executor refuses.
         seeded = [n for unit in order for n in (groups[unit[1]] if unit[0] == "g" else [nodes[unit[1]]])
                   if n.name in self._seeded]
-        if seeded != sorted(seeded, key=pos.__getitem__):
+        if seeded != sorted(seeded, key=lambda n: index[n.name]):
             raise PlanError(f"dropping vertices {list(dropped)[:8]}… would reorder random ops (dropout masks "
                             "would differ from the model's)")
         return groups, order
