@@ -104,6 +104,11 @@ class _StorageInterpreter(RecordingInterpreter):
         return value
 
 
+_CONVEX_REMEMBERED = 1024
+"""Vertex sets whose convexity an op graph keeps (then it forgets them all): a search asks about the groups of the
+plans around the one it stands on, and remembering every set of 2,000 plans held megabytes for the graph's life."""
+
+
 class _UnionFind:
     def __init__(self) -> None:
         self.parent: dict[str, str] = {}
@@ -336,21 +341,42 @@ class OpGraph:
     def groups(self, dropped: Sequence[int]) -> list[list[int]]:
         """The connected groups of ``dropped`` vertices (over every value edge), each sorted."""
         drop = set(dropped)
-        uf = _UnionFind()
-        for v in drop:
-            uf.find(str(v))
+        parent = {v: v for v in drop}
+
+        def find(v: int) -> int:
+            while parent[v] != v:
+                parent[v] = parent[parent[v]]
+                v = parent[v]
+            return v
+
         reads = self._vertex_reads
         for v in drop:
             for w in reads[v]:
                 if w in drop:
-                    uf.union(str(v), str(w))
-        comps: dict[str, list[int]] = {}
+                    rv, rw = find(v), find(w)
+                    if rv != rw:
+                        parent[rw] = rv
+        comps: dict[int, list[int]] = {}
         for v in sorted(drop):
-            comps.setdefault(uf.find(str(v)), []).append(v)
+            comps.setdefault(find(v), []).append(v)
         return sorted(comps.values())
 
     def _convex_failure(self, members: Sequence[int]) -> int | str | None:
-        """A vertex outside ``members`` that reads them and feeds them (so no order runs them in one call)."""
+        """A vertex outside ``members`` that reads them and feeds them (so no order runs them in one call).
+        Remembered per vertex set: the graph search asks about the same groups again and again."""
+        key = frozenset(members)
+        known = self._convex_failures
+        if key not in known:
+            if len(known) >= _CONVEX_REMEMBERED:
+                known.clear()
+            known[key] = self._find_convex_failure(members)
+        return known[key]
+
+    @cached_property
+    def _convex_failures(self) -> dict[frozenset[int], int | str | None]:
+        return {}
+
+    def _find_convex_failure(self, members: Sequence[int]) -> int | str | None:
         node_vertex, by_name = self._vertex_of_node, self._node_by_name
         inside = {name for v in members for name in self.vertex_nodes[v]}
         frontier = [u for name in inside for u in by_name[name].users if u.name not in inside]

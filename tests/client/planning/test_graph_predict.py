@@ -210,3 +210,54 @@ def test_forced_memory_is_below_every_plan_predicted_and_measured(name: str) -> 
         measured = measure_step(model, x, plans[label], grads="kept", chain=graph, baseline=False,
                                 timing_repeats=0).measured_peak_bytes
         assert measured >= bound.peak, label
+
+
+@pytest.mark.parametrize("name", ["densenet_small", "resnet18"])
+def test_stopped_replays_leave_the_search_as_whole_replays_do(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ replays stopped above the running ]: stopping a move's replay once it cannot be among the moves the
+    descent looks at changes nothing the search decides. The oracle is the same search with every plan replayed
+    to the end (the judge's bar taken away): the same plan, prediction, trail and count of plans judged; and
+    replays were stopped, or this would compare a search with itself."""
+    from remat.client.planning import graph_predict
+
+    _, _, graph, profile = _profiled(name)
+    units_of = functools.partial(executor_units, graph)
+    stopped_replays = []
+    simulate = graph_predict._simulate
+
+    def counting(*args: object, **kwargs: object) -> graph_predict.Prediction:
+        try:
+            return simulate(*args, **kwargs)
+        except graph_predict._AbovePeak:
+            stopped_replays.append(args[1])
+            raise
+
+    def searched() -> graph_predict.SearchResult:
+        return search_plan(profile, graph.weights, graph.edges, units_of, vertex_nodes=graph.vertex_nodes,
+                           max_evaluations=300)
+
+    monkeypatch.setattr(graph_predict, "_simulate", counting)
+    stopped = searched()
+    assert stopped_replays
+    judge = graph_predict._Judge.__call__
+    monkeypatch.setattr(graph_predict._Judge, "__call__", lambda self, dropped, above=None: judge(self, dropped))
+    whole = searched()
+    assert (stopped.dropped, stopped.prediction, stopped.source, stopped.trail, stopped.evaluated) == \
+        (whole.dropped, whole.prediction, whole.source, whole.trail, whole.evaluated)
+
+
+def test_a_stopped_plan_counts_once_and_is_replayed_whole_when_asked_again() -> None:
+    """The judge's bounds: a plan stopped above a bar is judged (counted) once, its bound is no more than its
+    peak, and asked again with a higher bar or none it gets the prediction of a whole replay, uncounted."""
+    from remat.client.planning.graph_predict import _Judge
+
+    _, _, graph, profile = _profiled("resnet18")
+    units_of = functools.partial(executor_units, graph)
+    dropped = _plans(graph)["acg"]
+    exact = predict_graph_peak(profile, units_of(dropped))
+    judge = _Judge(profile, units_of, limit=10)
+    assert judge(dropped, above=exact.peak // 2) is None
+    assert judge.count == 1 and exact.peak // 2 < judge.bounds[tuple(dropped)] <= exact.peak
+    assert judge(dropped, above=judge.bounds[tuple(dropped)] - 1) is None  # still above the bar: not replayed
+    assert judge(dropped) == exact and judge.count == 1 and not judge.bounds
+    assert judge(dropped, above=0) == exact  # known whole: no bar hides it
