@@ -68,6 +68,7 @@ from remat.client.graph.write_probe import (
     storages,
     untouched,
 )
+from remat.client.planning.graph_predict import call_groups
 from remat.client.trace import GraphVertex, TraceGraph
 
 __all__ = ["OpGraph", "build_op_graph"]
@@ -340,26 +341,7 @@ class OpGraph:
 
     def groups(self, dropped: Sequence[int]) -> list[list[int]]:
         """The connected groups of ``dropped`` vertices (over every value edge), each sorted."""
-        drop = set(dropped)
-        parent = {v: v for v in drop}
-
-        def find(v: int) -> int:
-            while parent[v] != v:
-                parent[v] = parent[parent[v]]
-                v = parent[v]
-            return v
-
-        reads = self._vertex_reads
-        for v in drop:
-            for w in reads[v]:
-                if w in drop:
-                    rv, rw = find(v), find(w)
-                    if rv != rw:
-                        parent[rw] = rv
-        comps: dict[int, list[int]] = {}
-        for v in sorted(drop):
-            comps.setdefault(find(v), []).append(v)
-        return sorted(comps.values())
+        return call_groups(dropped, self._vertex_reads)
 
     def _convex_failure(self, members: Sequence[int]) -> int | str | None:
         """A vertex outside ``members`` that reads them and feeds them (so no order runs them in one call).

@@ -975,7 +975,8 @@ def _rank(p: Prediction) -> tuple[int, int]:
 
 
 def call_groups(dropped: Sequence[int], succ: Sequence[set[int]]) -> list[list[int]]:
-    """The connected groups of ``dropped`` over the graph's edges, each sorted (each one checkpointed call)."""
+    """The connected groups of ``dropped`` over the graph's edges, each sorted (each one checkpointed call).
+    ``succ`` lists each vertex's successors, or its predecessors (``OpGraph.groups``): the groups are the same."""
     drop = set(dropped)
     parent = {v: v for v in drop}
 
