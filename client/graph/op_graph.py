@@ -234,6 +234,8 @@ class OpGraph:
     _slots: dict[str, list[tuple[nn.Module, str]]] = field(repr=False, default_factory=dict)
     _seeded: frozenset[str] = field(repr=False, default=frozenset())
     _executors: dict[tuple[int, ...], torch.fx.GraphModule] = field(repr=False, default_factory=dict)
+    _convex_failures: dict[frozenset[int], int | str | None] = field(repr=False, default_factory=dict, init=False)
+    """``_convex_failure``'s answers, at most ``_CONVEX_REMEMBERED``."""
     num_inputs: int = 1
     """Graph inputs (placeholders): 1 for a model of one tensor; a call's flat inputs, constants included."""
     pytree_specs: Any = field(default=None, repr=False)
@@ -353,10 +355,6 @@ class OpGraph:
                 known.clear()
             known[key] = self._find_convex_failure(members)
         return known[key]
-
-    @cached_property
-    def _convex_failures(self) -> dict[frozenset[int], int | str | None]:
-        return {}
 
     def _find_convex_failure(self, members: Sequence[int]) -> int | str | None:
         node_vertex, by_name = self._vertex_of_node, self._node_by_name

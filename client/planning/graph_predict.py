@@ -260,14 +260,15 @@ class _Ledger:
         """An event: ``transient`` bytes on top of the level are a peak candidate (and, at event
         ``capture_at``, the live storages are copied)."""
         self.events += 1
-        if self.level + transient > self.peak:
-            if self.level + transient > self.stop_above:
-                raise _AbovePeak(self.level + transient)
-            self.peak = self.level + transient
+        level = self.level + transient
+        if level > self.peak:
+            if level > self.stop_above:
+                raise _AbovePeak(level)
+            self.peak = level
             self.where = what
             self.peak_event = self.events
             self.peak_count = 1
-        elif self.level + transient == self.peak:
+        elif level == self.peak:
             self.peak_count += 1
         if self.events == self.capture_at:
             self.live = dict(self.sizes)
