@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.client.distributed import refuse_inner_units, trained_module
 from remat.client.errors import ModelError, PlanError, PlanMismatchError, StalePlanError
 from remat.client.graph.fx_trace import (
     ANY_SIZES_GUARDS,
@@ -567,6 +568,7 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if state.chain is None:
         _build(state, self, example)
     if not state.checked:
+        refuse_inner_units(self)
         _check_call(state, self, call)
         state.checked = True
         if state.sizes is None:  # a chain handed over by checkpoint(): cut for the key's call, or for this one
@@ -616,9 +618,13 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
     Raises:
         PlanMismatchError: the plan was made for another model, input signature, mode or torch version.
         PlanError: the plan or its key is malformed.
+        ModelError: the model is sharded or wrapped in a way a plan cannot train under (NOTE [ plans under
+            data parallelism ] in remat.client.distributed); a DistributedDataParallel wrapper is returned
+            with the plan applied to its module.
     """
     if not isinstance(plan, Plan):
         raise PlanError(f"apply: expected a remat.client.plan.Plan, got {type(plan).__name__}")
+    wrapper, model = model, trained_module(model, "apply")
     key = _plan_key(plan, key)
     remove(model)
     graph = None  # the hash check's trace, when there is one, is the trace the chain is cut from
@@ -643,7 +649,7 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
             # from the first real training batch instead, and a real mismatch is reported there.
             state.chain = None
     _install(model, state)
-    return model
+    return wrapper
 
 
 def apply_with_chain(model: nn.Module, plan: Plan, *, key: PlanKey, chain: StageChain,

@@ -98,8 +98,10 @@ def fetch_plan(model: nn.Module, input_shape: Sequence[int] | Mapping[str, Any],
         ServiceError: the service is unreachable or answered an error.
         PlanError: the arguments do not make a valid key, or the served plan is malformed.
     """
+    from remat.client.distributed import trained_module
     from remat.client.graph.built_model import key_for_model
 
+    model = trained_module(model, "fetch_plan")
     call = _call_of(model, input_shape)
     if call is None:
         key = key_for_model(model, input_shape, dtype=dtype, mode=mode, grads=grads, device=device)
@@ -152,12 +154,15 @@ def fetch_and_apply(model: nn.Module, input_shape: Sequence[int] | Mapping[str, 
         PlanNotFoundError, ServiceError, PlanError: as ``fetch_plan``; PlanMismatchError: as ``apply``.
     """
     from remat.client.apply_plan import apply, apply_with_chain, example_for
+    from remat.client.distributed import trained_module
     from remat.client.local_plans import LocalPlanCache
     from remat.client.plan_lookup import build_held_model
 
+    wrapper, model = model, trained_module(model, "fetch_and_apply")
     if not strict or mode != "train":
-        return apply(model, fetch_plan(model, input_shape, server=server, algorithm=algorithm, dtype=dtype,
-                                       grads=grads, mode=mode, device=device, token=token), strict=strict)
+        apply(model, fetch_plan(model, input_shape, server=server, algorithm=algorithm, dtype=dtype, grads=grads,
+                                mode=mode, device=device, token=token), strict=strict)
+        return wrapper
     call = _call_of(model, input_shape)
     shape = tuple(call.main.shape) if call is not None else tuple(input_shape)  # type: ignore[arg-type]
     wanted = PlanKey(model_hash=UNKNOWN, input_shape=shape, dtype=dtype, mode=mode, grads=grads,
@@ -169,7 +174,8 @@ def fetch_and_apply(model: nn.Module, input_shape: Sequence[int] | Mapping[str, 
     cache = LocalPlanCache()
     built = build_held_model(model, example, grads=wanted.grads, dtype=wanted.dtype, cache=cache)
     plan = _fetch_for_key(built.key, server=server, token=token, algorithm=algorithm)
-    return apply_with_chain(model, plan, key=built.key, chain=built.chain, cache_dir=cache.directory)
+    apply_with_chain(model, plan, key=built.key, chain=built.chain, cache_dir=cache.directory)
+    return wrapper
 
 
 # --- the CLI's server mode --------------------------------------------------------------------------------

@@ -70,7 +70,9 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
 
     Args:
         model: any module, on the device it trains on. Only its instance ``forward`` changes
-            (remat.client.apply): parameters, ``state_dict()`` keys and optimizers are untouched.
+            (remat.client.apply): parameters, ``state_dict()`` keys and optimizers are untouched. A
+            DistributedDataParallel wrapper is returned with its module planned; FSDP shards the model after
+            this call, as one unit (NOTE [ plans under data parallelism ] in remat.client.distributed).
         example_args, example_kwargs: one training call's inputs (module docstring), or tensors of their
             shapes, dtypes and devices: plans are made for one call signature. Call inside ``torch.autocast``
             if training runs there (the precision is keyed). When the model computes its own loss (``labels=``
@@ -95,19 +97,31 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
     Raises:
         PlanMismatchError: a cached or served plan was made for another key (the message says what differs).
         PlanNotFoundError: no plan anywhere and ``on_miss="raise"``.
-        ModelError: the model cannot be traced and cut into stages for this call (one line saying why).
+        ModelError: the model cannot be traced and cut into stages for this call, or is sharded already (one
+            line saying why).
         PlanError: bad arguments (one line naming the argument or input).
     """
     from torch import nn
 
-    from remat.client.apply_plan import apply_with_chain
-    from remat.client.graph.built_model import build_from_model
+    from remat.client.distributed import trained_module
     from remat.client.graph.model_call import ModelCall
-    from remat.client.precision import precision_of_call
 
     if not isinstance(model, nn.Module):
         raise PlanError(f"checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
-    call = ModelCall.bind(model, example_args, example_kwargs)
+    wrapper, model = model, trained_module(model, "checkpoint")
+    _checkpoint(model, ModelCall.bind(model, example_args, example_kwargs), grads=grads, algorithm=algorithm,
+                budget=budget, server=server, token=token, on_miss=on_miss, cache_dir=cache_dir, timeout_s=timeout_s)
+    return wrapper
+
+
+def _checkpoint(model: nn.Module, call: ModelCall, *, grads: str, algorithm: str, budget: str | int | None,
+                server: str | None, token: str | None, on_miss: str, cache_dir: str | os.PathLike[str] | None,
+                timeout_s: float | None) -> nn.Module:
+    """:func:`checkpoint` on the module the plan is for (a DistributedDataParallel wrapper's module)."""
+    from remat.client.apply_plan import apply_with_chain
+    from remat.client.graph.built_model import build_from_model
+    from remat.client.precision import precision_of_call
+
     if call.main.dim() < 2:
         what = "example_input" if call.single_tensor is not None else "the first tensor input"
         raise PlanError(f"checkpoint: {what} must have a batch dimension and at least one more, got shape "
@@ -138,7 +152,7 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         except StalePlanError as exc:
             warnings.warn(f"remat: the {algorithm} plan found for {type(model).__name__} at input {described} was "
                           f"made on another cut of the model (an older remat made it; {exc}): planning again",
-                          RuntimeWarning, stacklevel=2)
+                          RuntimeWarning, stacklevel=3)
     if on_miss == "raise":
         raise PlanNotFoundError(f"no {algorithm} plan for {type(model).__name__} at input "
                                 f"{described} in the plan cache, the local store"
@@ -146,7 +160,7 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
     if on_miss == "none":
         warnings.warn(f"remat: no {algorithm} plan for {type(model).__name__} at input "
                       f"{described}; training without checkpointing", RuntimeWarning,
-                      stacklevel=2)
+                      stacklevel=3)
         return model
     if built.probe_batch is not None:  # profiling needs a chain probed with the whole batch
         built = build_from_model(built.request, model, example, graph=built.chain.graph_module)
@@ -239,7 +253,7 @@ def _find(key: PlanKey, algorithm: str, cache: LocalPlanCache, server: str | Non
         stored = planner.stored_plan(key, algorithm) if planner is not None else None
     except Exception as exc:  # noqa: BLE001 - a broken local database must not stop a training job
         warnings.warn(f"remat: the local plan store is unreadable ({type(exc).__name__}: {exc}); skipping it",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
         stored = None
     if stored is not None:
         cache.put(key, stored, source="the local plan store")
@@ -295,7 +309,7 @@ def _find_for_budget(key: PlanKey, spec: BudgetSpec, cache: LocalPlanCache, serv
         frontier = list(planner.stored_frontier(key)) if planner is not None else []
     except Exception as exc:  # noqa: BLE001 - a broken local database must not stop a training job
         warnings.warn(f"remat: the local plan store is unreadable ({type(exc).__name__}: {exc}); skipping it",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
         frontier = []
     plan = pick_from_frontier(frontier, spec) if frontier else None
     source = "the local plan store"
@@ -341,9 +355,10 @@ def _from_service(key: PlanKey, algorithm: str, server: str, token: str | None,
 
 
 def _warn_service(exc: ServiceError) -> None:
-    # stacklevel 5: this, _from_service (or _budget_from_service), _find (or _find_for_budget), checkpoint, its caller
+    # stacklevel 6: this, _from_service (or _budget_from_service), _find (or _find_for_budget), _checkpoint,
+    # checkpoint, its caller
     warnings.warn(f"remat: the plan service is not answering ({exc}); going on without it", RuntimeWarning,
-                  stacklevel=5)
+                  stacklevel=6)
 
 
 def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,
@@ -369,5 +384,5 @@ def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str
             logger.info("remat: uploaded the trace to %s", server)
         except ServiceError as exc:
             warnings.warn(f"remat: the trace was not uploaded ({exc}); the plan is kept here", RuntimeWarning,
-                          stacklevel=4)
+                          stacklevel=5)
     return plan
