@@ -5,8 +5,8 @@ the model's layers directly, stage by stage, and re-run some of them in backward
 outside the model therefore keeps working, and one that hooks modules *inside* it does not:
 
 - ``DistributedDataParallel`` calls the wrapped module and all-reduces gradients from hooks on the parameters:
-  a plan applied before or after wrapping trains bit-equal to DDP without it (2 ranks, gloo, CPU:
-  tests/client/test_distributed.py). ``checkpoint(ddp_model, ...)`` plans ``ddp_model.module``, the module
+  a plan applied before or after wrapping trains bit-equal to DDP without it (2 ranks, gloo, CPU: ResNet-18,
+  and a GPT-2 with dropout called with keyword inputs; tests/client/test_distributed.py). ``checkpoint(ddp_model, ...)`` plans ``ddp_model.module``, the module
   DDP calls.
 - FSDP sharding the model *as one unit* (``fully_shard(model)``, or ``FullyShardedDataParallel(model)``)
   gathers every parameter before the model's forward runs and keeps them through backward (the root's

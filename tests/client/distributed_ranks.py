@@ -1,5 +1,5 @@
-"""Two ranks (gloo, CPU) training ResNet-18 with and without a plan under DDP and FSDP, for
-tests/client/test_distributed.py: ``python distributed_ranks.py OUT_DIR`` writes ``rank<k>.json``.
+"""Two ranks (gloo, CPU) training ResNet-18 under DDP and FSDP, and a two-block GPT-2 under DDP, with and
+without a plan, for tests/client/test_distributed.py: ``python distributed_ranks.py OUT_DIR`` writes ``rank<k>.json``.
 
 Every model starts from the same seed; each rank trains on its own batch, so gradients are reduced across
 ranks. A plan is made once (rank 0 profiles, rank 1 then hits the plan cache) with ``chen-sqrt``, which
@@ -26,8 +26,11 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel
 from torchvision.models.resnet import BasicBlock
 
-import remat.client
-from remat.client.apply_plan import applied_plan
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.utils, run as a script
+
+import remat.client  # noqa: E402
+from remat.client.apply_plan import applied_plan  # noqa: E402
+from tests.utils.tiny_transformers import batch, tiny  # noqa: E402
 
 WORLD = 2
 
@@ -118,16 +121,44 @@ def _dtensor_parameter_after_the_plan(x: torch.Tensor, y: torch.Tensor) -> None:
     _step(model, x, y)
 
 
+def _gpt2_under_ddp(rank: int) -> dict[str, Any]:
+    """A two-block GPT-2 (dropout on) called with keyword inputs, computing its own loss, under DDP: the
+    dropout masks of both runs drawn from the same seed."""
+    result: dict[str, Any] = {}
+    runs = []
+    for name in ("unmodified", "applied"):
+        model = tiny("gpt2")
+        if name == "applied":
+            remat.client.checkpoint(model, **batch(seed=9), algorithm="chen-sqrt")
+        wrapped = DistributedDataParallel(model)
+        saved = [0]
+
+        def pack(t: torch.Tensor, saved: list[int] = saved) -> torch.Tensor:
+            saved[0] += 1
+            return t
+
+        torch.manual_seed(5)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = wrapped(**batch(seed=rank)).loss
+        loss.backward()
+        result[f"saved_{name}"] = saved[0]
+        runs.append([p.grad for p in model.parameters()])
+    result["equal"] = all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+    return result
+
+
 def _rank(rank: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    if rank == 0:
-        _model(applied=True)  # profiles and plans; the other rank waits, then hits the plan cache
+    if rank == 0:  # profiles and plans; the other rank waits, then hits the plan cache
+        _model(applied=True)
+        remat.client.checkpoint(tiny("gpt2"), **batch(seed=9), algorithm="chen-sqrt")
     dist.barrier()
     torch.manual_seed(100 + rank)
     x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
     fsdp1 = {"device_id": torch.device("cpu"), "use_orig_params": True}
     results: dict[str, Any] = {
         "ddp": _compare(DistributedDataParallel, lambda m: _grads(m.module), x, y),
+        "ddp_gpt2": _gpt2_under_ddp(rank),
         "fully_shard_one_unit": _compare(fully_shard, _grads, x, y),
         "fsdp1_one_unit": _compare(lambda m: FullyShardedDataParallel(m, **fsdp1), _fsdp1_grads, x, y),
         "fully_shard_blocks": _refusal(lambda: _step(_shard_blocks(_model(applied=True)), x, y)),

@@ -1,7 +1,8 @@
 """Plans under data parallelism (NOTE [ plans under data parallelism ] in remat.client.distributed): two ranks
-on CPU (gloo over loopback) train ResNet-18 with and without a plan under DistributedDataParallel and FSDP
-(tests/client/distributed_ranks.py). The oracle is the unmodified model under the same wrapper, same seed,
-same batches: gradients ``torch.equal`` after the wrapper's reduction, on both ranks."""
+on CPU (gloo over loopback) train ResNet-18, and a two-block GPT-2 under DDP, with and without a plan, under
+DistributedDataParallel and FSDP (tests/client/distributed_ranks.py). The oracle is the unmodified model under
+the same wrapper, same seed, same batches: gradients ``torch.equal`` after the wrapper's reduction, on both
+ranks."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads((out / f"rank{k}.json").read_text()) for k in range(2)]
 
 
-@pytest.mark.parametrize("wrapper", ["ddp", "ddp_wrapped_first", "fully_shard_one_unit", "fsdp1_one_unit"])
+@pytest.mark.parametrize("wrapper", ["ddp", "ddp_gpt2", "ddp_wrapped_first", "fully_shard_one_unit", "fsdp1_one_unit"])
 def test_a_plan_trains_bit_equal_under_ddp_and_fsdp_of_the_whole_model(ranks: list[dict[str, Any]],
                                                                         wrapper: str) -> None:
     for rank in ranks:
