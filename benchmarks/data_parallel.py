@@ -1,6 +1,6 @@
 """A plan's memory and time under data parallelism: one process, DistributedDataParallel and FSDP of the whole
 model (FSDP2 ``fully_shard``, FSDP1), unmodified and with the plan applied (NOTE [ plans under data
-parallelism ] in remat.client.distributed).
+parallelism ] in remat.client.model_wrappers).
 
     uv run python benchmarks/data_parallel.py --model resnet50 --batch 4 --side 128
 

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.client.distributed import refuse_inner_units, trained_module
 from remat.client.errors import ModelError, PlanError, PlanMismatchError, StalePlanError
 from remat.client.graph.fx_trace import (
     ANY_SIZES_GUARDS,
@@ -47,6 +46,7 @@ from remat.client.graph.mask_skips import MASK_SKIPS, PRECONDITION, mask_decisio
 from remat.client.graph.model_call import ModelCall, synthetic_call
 from remat.client.graph.op_graph import OpGraph, build_op_graph
 from remat.client.graph.stage_graph import StageChain, build_stage_chain, trace_model
+from remat.client.model_wrappers import refuse_inner_units, trained_module
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey, current_torch_version
 from remat.client.precision import autocast_dtype, precision_of_call
@@ -619,7 +619,7 @@ def apply(model: nn.Module, plan: Plan, *, key: PlanKey | None = None, strict: b
         PlanMismatchError: the plan was made for another model, input signature, mode or torch version.
         PlanError: the plan or its key is malformed.
         ModelError: the model is sharded or wrapped in a way a plan cannot train under (NOTE [ plans under
-            data parallelism ] in remat.client.distributed); a DistributedDataParallel wrapper is returned
+            data parallelism ] in remat.client.model_wrappers); a DistributedDataParallel wrapper is returned
             with the plan applied to its module.
     """
     if not isinstance(plan, Plan):

@@ -98,8 +98,8 @@ def fetch_plan(model: nn.Module, input_shape: Sequence[int] | Mapping[str, Any],
         ServiceError: the service is unreachable or answered an error.
         PlanError: the arguments do not make a valid key, or the served plan is malformed.
     """
-    from remat.client.distributed import trained_module
     from remat.client.graph.built_model import key_for_model
+    from remat.client.model_wrappers import trained_module
 
     model = trained_module(model, "fetch_plan")
     call = _call_of(model, input_shape)
@@ -154,8 +154,8 @@ def fetch_and_apply(model: nn.Module, input_shape: Sequence[int] | Mapping[str, 
         PlanNotFoundError, ServiceError, PlanError: as ``fetch_plan``; PlanMismatchError: as ``apply``.
     """
     from remat.client.apply_plan import apply, apply_with_chain, example_for
-    from remat.client.distributed import trained_module
     from remat.client.local_plans import LocalPlanCache
+    from remat.client.model_wrappers import trained_module
     from remat.client.plan_lookup import build_held_model
 
     wrapper, model = model, trained_module(model, "fetch_and_apply")

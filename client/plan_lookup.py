@@ -72,7 +72,7 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         model: any module, on the device it trains on. Only its instance ``forward`` changes
             (remat.client.apply): parameters, ``state_dict()`` keys and optimizers are untouched. A
             DistributedDataParallel wrapper is returned with its module planned; FSDP shards the model after
-            this call, as one unit (NOTE [ plans under data parallelism ] in remat.client.distributed).
+            this call, as one unit (NOTE [ plans under data parallelism ] in remat.client.model_wrappers).
         example_args, example_kwargs: one training call's inputs (module docstring), or tensors of their
             shapes, dtypes and devices: plans are made for one call signature. Call inside ``torch.autocast``
             if training runs there (the precision is keyed). When the model computes its own loss (``labels=``
@@ -103,8 +103,8 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
     """
     from torch import nn
 
-    from remat.client.distributed import trained_module
     from remat.client.graph.model_call import ModelCall
+    from remat.client.model_wrappers import trained_module
 
     if not isinstance(model, nn.Module):
         raise PlanError(f"checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")

@@ -440,3 +440,24 @@ def test_budget_fit_on_cuda_picks_a_plan_within_the_free_room(cache_dir: Path) -
     assert plan is not None and plan.algorithm == "budget"
     assert plan.predicted_peak_bytes <= room
     assert plan.checkpoints == (), "a small model fits a GPU without recomputing anything"
+
+
+def test_checkpoint_of_a_compiled_model_plans_the_module_it_compiles(cache_dir: Path) -> None:
+    """``checkpoint(torch.compile(model), x)`` plans ``model`` and returns the compiled wrapper, which then runs
+    as an applied model compiled afterwards does (NOTE [ torch.compile keeps the plan ]): it was refused with
+    "OptimizedModule does not run on input ...: missing the required forward function"."""
+    torch._dynamo.reset()
+    batches = _batches(2)
+    reference = _model()
+    planned = copy.deepcopy(reference)
+    compiled = torch.compile(planned)
+    assert remat.client.checkpoint(compiled, batches[0][0], grads="kept", cache_dir=cache_dir) is compiled
+    plan = applied_plan(planned)
+    assert plan is not None and plan.checkpoints, "the test needs a plan that recomputes something"
+    with pytest.warns(RuntimeWarning, match="torch.compile"):
+        got = _train(compiled, batches)
+    expected = _train(reference, batches)
+    for step, (a, b) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(a, b), f"step {step}: loss {b.item()} vs unplanned {a.item()}"
+    for (name, a), b in zip(reference.state_dict().items(), planned.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -1,4 +1,4 @@
-"""Plans under data parallelism (NOTE [ plans under data parallelism ] in remat.client.distributed): two ranks
+"""Plans under data parallelism (NOTE [ plans under data parallelism ] in remat.client.model_wrappers): two ranks
 on CPU (gloo over loopback) train ResNet-18, and a two-block GPT-2 under DDP, with and without a plan, under
 DistributedDataParallel and FSDP (tests/client/distributed_ranks.py). The oracle is the unmodified model under
 the same wrapper, same seed, same batches: gradients ``torch.equal`` after the wrapper's reduction, on both

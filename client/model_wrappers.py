@@ -1,4 +1,5 @@
-"""Data-parallel training and an applied plan: which wrappers a plan trains under, which are refused, and why.
+"""Wrappers around a model and an applied plan: which a plan trains under (DDP, FSDP of the whole model,
+torch.compile), which are refused, and why.
 
 NOTE [ plans under data parallelism ] A plan replaces the model's own ``forward`` in training: its stages call
 the model's layers directly, stage by stage, and re-run some of them in backward. A wrapper that works from
@@ -6,8 +7,8 @@ outside the model therefore keeps working, and one that hooks modules *inside* i
 
 - ``DistributedDataParallel`` calls the wrapped module and all-reduces gradients from hooks on the parameters:
   a plan applied before or after wrapping trains bit-equal to DDP without it (2 ranks, gloo, CPU: ResNet-18,
-  and a GPT-2 with dropout called with keyword inputs; tests/client/test_distributed.py). ``checkpoint(ddp_model, ...)`` plans ``ddp_model.module``, the module
-  DDP calls.
+  and a GPT-2 with dropout called with keyword inputs; tests/client/test_distributed.py).
+  ``checkpoint(ddp_model, ...)`` plans ``ddp_model.module``, the module DDP calls.
 - FSDP sharding the model *as one unit* (``fully_shard(model)``, or ``FullyShardedDataParallel(model)``)
   gathers every parameter before the model's forward runs and keeps them through backward (the root's
   default), so the plan's stages and their re-runs see whole parameters: bit-equal to the same FSDP without a
@@ -21,7 +22,10 @@ outside the model therefore keeps working, and one that hooks modules *inside* i
   into stages: ``checkpoint`` and ``apply`` refuse it, saying to apply the plan first. ``DataParallel`` copies
   the module per device for every call, copies whose ``forward`` would run the original's stages: refused too.
 
-FSDP and DTensor are looked up only where torch has already imported them: a script that never imported them
+``torch.compile(model)`` wraps the model the same way: ``checkpoint`` of the compiled wrapper plans the module
+it compiles, which then runs as an applied model compiled afterwards does.
+
+FSDP, DTensor and dynamo are looked up only where torch has already imported them: a script that never imported them
 holds none, and a plan-cache hit does not pay their import.
 """
 
@@ -71,15 +75,26 @@ def _dtensor_parameter(model: nn.Module) -> str | None:
     return next((name for name, p in model.named_parameters() if isinstance(p, tensor.DTensor)), None)
 
 
+def _wrapped(model: nn.Module) -> nn.Module | None:
+    """The module a ``DistributedDataParallel`` or ``torch.compile`` wrapper calls, or None for another module."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.module
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    if dynamo is not None and isinstance(model, dynamo.OptimizedModule):
+        return model._orig_mod
+    return None
+
+
 def trained_module(model: nn.Module, who: str) -> nn.Module:
-    """The module a plan is made for and applied to: ``model``, or the module a ``DistributedDataParallel``
-    wrapper trains (NOTE [ plans under data parallelism ]).
+    """The module a plan is made for and applied to: ``model``, or the module that ``DistributedDataParallel``
+    and ``torch.compile`` wrappers around it call (NOTE [ plans under data parallelism ]; a compiled model runs
+    its plan as NOTE [ torch.compile keeps the plan ] in remat.client.apply_plan says).
 
     Raises:
         ModelError: ``model`` is sharded by FSDP, holds DTensor parameters, or is wrapped in ``DataParallel``.
     """
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        model = model.module
+    while (inner := _wrapped(model)) is not None:
+        model = inner
     if isinstance(model, nn.DataParallel):
         raise ModelError(f"{who}: the model is wrapped in torch.nn.DataParallel, whose per-device copies would "
                          f"not run the plan; train with DistributedDataParallel ({_HOW})")
