@@ -51,16 +51,21 @@ def test_a_plan_trains_bit_equal_under_ddp_and_fsdp_of_the_whole_model(ranks: li
 
 
 @pytest.mark.parametrize(("case", "names"), [
-    ("fully_shard_blocks", ["remat: layer1.0 was sharded with fully_shard", "as one unit", "DistributedDataParallel"]),
-    ("fsdp1_blocks", ["remat: layer1.0 was sharded with FullyShardedDataParallel", "as one unit"]),
-    ("dtensor_parameter_after_the_plan", ["remat: parameter fc.weight is a DTensor in training"]),
+    ("fully_shard_blocks", ["layer1.0 was sharded with fully_shard", "as one unit", "DistributedDataParallel"]),
+    ("fsdp1_blocks", ["layer1.0 was sharded with FullyShardedDataParallel", "as one unit"]),
+    ("dtensor_parameter_after_the_plan", ["parameter fc.weight is a DTensor in training"]),
 ])
 def test_fsdp_units_inside_an_applied_model_are_refused_at_its_first_training_call(ranks: list[dict[str, Any]],
                                                                                    case: str, names: list[str]) -> None:
+    _refused_in_one_line(ranks, case, "remat: ", names)
+
+
+def _refused_in_one_line(ranks: list[dict[str, Any]], case: str, prefix: str, names: list[str]) -> None:
+    """Both ranks got remat's ModelError for ``case``: one line, starting with ``prefix``, naming ``names``."""
     for rank in ranks:
         assert rank[case] is not None and rank[case]["type"] == "ModelError", rank[case]
         message = rank[case]["message"]
-        assert "\n" not in message
+        assert message.startswith(prefix) and "\n" not in message, message
         for name in names:
             assert name in message, message
 
@@ -92,9 +97,4 @@ def test_apply_and_fetch_refuse_data_parallel_before_tracing_or_asking_a_service
 ])
 def test_a_model_sharded_or_replicated_before_checkpoint_is_refused_in_one_line(ranks: list[dict[str, Any]],
                                                                                 case: str, names: list[str]) -> None:
-    for rank in ranks:
-        assert rank[case] is not None and rank[case]["type"] == "ModelError", rank[case]
-        message = rank[case]["message"]
-        assert message.startswith("checkpoint: ") and "\n" not in message
-        for name in names:
-            assert name in message, message
+    _refused_in_one_line(ranks, case, "checkpoint: ", names)
