@@ -96,9 +96,11 @@ def _shard_blocks(model: nn.Module) -> nn.Module:
     return model
 
 
-def _wrap_then_checkpoint() -> DistributedDataParallel:
+def _wrap_then_checkpoint(x: torch.Tensor) -> DistributedDataParallel:
+    """A DDP wrapper given to ``checkpoint`` at a batch size no plan was made for: each rank profiles the
+    module inside the wrapper, whose hooks on the parameters see those steps' backward passes."""
     wrapped = DistributedDataParallel(_model(applied=False))
-    returned = remat.client.checkpoint(wrapped, torch.zeros(2, 3, 32, 32), algorithm="chen-sqrt")
+    returned = remat.client.checkpoint(wrapped, torch.zeros_like(x), algorithm="chen-sqrt")
     assert returned is wrapped and applied_plan(wrapped.module) is not None
     return wrapped
 
@@ -171,8 +173,10 @@ def _rank(rank: int, out_dir: str) -> None:
         "dtensor_parameter": _refusal(_dtensor_parameter),
         "dtensor_parameter_after_the_plan": _refusal(lambda: _dtensor_parameter_after_the_plan(x, y)),
     }
-    # DDP wrapped before the plan: the plan is applied to the module DDP trains, and the wrapper returned.
-    reference, wrapped = DistributedDataParallel(_model(applied=False)), _wrap_then_checkpoint()
+    # DDP wrapped before the plan, on a cold cache: the plan is made and applied for the module DDP trains, and
+    # the wrapper returned.
+    x, y = torch.randn(3, 3, 32, 32), torch.randint(0, 10, (3,))
+    reference, wrapped = DistributedDataParallel(_model(applied=False)), _wrap_then_checkpoint(x)
     results["ddp_wrapped_first"] = {"saved_unmodified": _step(reference, x, y), "saved_applied": _step(wrapped, x, y),
                                     "equal": all(torch.equal(a, b) for a, b in zip(
                                         _grads(reference.module), _grads(wrapped.module), strict=True))}
