@@ -2,17 +2,20 @@
 model (FSDP2 ``fully_shard``, FSDP1), unmodified and with the plan applied (NOTE [ plans under data
 parallelism ] in remat.client.model_wrappers).
 
-    uv run python benchmarks/data_parallel.py --model resnet50 --batch 4 --side 128
+    uv run python benchmarks/data_parallel.py --model resnet50 --batch 16 --side 128
+    uv run python benchmarks/data_parallel.py --model hf:gpt2 --batch 2 --seq-len 256
 
-Two ranks (gloo over loopback, one thread each), each training on its own batch; gradients kept (zeroed in
-place) so that the peak is the step's activations. Peak: the CPU allocator's bytes above their level at the
-step's start (torch.profiler's allocation events, which also see what DDP's buckets and FSDP's all-gathers
-allocate); step time: the least of ``--rounds`` interleaved rounds. Printed by rank 0 as a markdown table.
+Two ranks (gloo over loopback, one thread each), each training on its own batch (an ``hf:`` model: the
+example call's batch, the same on both); gradients kept (zeroed in place) so that the peak is the step's
+activations. Peak: the CPU allocator's bytes above their level at the step's start (torch.profiler's
+allocation events, which also see what DDP's buckets and FSDP's all-gathers allocate); step time: the least
+of ``--rounds`` rounds interleaving each wrapper's two models. Printed by rank 0 as a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -52,43 +55,77 @@ def _wrap(name: str, model: nn.Module) -> nn.Module:
     return model
 
 
+def _workload(args: argparse.Namespace, rank: int) -> tuple[Callable[[], nn.Module], tuple[Any, ...],
+                                                            dict[str, Any], Callable[[nn.Module], torch.Tensor]]:
+    """(the unmodified model's builder, the example call's arguments and keyword inputs, one loss of a wrapped
+    model on this rank's batch): a torchvision classifier at ``--batch`` × ``--side``², or an ``hf:`` model at
+    ``--batch`` × ``--seq-len`` computing its own loss."""
+    if args.model.startswith("hf:"):
+        from remat.client.hf_models import build_hf_model, hf_example_call
+
+        def build() -> nn.Module:
+            torch.manual_seed(0)
+            return build_hf_model(args.model)
+
+        _, example = hf_example_call(build(), args.model, batch_size=args.batch, seq_len=args.seq_len, device="cpu")
+        return build, (), example, lambda wrapped: wrapped(**example).loss
+
+    def build_classifier() -> nn.Module:
+        torch.manual_seed(0)
+        return getattr(torchvision.models, args.model)(num_classes=10)
+
+    torch.manual_seed(100 + rank)
+    x, y = torch.randn(args.batch, 3, args.side, args.side), torch.randint(0, 10, (args.batch,))
+    return build_classifier, (x,), {}, lambda wrapped: nn.functional.cross_entropy(wrapped(x), y)
+
+
+def _step(wrapped: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> None:
+    """One training step, gradients zeroed in place first."""
+    for p in wrapped.parameters():
+        if p.grad is not None:
+            p.grad.zero_()
+    loss_of(wrapped).backward()
+
+
+def _measure(runs: dict[tuple[str, bool], nn.Module], loss_of: Callable[[nn.Module], torch.Tensor],
+             rounds: int) -> tuple[dict[tuple[str, bool], float], dict[tuple[str, bool], list[float]]]:
+    """Each run's allocator peak (MiB) and step times (ms) of ``rounds`` interleaved rounds, after a first step
+    that allocates its gradients."""
+    for wrapped in runs.values():
+        _step(wrapped, loss_of)
+    peaks = {k: allocator_peak_mib(lambda w=w: _step(w, loss_of)) for k, w in runs.items()}
+    times: dict[tuple[str, bool], list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, w in runs.items():
+            dist.barrier()
+            started = time.perf_counter()
+            _step(w, loss_of)
+            times[k].append((time.perf_counter() - started) * 1e3)
+    return peaks, times
+
+
 def _rank(rank: int, args: argparse.Namespace, cache: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=args.world)
-    example = torch.zeros(args.batch, 3, args.side, args.side)
+    build, example_args, example_kwargs, loss_of = _workload(args, rank)
 
     def model(applied: bool) -> nn.Module:
-        torch.manual_seed(0)
-        m = getattr(torchvision.models, args.model)(num_classes=10)
+        m = build()
         if applied:
-            remat.client.checkpoint(m, example, grads="kept", algorithm=args.algorithm, cache_dir=cache)
+            remat.client.checkpoint(m, *example_args, grads="kept", algorithm=args.algorithm, cache_dir=cache,
+                                    **example_kwargs)
         return m
 
     if rank == 0:
         plan = applied_plan(model(applied=True))
     dist.barrier()
-    torch.manual_seed(100 + rank)
-    x, y = torch.randn(args.batch, 3, args.side, args.side), torch.randint(0, 10, (args.batch,))
-    runs: dict[tuple[str, bool], nn.Module] = {(w, a): _wrap(w, model(a)) for w in WRAPPERS for a in (False, True)}
-
-    def step(wrapped: nn.Module) -> Callable[[], None]:
-        def run() -> None:
-            for p in wrapped.parameters():
-                if p.grad is not None:
-                    p.grad.zero_()
-            nn.functional.cross_entropy(wrapped(x), y).backward()
-        return run
-
-    for wrapped in runs.values():  # gradients allocated, first calls done
-        step(wrapped)()
-    peaks = {k: allocator_peak_mib(step(w)) for k, w in runs.items()}
-    times: dict[tuple[str, bool], list[float]] = {k: [] for k in runs}
-    for _ in range(args.rounds):
-        for k, w in runs.items():
-            dist.barrier()
-            started = time.perf_counter()
-            step(w)()
-            times[k].append((time.perf_counter() - started) * 1e3)
+    peaks: dict[tuple[str, bool], float] = {}
+    times: dict[tuple[str, bool], list[float]] = {}
+    for wrapper in WRAPPERS:  # one wrapper's two models at a time: eight GPT-2s with their gradients need 16 GB
+        peak, took = _measure({(wrapper, a): _wrap(wrapper, model(a)) for a in (False, True)}, loss_of, args.rounds)
+        peaks.update(peak)
+        times.update(took)
+        gc.collect()
     if rank == 0:
         params = sum(p.numel() * p.element_size() for p in model(False).parameters()) / 2**20
         rows = [{"wrapper": w, "applied": a, "peak_mib": peaks[w, a], "step_ms": min(times[w, a])}
@@ -105,6 +142,7 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--side", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence of an hf: model")
     parser.add_argument("--algorithm", default="linear")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
@@ -118,7 +156,8 @@ def main() -> None:
         out = Path(tmp) / "result.json"
         mp.spawn(_rank, args=(args, str(Path(tmp) / "plans"), str(out)), nprocs=args.world)
         result: dict[str, Any] = json.loads(out.read_text())
-    print(f"{args.model}, batch {args.batch} per rank at {args.side}², {args.world} ranks (gloo, 1 thread each), "
+    size = f"{args.seq_len} tokens" if args.model.startswith("hf:") else f"{args.side}²"
+    print(f"{args.model}, batch {args.batch} per rank at {size}, {args.world} ranks (gloo, 1 thread each), "
           f"gradients kept; torch {torch.__version__}; `{args.algorithm}` checkpoints {result['checkpoints']}, "
           f"predicted {result['predicted_mib']:.1f} MiB of {result['baseline_predicted_mib']:.1f} MiB; "
           f"parameters {result['params_mib']:.1f} MiB\n")
