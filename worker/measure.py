@@ -193,10 +193,10 @@ def _measure_one(chain: StageChainLike, model: nn.Module, x: torch.Tensor, loss_
         # allocated peak is the allocator's own overhead, not the cost model's.
         out["requested_activation_bytes"] = requested_peak - requested_base
     times = []
-    for _ in range(max(timing_repeats, 1)):
+    for _ in range(timing_repeats):
         set_grad_convention(model, grads)
         times.append(backend.time_ms(lambda: _step(chain, x, loss_fn, checkpoints, precision)))
-    out["step_ms"] = min(times)
+    out["step_ms"] = min(times) if times else None
     return out
 
 
@@ -221,7 +221,9 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
         algorithm: the planner name to report.
         baseline: also measure the no-checkpoint step (``baseline_*`` fields).
         timing_repeats: timed steps per configuration (the fastest is reported); with a baseline and more than
-            one, the plan and the baseline are timed in interleaved rounds and their spreads reported.
+            one, the plan and the baseline are timed in interleaved rounds and their spreads reported. 0: none,
+            ``step_ms`` None (a caller that times its plans in rounds of its own: ``pipeline.validate``, where
+            the one timed step it used to get was thrown away, 8% of ``plan hf:gpt2``'s first run).
         loss_fn: the loss applied to the network output; default :func:`make_loss`.
         precision: the step's precision (``remat.client.precision``); default from the input's dtype and the
             caller's autocast state.
@@ -243,7 +245,7 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
         if loss_fn is None:
             loss_fn = _default_loss(chain, x, precision)
         interleaved = baseline and timing_repeats > 1
-        repeats = 1 if interleaved else timing_repeats
+        repeats = 0 if interleaved else timing_repeats  # interleaved: timed below, in rounds
         plan = _measure_one(chain, model, x, loss_fn, checkpoints, backend=backend, grads=grads,
                             timing_repeats=repeats, precision=precision)
         base = (_measure_one(chain, model, x, loss_fn, (), backend=backend, grads=grads,
