@@ -25,8 +25,8 @@ outside the model therefore keeps working, and one that hooks modules *inside* i
 ``torch.compile(model)`` wraps the model the same way: ``checkpoint`` of the compiled wrapper plans the module
 it compiles, which then runs as an applied model compiled afterwards does.
 
-FSDP, DTensor and dynamo are looked up only where torch has already imported them: a script that never imported them
-holds none, and a plan-cache hit does not pay their import.
+FSDP, DTensor and dynamo are looked up only where torch has already imported them: a script that never
+imported them holds none, and a plan-cache hit does not pay their import.
 """
 
 from __future__ import annotations
@@ -42,29 +42,19 @@ __all__ = ["refuse_inner_units", "trained_module"]
 _HOW = "docs/apply.md, 'Data parallelism'"
 
 
-def _sharding(module: nn.Module) -> str | None:
-    """How FSDP shards ``module`` itself, or None."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    if fsdp is None:
-        return None
-    if isinstance(module, fsdp.FSDPModule):
-        return "fully_shard (FSDP2)"
-    if isinstance(module, fsdp.FullyShardedDataParallel):
-        return "FullyShardedDataParallel"
-    return None
-
-
 def _sharded_unit(model: nn.Module, *, below_root: bool) -> tuple[str, str] | None:
     """(name, how) of the first FSDP unit in ``model`` ("" for ``model`` itself; below it only, with
     ``below_root``), or None."""
-    if "torch.distributed.fsdp" not in sys.modules:
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
         return None
     for name, module in model.named_modules():
         if below_root and not name:
             continue
-        how = _sharding(module)
-        if how is not None:
-            return name, how
+        if isinstance(module, fsdp.FSDPModule):
+            return name, "fully_shard (FSDP2)"
+        if isinstance(module, fsdp.FullyShardedDataParallel):
+            return name, "FullyShardedDataParallel"
     return None
 
 
