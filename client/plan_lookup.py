@@ -140,6 +140,10 @@ def _checkpoint(model: nn.Module, call: ModelCall, *, grads: str, algorithm: str
     cache = LocalPlanCache(cache_dir)
     built = build_held_model(model, call, grads=grads, dtype=precision_of_call(model, call), cache=cache)
     example = built.example
+    if built.chain.num_stages < 2:  # every plan of one stage keeps every activation: say so, never silently
+        warnings.warn(f"remat: {type(model).__name__} at input {described} has no point between its inputs and "
+                      f"its loss that the whole step passes through, so no checkpoint can be placed: it trains "
+                      f"as without remat", RuntimeWarning, stacklevel=3)
 
     if spec is not None:
         plan = _find_for_budget(built.key, spec, cache, server, token, timeout_s)

@@ -87,10 +87,10 @@ logger = logging.getLogger("remat")
 
 GRAPH_FORMAT = "remat-graph/2"
 """2: the graph's routing verdict is stored with it (``fidelity.ROUTING_META``); a /1 file is exported again."""
-EXPORT_RECIPE = 3
+EXPORT_RECIPE = 4
 """What ``fx_trace.export_model`` does around ``torch.export`` (node clean-up, transformers' eager mask
-decisions and, from 3, their markers): part of the pre-key, so a graph exported by an older recipe is exported
-again. Bump it with any change there."""
+decisions and, from 3, their markers; from 4, inputs that alias one another exported as distinct tensors): part
+of the pre-key, so a graph exported by an older recipe is exported again. Bump it with any change there."""
 MAX_GRAPH_BYTES = 64 * 1024 * 1024
 """A graph file larger than this is ignored (GPT-2's is about 0.5 MiB)."""
 MAX_CACHED_GRAPHS = 256

@@ -271,11 +271,12 @@ def _exported(model: nn.Module, call: ModelCall, train: bool, dynamic_shapes: di
     (``what`` says which export)."""
     import warnings
 
+    distinct = call.unaliased()  # NOTE [ inputs that alias ] in remat.client.graph.model_call
     with training_mode(model, train), warnings.catch_warnings(), _library_eager_paths(call, mask_skips):
         warnings.simplefilter("ignore")
         try:
-            program = torch.export.export(model, tuple(call.args), dict(call.kwargs), dynamic_shapes=dynamic_shapes,
-                                          strict=False)
+            program = torch.export.export(model, tuple(distinct.args), dict(distinct.kwargs),
+                                          dynamic_shapes=dynamic_shapes, strict=False)
             gm = program.module()
         except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
             raise ModelError(f"torch.export cannot trace {type(model).__name__}{what}: {one_line(exc)}"

@@ -21,6 +21,7 @@ Public API::
     call.describe_difference(other) -> str | None   # what differs, for refusing a plan made for another call
     call.inputs_beyond(signature) -> str | None      # what it passes that the other does not (a refusal's hint)
     call.sizes                # the signature with every tensor's shape, a single tensor's too
+    call.unaliased()          # the same call where no two tensor inputs share memory (what export is given)
     call.same_inputs(sizes)   # whether a call of those sizes passes the same inputs, at any sizes
     synthetic_call(signature, model, device)        # a call of that signature with made-up values
 """
@@ -169,6 +170,32 @@ class ModelCall:
         """The same call with every tensor detached (an example batch must not hold an autograd graph)."""
         args, kwargs = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, (self.args, self.kwargs))
         return ModelCall(args=tuple(args), kwargs=dict(kwargs), signature=self.signature)
+
+    def unaliased(self) -> ModelCall:
+        """The same call where no two tensor inputs share memory: each one that shares its storage with an
+        earlier input is a copy of itself (the call itself when none does).
+
+        NOTE [ inputs that alias ] ``torch.export`` merges inputs that are one tensor: Hugging Face's own
+        causal-LM example, ``model(input_ids=ids, labels=ids)``, exported with GPT-2's every read of
+        ``input_ids`` on the ``labels`` placeholder, and a chain whose first and last stage read one input was
+        one stage: a plan without checkpoints, silently. The export is given distinct tensors instead, and the
+        graph's placeholders are then as many as the call's inputs; training calls that pass one tensor twice
+        run on it as they are, and the check that the graph trains bit-equal to the model's forward runs the
+        call as given, aliasing included (``fidelity.check_export_fidelity``)."""
+        seen: set[tuple[str, int]] = set()
+        copied = False
+
+        def own(t: torch.Tensor) -> torch.Tensor:
+            nonlocal copied
+            where = (str(t.device), t.untyped_storage().data_ptr())
+            if where in seen and t.numel():
+                copied = True
+                return t.clone()
+            seen.add(where)
+            return t
+
+        args, kwargs = pytree.tree_map_only(torch.Tensor, own, (self.args, self.kwargs))
+        return ModelCall(args=tuple(args), kwargs=dict(kwargs), signature=self.signature) if copied else self
 
     @property
     def sizes(self) -> str:

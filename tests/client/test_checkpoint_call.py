@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -254,6 +255,19 @@ def test_on_miss_none_trains_without_checkpointing_and_warns(cache_dir: Path, no
     assert applied_plan(model) is None
     with pytest.raises(PlanNotFoundError, match="no linear plan for UserNet at input"):
         remat.client.checkpoint(model, _batches(1)[0][0], on_miss="raise", cache_dir=cache_dir)
+
+
+def test_a_model_with_no_point_to_cut_at_says_it_trains_without_checkpoints(cache_dir: Path) -> None:
+    """One layer cannot be cut: checkpoint applies its one-stage plan (keeps every activation) and says so,
+    where a model of several layers does not."""
+    with pytest.warns(RuntimeWarning, match=r"Linear at input \[4, 8\] has no point .* no checkpoint can be placed"):
+        remat.client.checkpoint(nn.Linear(8, 8), torch.randn(4, 8), cache_dir=cache_dir)
+    layered = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        remat.client.checkpoint(layered, _batches(1)[0][0], cache_dir=cache_dir)
+    plan = applied_plan(layered)
+    assert plan is not None and plan.num_stages > 2
 
 
 def test_an_unreachable_service_is_a_warning_and_never_a_hang(cache_dir: Path, no_profiling: None) -> None:

@@ -478,3 +478,32 @@ def test_a_plan_made_on_an_older_chain_is_planned_again(cache_dir: Path, monkeyp
     again = copy.deepcopy(reference)
     remat.client.checkpoint(again, cache_dir=cache_dir, **first)
     assert applied_plan(again).num_stages == plan.num_stages
+
+
+def _labelled_by_ids(seed: int, seq: int = 32) -> dict:
+    """Hugging Face's own causal-LM call: ``labels`` is the ``input_ids`` tensor itself."""
+    call = batch(seed=seed, seq=seq)
+    call["labels"] = call["input_ids"]
+    return call
+
+
+def test_labels_that_are_the_input_ids_tensor_get_the_same_stages_and_train_exactly(cache_dir: Path) -> None:
+    """NOTE [ inputs that alias ]: export merged ``labels=input_ids`` into one placeholder, and GPT-2 was one
+    stage, planned without a checkpoint, silently. The call is now cut as with a copy of the ids, and trains
+    bit-equal to the unmodified model, at the example's length and at another (the export for any sizes)."""
+    reference = tiny("gpt2")
+    copied = copy.deepcopy(reference)
+    remat.client.checkpoint(copied, cache_dir=cache_dir / "copied", **batch(seed=1))
+    model = copy.deepcopy(reference)
+    first = _labelled_by_ids(1)
+    assert first["labels"] is first["input_ids"]
+    remat.client.checkpoint(model, cache_dir=cache_dir / "aliased", **first)
+    plan, expected = applied_plan(model), applied_plan(copied)
+    assert plan is not None and expected is not None
+    assert plan.checkpoints and plan.checkpoints == expected.checkpoints
+    assert plan.num_stages == expected.num_stages > 2
+    batches = [_labelled_by_ids(2), _labelled_by_ids(3, seq=24), _labelled_by_ids(4)]
+    with pytest.warns(RuntimeWarning, match="export"):  # the first call at another length says what it took
+        losses = _train(model, batches)
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
