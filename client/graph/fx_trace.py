@@ -279,6 +279,10 @@ def _exported(model: nn.Module, call: ModelCall, train: bool, dynamic_shapes: di
                                           dynamic_shapes=dynamic_shapes, strict=False)
             gm = program.module()
         except Exception as exc:  # noqa: BLE001 - export failing on user code means "cannot be traced"
+            if call.kwargs.get("use_cache") is True and "cache_utils" in str(exc):
+                raise ModelError(f"{type(model).__name__} called with use_cache=True returns its key/value cache, "
+                                 f"which torch.export cannot trace, and a training step never reads: pass "
+                                 f"use_cache=False") from exc
             raise ModelError(f"torch.export cannot trace {type(model).__name__}{what}: {one_line(exc)}"
                              f"{_where(exc)}") from exc
     if dynamic_shapes is not None:

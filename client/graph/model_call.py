@@ -22,6 +22,7 @@ Public API::
     call.inputs_beyond(signature) -> str | None      # what it passes that the other does not (a refusal's hint)
     call.sizes                # the signature with every tensor's shape, a single tensor's too
     call.unaliased()          # the same call where no two tensor inputs share memory (what export is given)
+    cache_turned_off(model, args, kwargs)   # whether bind passes use_cache=False the call left out
     call.same_inputs(sizes)   # whether a call of those sizes passes the same inputs, at any sizes
     synthetic_call(signature, model, device)        # a call of that signature with made-up values
 """
@@ -42,7 +43,7 @@ from torch import nn
 from remat.client.errors import PlanError
 from remat.client.plan_key import MAX_INPUTS_CHARS as MAX_SIGNATURE_CHARS
 
-__all__ = ["ModelCall", "synthetic_call"]
+__all__ = ["ModelCall", "cache_turned_off", "keeps_cache", "synthetic_call"]
 
 
 _CONSTANTS = (type(None), bool, int, float, str)
@@ -252,6 +253,41 @@ def _entries(signature: str) -> dict[str, str]:
     return out
 
 
+_USE_CACHE = "use_cache"
+
+
+def keeps_cache(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str, Any]) -> bool:
+    """Whether a call leaving ``use_cache`` out would return the model's key/value cache: its ``forward`` takes
+    ``use_cache`` and its configuration turns it on (the default of GPT-2's, Llama's, T5's configurations and of
+    most checkpoints' ``config.json``).
+
+    NOTE [ training without the cache ] A training call planned with ``use_cache`` left to such a
+    configuration returned a ``DynamicCache``, which ``torch.export`` cannot trace, and ``checkpoint`` refused
+    the model with export's message. A training step never reads the cache, and keeping it holds every block's
+    keys and values until the output is dropped; transformers' own ``gradient_checkpointing_enable()`` turns it
+    off in training, with a warning. remat binds such a call with ``use_cache=False``, the same for the example
+    and for every training call (so both have one signature, and a plan made for an explicit
+    ``use_cache=False`` is the same plan); ``checkpoint`` warns once. The configuration is left as it is, and
+    so are calls outside training (eval mode and ``no_grad`` run the model's own forward)."""
+    param = sig.parameters.get(_USE_CACHE)
+    if param is None or param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        return False
+    if _USE_CACHE in arguments:
+        return False
+    return getattr(getattr(model, "config", None), _USE_CACHE, None) is True
+
+
+def cache_turned_off(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``ModelCall.bind`` passes ``use_cache=False`` for this call, which leaves it out (NOTE [ training
+    without the cache ]): what ``checkpoint`` warns about."""
+    try:
+        sig = inspect.signature(type(model).forward)
+        bound = sig.bind(model, *args, **kwargs)
+    except (TypeError, ValueError):
+        return False
+    return keeps_cache(model, sig, bound.arguments)
+
+
 def _bind_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """Bind the call to ``type(model).forward``'s parameters: (arguments that stay positional, the rest by
     name in parameter order). A forward whose signature cannot be read keeps the call as given."""
@@ -263,6 +299,8 @@ def _bind_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
         bound = sig.bind(model, *args, **kwargs)
     except TypeError as exc:
         raise PlanError(f"checkpoint: the example inputs do not fit {type(model).__name__}.forward: {exc}") from None
+    if keeps_cache(model, sig, bound.arguments):
+        bound.arguments[_USE_CACHE] = False
     positional: list[Any] = []
     named: dict[str, Any] = {}
     params = list(sig.parameters.values())[1:]  # without self

@@ -507,3 +507,39 @@ def test_labels_that_are_the_input_ids_tensor_get_the_same_stages_and_train_exac
         losses = _train(model, batches)
     assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), losses, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
+
+
+def test_a_configuration_that_keeps_the_cache_trains_without_it_like_the_model(
+        cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ training without the cache ]: GPT-2's own configuration has ``use_cache=True``, with which a
+    training call returns a ``DynamicCache`` that export cannot trace; ``checkpoint`` refused the model with
+    export's message. Now the example and every training call leaving ``use_cache`` out are bound with
+    ``use_cache=False`` (one warning): loss and gradients equal the unmodified model's, which returns a cache
+    nobody reads. A plan made for an explicit ``use_cache=False`` is the same plan; ``use_cache=True`` itself
+    is refused in one line."""
+    reference = tiny("gpt2")
+    reference.config.use_cache = True
+    model = copy.deepcopy(reference)
+    with pytest.warns(RuntimeWarning, match=r"GPT2LMHeadModel's configuration turns its key/value cache on .* "
+                                            r"training calls run with use_cache=False"):
+        remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1))
+    plan = applied_plan(model)
+    assert plan is not None and plan.checkpoints
+    assert plan.extra["key"]["inputs"].endswith("; use_cache=False")
+    assert model.config.use_cache is True, "the user's configuration is left as it is"
+    batches = [batch(seed=s) for s in (2, 3)]
+    assert all(torch.equal(a, b) for a, b in zip(_train(reference, batches), _train(model, batches), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
+    assert model(**batch(seed=4)).past_key_values is None
+    assert reference(**batch(seed=4)).past_key_values is not None
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled although the plan is cached")
+
+    monkeypatch.setattr(local, "plan_held_model", refuse)
+    explicit = copy.deepcopy(reference)
+    remat.client.checkpoint(explicit, cache_dir=cache_dir, use_cache=False, **batch(seed=1))
+    assert applied_plan(explicit).checkpoints == plan.checkpoints
+    with pytest.raises(ModelError, match=r"^GPT2LMHeadModel called with use_cache=True returns its key/value "
+                                         r"cache, .* pass use_cache=False$"):
+        remat.client.checkpoint(copy.deepcopy(reference), cache_dir=cache_dir, use_cache=True, **batch(seed=1))
