@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -376,8 +377,18 @@ def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str
     """Step 4, ``on_miss="profile"``: plan here, keep it, share the trace when allowed."""
     from remat.client.service_client import PlanServiceClient
 
-    logger.info("remat: no stored plan for %s; profiling %d stages here", built.request.name, built.chain.num_stages)
-    result, plan = local_planner().plan_held_model(built, algorithm, budget=budget)
+    # A miss runs training steps for seconds to minutes inside the user's job: announced at WARNING, which a
+    # script that configures no logging still prints (logging's last-resort handler), never silently.
+    stages = built.chain.num_stages
+    logger.warning("remat: no stored plan for %s; profiling %d stage%s here (a few training steps, once: the plan "
+                   "is kept in %s)", built.request.name, stages, "" if stages == 1 else "s", cache.directory)
+    started = time.monotonic()
+
+    def say(text: str, fraction: float) -> None:
+        logger.info("remat: %s (%.0f%%, %.0f s)", text, 100 * fraction, time.monotonic() - started)
+
+    result, plan = local_planner().plan_held_model(built, algorithm, budget=budget, progress=say)
+    logger.info("remat: planned %s in %.1f s", built.request.name, time.monotonic() - started)
     if plan is None:
         raise PlanError(f"checkpoint: algorithm {algorithm!r} is unknown; choose one of "
                         f"{', '.join(p.algorithm for p in result.plans if not p.budget_bytes)}")

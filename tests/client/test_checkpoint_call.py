@@ -351,6 +351,9 @@ print(json.dumps({{"on_import": on_import, "after": [m for m in ('sqlalchemy', '
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     first, hit = (json.loads(run.stdout.splitlines()[-1]) for run in runs)
+    # A miss trains for a while inside the user's job: a script that configures no logging still hears of it.
+    assert "remat: no stored plan for custom:UserNet; profiling" in runs[0].stderr
+    assert "no stored plan" not in runs[1].stderr
     assert first["on_import"] == ["torch"]  # the test's own model module imports torch; remat.client does not
     assert "sqlalchemy" in first["after"], "the first run stores its plan in the local store"
     assert hit["after"] == [], hit
@@ -361,8 +364,11 @@ def test_info_log_says_where_the_plan_came_from(cache_dir: Path, caplog: pytest.
     with caplog.at_level(logging.INFO, logger="remat"):
         remat.client.checkpoint(_model(), x, cache_dir=cache_dir)
         remat.client.checkpoint(_model(), x, cache_dir=cache_dir)
-    messages = [r.getMessage() for r in caplog.records if r.name == "remat"]
+    records = [r for r in caplog.records if r.name == "remat"]
+    messages = [r.getMessage() for r in records]
     assert any("profiling" in m for m in messages) and any("from the plan cache" in m for m in messages)
+    assert [r.levelno for r in records if "no stored plan" in r.getMessage()] == [logging.WARNING]
+    assert any(m.startswith("remat: planned custom:UserNet in ") for m in messages)
 
 
 class GroupedNet(nn.Module):
