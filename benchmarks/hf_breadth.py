@@ -15,6 +15,7 @@ refusal. Every run starts from an empty plan cache and plan store.
     uv run python benchmarks/hf_breadth.py                 # every model (about 3 minutes on 2 cores)
     uv run python benchmarks/hf_breadth.py --only gpt2-classifier,m2m_100
     uv run python benchmarks/hf_breadth.py --without-padding   # all-ones masks, then a padded call
+    uv run python benchmarks/hf_breadth.py --as-written        # labels=input_ids itself, use_cache as configured
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def _config(model_type: str, *, small: bool = True, **fields: Any) -> Any:
 
     config = transformers.AutoConfig.for_model(model_type)
     for key, value in SMALL.items() if small else ():
+        if AS_WRITTEN and key == "use_cache":
+            continue
         if hasattr(config, key):
             with contextlib.suppress(AttributeError):  # a derived field (Falcon's head_dim)
                 setattr(config, key, value)
@@ -56,6 +59,10 @@ def _config(model_type: str, *, small: bool = True, **fields: Any) -> Any:
     return config
 
 
+AS_WRITTEN = False
+"""``--as-written``: calls as Hugging Face's own examples write them: a causal LM's ``labels`` is the
+``input_ids`` tensor itself (NOTE [ inputs that alias ]), and each configuration keeps its own ``use_cache``
+(NOTE [ training without the cache ])."""
 WITHOUT_PADDING = False
 """``--without-padding``: the example and the 2 × 24 call have no padding (an all-ones mask), the 3 × 40 one
 has, so that both attention paths run (NOTE [ masks without padding ] in client/graph/mask_skips.py)."""
@@ -70,7 +77,8 @@ def _tokens(b: int, s: int, seed: int, labels: str) -> dict[str, Any]:
     if not WITHOUT_PADDING or s >= 40:
         ids[-1, s - 3:] = 0
     out: dict[str, Any] = {"input_ids": ids, "attention_mask": (ids != 0).long()}
-    out["labels"] = {"lm": lambda: ids.clone(), "seq2seq": lambda: torch.randint(3, VOCAB, (b, s // 2), generator=gen),
+    out["labels"] = {"lm": lambda: ids if AS_WRITTEN else ids.clone(),
+                     "seq2seq": lambda: torch.randint(3, VOCAB, (b, s // 2), generator=gen),
                      "class": lambda: torch.randint(0, 3, (b,), generator=gen),
                      "token": lambda: torch.randint(0, 3, (b, s), generator=gen)}[labels]()
     return out
@@ -250,9 +258,11 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated names of MODELS")
     parser.add_argument("--without-padding", action="store_true",
                         help="token calls at 2 x 32 and 2 x 24 without padding (all-ones masks), 3 x 40 padded")
+    parser.add_argument("--as-written", action="store_true",
+                        help="labels=input_ids (one tensor) for causal LMs, and each configuration's own use_cache")
     args = parser.parse_args()
-    global WITHOUT_PADDING
-    WITHOUT_PADDING = args.without_padding
+    global WITHOUT_PADDING, AS_WRITTEN
+    WITHOUT_PADDING, AS_WRITTEN = args.without_padding, args.as_written
     import transformers
 
     transformers.logging.set_verbosity_error()

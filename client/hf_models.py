@@ -589,7 +589,7 @@ def hf_example_call(model: nn.Module, spec: str, *, batch_size: int, seq_len: in
     if kind == "tokens+image":  # the images drawn after the ids: a caption's ids do not depend on the image size
         return (), {"input_ids": input_ids.to(device), "pixel_values": pixels(), "return_loss": True}
     if HF_ARCHITECTURES[arch].task == "causal-lm":
-        labels = input_ids.clone()  # a tensor of its own: torch.export merges inputs that alias
+        labels = input_ids.clone()  # as a collator makes them (NOTE [ inputs that alias ]: one tensor works too)
     else:
         labels = torch.randint(0, vocab, shape, generator=generator)
     return (), {"input_ids": input_ids.to(device), "labels": labels.to(device)}

@@ -258,8 +258,8 @@ _USE_CACHE = "use_cache"
 
 def keeps_cache(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str, Any]) -> bool:
     """Whether a call leaving ``use_cache`` out would return the model's key/value cache: its ``forward`` takes
-    ``use_cache`` and its configuration turns it on (the default of GPT-2's, Llama's, T5's configurations and of
-    most checkpoints' ``config.json``).
+    ``use_cache`` (or hands it to the model it wraps) and its configuration turns it on (the default of GPT-2's,
+    Llama's, T5's configurations and of most checkpoints' ``config.json``).
 
     NOTE [ training without the cache ] A training call planned with ``use_cache`` left to such a
     configuration returned a ``DynamicCache``, which ``torch.export`` cannot trace, and ``checkpoint`` refused
@@ -269,12 +269,31 @@ def keeps_cache(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str
     and for every training call (so both have one signature, and a plan made for an explicit
     ``use_cache=False`` is the same plan); ``checkpoint`` warns once. The configuration is left as it is, and
     so are calls outside training (eval mode and ``no_grad`` run the model's own forward)."""
-    param = sig.parameters.get(_USE_CACHE)
-    if param is None or param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-        return False
-    if _USE_CACHE in arguments:
+    if not _leaves_cache_out(model, sig, arguments):
         return False
     return getattr(getattr(model, "config", None), _USE_CACHE, None) is True
+
+
+def _var_keyword(sig: inspect.Signature) -> str | None:
+    return next((p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+
+
+def _leaves_cache_out(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str, Any]) -> bool:
+    """Whether ``forward`` takes ``use_cache`` and the call leaves it out: by name, or through the ``**kwargs``
+    a PEFT ``PeftModel`` hands to the model it wraps (``get_base_model()``), when that model's ``forward``
+    names it. Other ``**kwargs`` are not assumed to reach a cache: BERT's masked LM takes them, and its
+    configuration's ``use_cache=True`` builds no cache there."""
+    param = sig.parameters.get(_USE_CACHE)
+    if param is not None and param.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        return _USE_CACHE not in arguments
+    var_keyword = _var_keyword(sig)
+    base = getattr(model, "get_base_model", None)
+    if var_keyword is None or not callable(base) or _USE_CACHE in arguments.get(var_keyword, {}):
+        return False
+    try:
+        return _USE_CACHE in inspect.signature(type(base()).forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def cache_turned_off(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
@@ -300,7 +319,12 @@ def _bind_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
     except TypeError as exc:
         raise PlanError(f"checkpoint: the example inputs do not fit {type(model).__name__}.forward: {exc}") from None
     if keeps_cache(model, sig, bound.arguments):
-        bound.arguments[_USE_CACHE] = False
+        if _USE_CACHE in sig.parameters:
+            bound.arguments[_USE_CACHE] = False
+        else:
+            var_keyword = _var_keyword(sig)
+            assert var_keyword is not None
+            bound.arguments[var_keyword] = {**bound.arguments.get(var_keyword, {}), _USE_CACHE: False}
     positional: list[Any] = []
     named: dict[str, Any] = {}
     params = list(sig.parameters.values())[1:]  # without self

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import inspect
 import io
+import warnings
 from pathlib import Path
 
 import pytest
@@ -543,3 +544,15 @@ def test_a_configuration_that_keeps_the_cache_trains_without_it_like_the_model(
     with pytest.raises(ModelError, match=r"^GPT2LMHeadModel called with use_cache=True returns its key/value "
                                          r"cache, .* pass use_cache=False$"):
         remat.client.checkpoint(copy.deepcopy(reference), cache_dir=cache_dir, use_cache=True, **batch(seed=1))
+
+
+def test_an_encoder_whose_configuration_says_use_cache_is_called_as_given(cache_dir: Path) -> None:
+    """BERT's configuration defaults to ``use_cache=True`` too, but its masked LM takes no ``use_cache`` (only
+    ``**kwargs``) and builds no cache: its calls are bound as given, without the warning."""
+    model = tiny("bert")
+    model.config.use_cache = True
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*key/value cache", category=RuntimeWarning)
+        remat.client.checkpoint(model, cache_dir=cache_dir, **batch(seed=1))
+    plan = applied_plan(model)
+    assert plan is not None and "use_cache" not in plan.extra["key"]["inputs"]
