@@ -188,7 +188,10 @@ class ModelCall:
 
         def own(t: torch.Tensor) -> torch.Tensor:
             nonlocal copied
-            where = (str(t.device), t.untyped_storage().data_ptr())
+            try:
+                where = (str(t.device), t.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without a plain storage
+                return t
             if where in seen and t.numel():
                 copied = True
                 return t.clone()
