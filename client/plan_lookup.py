@@ -77,7 +77,11 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         example_args, example_kwargs: one training call's inputs (module docstring), or tensors of their
             shapes, dtypes and devices: plans are made for one call signature. Call inside ``torch.autocast``
             if training runs there (the precision is keyed). When the model computes its own loss (``labels=``
-            given, ``output.loss``), plans are made for backpropagating that loss.
+            given, ``output.loss``), plans are made for backpropagating that loss. A call that leaves
+            ``use_cache`` out of a model whose configuration turns the cache on trains with ``use_cache=False``
+            (a warning; NOTE [ training without the cache ] in remat.client.graph.model_call); one tensor
+            passed twice (``labels=input_ids``) is fine. Peaks are predicted for a step that lets go of the
+            output before ``backward()`` (docs/apply.md, Limits).
         grads: ``"none"`` if gradients are set to None between steps (``zero_grad()``'s default) or
             ``"kept"`` if they stay allocated; the best plans differ.
         algorithm: which planner's plan (``linear``: least peak memory under the PyTorch-faithful model).
