@@ -43,7 +43,7 @@ from torch import nn
 from remat.client.errors import PlanError
 from remat.client.plan_key import MAX_INPUTS_CHARS as MAX_SIGNATURE_CHARS
 
-__all__ = ["ModelCall", "cache_turned_off", "keeps_cache", "synthetic_call"]
+__all__ = ["ModelCall", "cache_turned_off", "synthetic_call"]
 
 
 _CONSTANTS = (type(None), bool, int, float, str)
@@ -259,10 +259,11 @@ def _entries(signature: str) -> dict[str, str]:
 _USE_CACHE = "use_cache"
 
 
-def keeps_cache(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str, Any]) -> bool:
-    """Whether a call leaving ``use_cache`` out would return the model's key/value cache: its ``forward`` takes
-    ``use_cache`` (or hands it to the model it wraps) and its configuration turns it on (the default of GPT-2's,
-    Llama's, T5's configurations and of most checkpoints' ``config.json``).
+def _cache_slot(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str, Any]) -> str | None:
+    """Where a call that would return the model's key/value cache takes ``use_cache=False``: ``use_cache``
+    itself, or the ``**kwargs`` parameter that hands it to a wrapped model; None when the call does not leave
+    it out, ``forward`` does not take it, or the configuration turns the cache off (it is on by default in
+    GPT-2's, Llama's, T5's configurations and most checkpoints' ``config.json``).
 
     NOTE [ training without the cache ] A training call planned with ``use_cache`` left to such a
     configuration returned a ``DynamicCache``, which ``torch.export`` cannot trace, and ``checkpoint`` refused
@@ -272,31 +273,27 @@ def keeps_cache(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str
     and for every training call (so both have one signature, and a plan made for an explicit
     ``use_cache=False`` is the same plan); ``checkpoint`` warns once. The configuration is left as it is, and
     so are calls outside training (eval mode and ``no_grad`` run the model's own forward)."""
-    if not _leaves_cache_out(model, sig, arguments):
-        return False
-    return getattr(getattr(model, "config", None), _USE_CACHE, None) is True
+    if getattr(getattr(model, "config", None), _USE_CACHE, None) is not True:
+        return None
+    return _parameter_left_out(model, sig, arguments)
 
 
-def _var_keyword(sig: inspect.Signature) -> str | None:
-    return next((p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
-
-
-def _leaves_cache_out(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str, Any]) -> bool:
-    """Whether ``forward`` takes ``use_cache`` and the call leaves it out: by name, or through the ``**kwargs``
-    a PEFT ``PeftModel`` hands to the model it wraps (``get_base_model()``), when that model's ``forward``
-    names it. Other ``**kwargs`` are not assumed to reach a cache: BERT's masked LM takes them, and its
-    configuration's ``use_cache=True`` builds no cache there."""
+def _parameter_left_out(model: nn.Module, sig: inspect.Signature, arguments: Mapping[str, Any]) -> str | None:
+    """The parameter through which ``forward`` takes ``use_cache`` when the call leaves it out: ``use_cache``
+    by name, or the ``**kwargs`` a PEFT ``PeftModel`` hands to the model it wraps (``get_base_model()``), when
+    that model's ``forward`` names it. Other ``**kwargs`` are not assumed to reach a cache: BERT's masked LM
+    takes them, and its configuration's ``use_cache=True`` builds no cache there."""
     param = sig.parameters.get(_USE_CACHE)
     if param is not None and param.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-        return _USE_CACHE not in arguments
-    var_keyword = _var_keyword(sig)
+        return None if _USE_CACHE in arguments else _USE_CACHE
+    var_keyword = next((p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
     base = getattr(model, "get_base_model", None)
     if var_keyword is None or not callable(base) or _USE_CACHE in arguments.get(var_keyword, {}):
-        return False
+        return None
     try:
-        return _USE_CACHE in inspect.signature(type(base()).forward).parameters
+        return var_keyword if _USE_CACHE in inspect.signature(type(base()).forward).parameters else None
     except (TypeError, ValueError):
-        return False
+        return None
 
 
 def cache_turned_off(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
@@ -307,7 +304,7 @@ def cache_turned_off(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[st
         bound = sig.bind(model, *args, **kwargs)
     except (TypeError, ValueError):
         return False
-    return keeps_cache(model, sig, bound.arguments)
+    return _cache_slot(model, sig, bound.arguments) is not None
 
 
 def _bind_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -321,13 +318,11 @@ def _bind_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
         bound = sig.bind(model, *args, **kwargs)
     except TypeError as exc:
         raise PlanError(f"checkpoint: the example inputs do not fit {type(model).__name__}.forward: {exc}") from None
-    if keeps_cache(model, sig, bound.arguments):
-        if _USE_CACHE in sig.parameters:
-            bound.arguments[_USE_CACHE] = False
-        else:
-            var_keyword = _var_keyword(sig)
-            assert var_keyword is not None
-            bound.arguments[var_keyword] = {**bound.arguments.get(var_keyword, {}), _USE_CACHE: False}
+    slot = _cache_slot(model, sig, bound.arguments)
+    if slot == _USE_CACHE:
+        bound.arguments[slot] = False
+    elif slot is not None:  # the **kwargs a wrapper hands on
+        bound.arguments[slot] = {**bound.arguments.get(slot, {}), _USE_CACHE: False}
     positional: list[Any] = []
     named: dict[str, Any] = {}
     params = list(sig.parameters.values())[1:]  # without self
