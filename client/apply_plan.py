@@ -46,6 +46,7 @@ from remat.client.graph.mask_skips import MASK_SKIPS, PRECONDITION, mask_decisio
 from remat.client.graph.model_call import ModelCall, synthetic_call
 from remat.client.graph.op_graph import OpGraph, build_op_graph
 from remat.client.graph.stage_graph import StageChain, build_stage_chain, trace_model
+from remat.client.held_output import OutputWatch
 from remat.client.model_wrappers import refuse_inner_units, trained_module
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey, current_torch_version
@@ -54,10 +55,6 @@ from remat.client.precision import autocast_dtype, precision_of_call
 __all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "example_for", "remove"]
 
 _STATE = "_remat_applied"
-_USER_FRAME = 7
-"""``stacklevel`` that names the user's line calling the model, for a warning raised in a function ``_planned``
-calls: that function, ``_planned``, ``_forward``, ``_PlanForward.__call__``, ``Module._call_impl`` and
-``Module._wrapped_call_impl``."""
 MAX_SIZED_CHAINS = 8
 """Sizes other than its chain's whose chain an applied exported model keeps (NOTE [ other sizes ]); the least
 recently used goes first. A chain for one size holds a graph and its stage modules (GPT-2's graph file is
@@ -86,6 +83,9 @@ class _Applied:
     graph_cache: Path | None = None
     """The plan cache directory whose ``graphs`` hold the exports of other sizes (``checkpoint(cache_dir=)``);
     None: the user's."""
+    watch: OutputWatch | None = None
+    """The first training step's watch for an output the loop keeps through backward (NOTE [ an output alive
+    through backward ] in remat.client.held_output); made at the first training call."""
 
     def __deepcopy__(self, memo: dict) -> _Applied:
         # A deep-copied model gets its own chain, built from its own modules at its first training call.
@@ -267,7 +267,7 @@ def _at_other_sizes(state: _Applied, call: ModelCall, what: str, cut: Callable[[
         if not state.warned_sizes:
             warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}, runs {how}: "
                           f"{time.perf_counter() - started:.1f} s; its peak is not the plan's prediction",
-                          RuntimeWarning, stacklevel=_USER_FRAME + 1)  # called by _chain_ or _graph_for_sizes
+                          RuntimeWarning, stacklevel=_caller_outside_torch())
             state.warned_sizes = True
         state.sized_chains[call.sizes] = known
     return _used(state, call.sizes)
@@ -367,7 +367,7 @@ def _check_graph_call(state: _Applied, graph: OpGraph, call: ModelCall) -> None:
     if not state.warned_masks:
         warnings.warn("remat: the model's own forward leaves out this training call's attention masks (no "
                       "padding); the graph plan runs on its graph, which builds them: the same numbers up to "
-                      "float rounding", RuntimeWarning, stacklevel=_USER_FRAME)
+                      "float rounding", RuntimeWarning, stacklevel=_caller_outside_torch())
         state.warned_masks = True
 
 
@@ -421,7 +421,7 @@ def _chain_for_masks(state: _Applied, model: nn.Module, call: ModelCall, chain: 
                 warnings.warn(f"remat: the model's own forward leaves out this training call's attention masks "
                               f"(no padding), and a graph exported so cannot run the plan: {_short(reason)}; the "
                               f"call runs on the plan's graph, which builds them: the same numbers up to float "
-                              f"rounding ({_short(name)})", RuntimeWarning, stacklevel=_USER_FRAME)
+                              f"rounding ({_short(name)})", RuntimeWarning, stacklevel=_caller_outside_torch())
                 state.warned_masks = True
             known = chain
         state.sized_chains[name] = known
@@ -573,21 +573,31 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         state.checked = True
         if state.sizes is None:  # a chain handed over by checkpoint(): cut for the key's call, or for this one
             state.sizes = state.key.inputs if state.key is not None and state.key.inputs else call.sizes
+    if call.single_tensor is None and getattr(state.chain, "pytree_specs", None) is None:
+        return _unplanned(state, self, args, kwargs)  # a chain cut for one tensor (no key), several inputs given
+    if state.watch is None:
+        state.watch = OutputWatch(state.plan.predicted_peak_bytes)
+    with state.watch.forward():
+        output = _run_planned(state, self, call, example)
+    return state.watch.output(output, (args, kwargs))
+
+
+def _run_planned(state: _Applied, model: nn.Module, call: ModelCall, example: torch.Tensor | ModelCall) -> Any:
+    """The chain (or op graph) of this call's sizes and masks, run with the plan's checkpoints."""
     chain = state.chain
     assert chain is not None
     nested = {"nested": True} if state.plan.nested else {}  # a nested plan runs on a StageChain (_build)
     if isinstance(chain, OpGraph) and chain.pytree_specs is not None:
         if call.sizes != state.sizes:
-            chain = _graph_for_sizes(state, self, call)
+            chain = _graph_for_sizes(state, model, call)
         _check_graph_call(state, chain, call)
         return chain.run_call(example, _cut_points(state.plan))
     if isinstance(chain, StageChain) and chain.pytree_specs is not None:
         if call.sizes != state.sizes:
-            chain = _chain_for_sizes(state, self, call)
-        chain = _chain_for_masks(state, self, call, chain)
+            chain = _chain_for_sizes(state, model, call)
+        chain = _chain_for_masks(state, model, call, chain)
         return chain.run_call(example, _cut_points(state.plan), **nested)
-    if call.single_tensor is None:  # a chain cut for one tensor (no key), called with several inputs
-        return _unplanned(state, self, args, kwargs)
+    assert call.single_tensor is not None  # a call of several inputs on a one-tensor chain is unplanned
     return chain.run(call.single_tensor, _cut_points(state.plan), **nested)
 
 
@@ -597,7 +607,7 @@ def _unplanned(state: _Applied, model: nn.Module, args: tuple[Any, ...], kwargs:
     if not state.warned:
         warnings.warn("remat: the applied plan was made for another kind of call (one tensor, or the inputs "
                       "the plan names); this training call ran without checkpointing", RuntimeWarning,
-                      stacklevel=_USER_FRAME)
+                      stacklevel=_caller_outside_torch())
         state.warned = True
     return type(model).forward(model, *args, **kwargs)
 

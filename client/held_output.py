@@ -1,0 +1,212 @@
+"""Tell a training loop that keeps the model's output alive through ``backward()`` what that costs.
+
+NOTE [ an output alive through backward ] A plan's peak is predicted for a step that lets go of the
+model's output before ``backward()``: ``model(**batch).loss.backward()``, ``criterion(model(x), y).backward()``,
+transformers' ``Trainer``. A loop that holds it (``outputs = model(**batch); outputs.loss.backward()``, as
+transformers' ``no_trainer`` examples do; nanoGPT's ``logits, loss = model(X, Y)``), or a view of it, keeps
+its tensors alive until backward ends: a language model's logits, 98 MiB for GPT-2 at 2 × 256 (+12.8% over
+its ``linear`` plan), gigabytes at a 128k vocabulary and a few thousand tokens. Nothing in the plan or its
+key says which loop will train it, so the applied model watches its first training step instead:
+
+- the output tensors (the model's own loss and scalars left out) are remembered by weak reference, to the
+  tensor and to its storage, and a hook on the model's own loss — or, for a model without one, on its
+  outputs — fires when backward reaches the model;
+- an output whose tensor is alive then is held by the loop, and costs until backward ends even when the
+  model saves it: its saver would have freed it early in backward (a 128 KiB hidden state that a head saves
+  as its input adds all of its 128 KiB held, measured in tests/client/test_held_output.py);
+- an output whose storage alone is alive is kept through a view, unless the model saves it: while the
+  model's forward runs, a ``saved_tensors_hooks`` pair records the storages autograd saves outside
+  checkpointed segments (a checkpoint's own hooks are innermost, so what it drops is not recorded);
+- a loss outside the model that saves the output (``mse_loss``) frees it in its own backward, before the
+  model's: not reported (docs/cost-model.md, "Other known gaps": the loss's own tensors);
+- when what the loop keeps is at least ``MIN_SHARE`` of the plan's predicted peak and ``MIN_BYTES``, one
+  ``RuntimeWarning`` names it, its bytes, the peak the step can reach (the plan's peak plus those bytes:
+  they add to backward's peaks; exact on GPT-2) and the fix.
+
+The watch lasts until one backward has been seen (a forward without backward watches again next time, up to
+``MAX_WATCHED`` forwards) and costs a Python call per tensor autograd saves in that one step; later steps run
+nothing of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["MIN_SHARE", "OutputWatch"]
+
+MIN_SHARE = 0.01
+"""Kept output bytes below this share of the plan's predicted peak are not reported: within the product's
+1% prediction tolerance (a classifier's logits: kilobytes)."""
+MAX_WATCHED = 3
+"""Training forwards watched without a backward reaching the model before the watch gives up."""
+MIN_BYTES = 64 << 10
+"""Nor are fewer bytes than this, whatever the peak (a toy model's outputs)."""
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int] | None:
+    """A tensor's storage as (address, bytes), None without a plain one (a tensor subclass)."""
+    try:
+        st = t.untyped_storage()
+        return st.data_ptr(), st.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    """The loss a model computed itself (``output.loss``/``output["loss"]``, a floating scalar), else None."""
+    if isinstance(output, torch.Tensor) or isinstance(output, (tuple, list)) and not hasattr(output, "keys"):
+        return None
+    loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point():
+        return loss
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    name: str
+    what: str
+    nbytes: int
+    tensor: weakref.ref
+    """The output tensor: alive when someone holds it (the loop's ``outputs``), saved by the model or not."""
+    storage: weakref.ref
+    """Its storage, alive as long as its memory is (a storage's Python object lives exactly as long as the
+    storage): alive when anything keeps it — a loss that saved it, a view."""
+    saved: bool
+    """The model saved the storage for backward: alive at backward's start in any loop."""
+
+    def alive(self) -> bool:
+        """Whether the step keeps these bytes beyond what the plan predicts. Held by the loop, even bytes the
+        model saves count (its saver frees them early in backward, the loop only after); otherwise bytes
+        kept by something other than the model (a loss that saved them)."""
+        return self.tensor() is not None or not self.saved and self.storage() is not None
+
+
+def _user_stacklevel() -> int:
+    """``stacklevel`` of the first frame outside torch and remat.client (the user's ``backward()`` line); 1
+    where there is none (a CUDA backward runs hooks on the engine's device threads)."""
+    own = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent))
+    frame, level = inspect.currentframe(), 0
+    while frame is not None:
+        if level >= 1 and not frame.f_code.co_filename.startswith(own):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
+
+
+@dataclass(eq=False)
+class OutputWatch:
+    """The watch of one applied model (NOTE [ an output alive through backward ])."""
+
+    predicted_peak_bytes: int | None
+    done: bool = False
+    watched: int = 0
+    kept: tuple[_Kept, ...] = ()
+    _saved: set[tuple[int, int] | None] = field(default_factory=set)
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        """Around the model's training forward: records what autograd saves outside checkpoints."""
+        if self.done or self.watched >= MAX_WATCHED:
+            self.done = True
+            yield
+            return
+        self.watched += 1
+        self._saved = set()
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            self._saved.add(_storage(t))
+            return t.detach()  # not ``t``: that would keep the output's Python object, which says "held"
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+
+    def output(self, output: Any, inputs: Any) -> Any:
+        """After the training forward: remember the output tensors other than the step's loss (not the call's
+        ``inputs``: the loop holds those anyway), and hook the moment backward reaches the model. Returns
+        ``output``."""
+        if self.done:
+            return output
+        inputs = {_storage(t) for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+        saved, self._saved = self._saved, set()
+        loss = _loss_of(output)
+        leaves, _ = pytree.tree_flatten_with_path(output)
+        kept: dict[tuple[int, int], _Kept] = {}
+        grads: list[torch.Tensor] = []
+        for path, t in leaves:
+            if not isinstance(t, torch.Tensor) or t is loss or t.dim() == 0:  # a loss in a tuple: bytes
+                continue
+            if t.requires_grad:
+                grads.append(t)
+            storage = _storage(t)
+            if storage is None or storage in kept or storage in inputs:
+                continue
+            what = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+            kept[storage] = _Kept(_name(path), what, storage[1], weakref.ref(t), weakref.ref(t.untyped_storage()),
+                                  storage in saved)
+        self.kept = tuple(kept.values())
+        if sum(k.nbytes for k in self.kept) < self._threshold():
+            self.done = True  # even held, within the prediction's tolerance: nothing to watch
+            return output
+        hooked = [loss] if loss is not None and loss.requires_grad else grads
+        fire = self._reached()
+        for t in hooked:
+            t.register_hook(fire)
+        return output
+
+    def _threshold(self) -> float:
+        peak = self.predicted_peak_bytes
+        return max(MIN_SHARE * peak if peak else 0.0, MIN_BYTES)
+
+    def _reached(self) -> Callable[[torch.Tensor], None]:
+        kept, watch = self.kept, weakref.ref(self)
+
+        def fire(grad: torch.Tensor) -> None:
+            me = watch()
+            if me is None or me.done or me.kept is not kept:  # a later forward watches its own output
+                return
+            me.done = True
+            me._report(tuple(k for k in kept if k.alive()))
+
+        return fire
+
+    def _report(self, alive: tuple[_Kept, ...]) -> None:
+        extra = sum(k.nbytes for k in alive)
+        if extra < self._threshold():
+            return
+        names = ", ".join(f"{k.name}: {k.what}" if k.name else k.what for k in alive)
+        peak = self.predicted_peak_bytes
+        where = (f"the plan's predicted peak, {_mib(peak)}, is for a step that lets go of it, and this step can "
+                 f"reach {_mib(peak + extra)}" if peak else "the plan's prediction does not count it")
+        warnings.warn(f"remat: the model's output ({names}; {_mib(extra)}) is still alive when backward() reaches "
+                      f"the model (the training loop holds it, or a view of it): {where}. Let go of it "
+                      f"before backward() (loss = outputs.loss; del outputs), or leave that room in a budget "
+                      f"(docs/apply.md, Limits)", RuntimeWarning, stacklevel=_user_stacklevel())
+
+
+def _name(path: tuple[Any, ...]) -> str:
+    """An output's place, as a user reads it: ``logits`` (a ``ModelOutput`` or dict), ``output[0]`` (a tuple),
+    "" (the output is one tensor)."""
+    text = ""
+    for key in path:
+        if isinstance(key, pytree.MappingKey):
+            text += f".{key.key}"
+        elif isinstance(key, pytree.GetAttrKey):
+            text += f".{key.name}"
+        else:
+            text += str(key)  # SequenceKey: "[0]"
+    return text[1:] if text.startswith(".") else f"output{text}" if text else ""
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
