@@ -189,8 +189,8 @@ class OutputWatch:
         where = (f"the plan's predicted peak, {_mib(peak)}, is for a step that lets go of it, and this step can "
                  f"reach {_mib(peak + extra)}" if peak else "the plan's prediction does not count it")
         warnings.warn(f"remat: the model's output ({names}; {_mib(extra)}) is still alive when backward() reaches "
-                      f"the model (the training loop holds it, or a view of it): {where}. Let go of it "
-                      f"before backward() (loss = outputs.loss; del outputs), or leave that room in a budget "
+                      f"the model (the training loop holds it, or a view of it): {where}. Keep only the "
+                      f"loss before backward() (loss = outputs.loss; del outputs), or leave that room in a budget "
                       f"(docs/apply.md, Limits)", RuntimeWarning, stacklevel=_user_stacklevel())
 
 

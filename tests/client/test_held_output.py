@@ -63,7 +63,7 @@ def test_a_loop_holding_a_language_models_output_is_told_the_logits_bytes_it_add
     _, told = _peak_and_warnings(held_step)
     assert len(told) == 1
     assert f"output (logits: float32[2, 32, 512]; {_kib(logits_bytes)}) is still alive" in told[0]
-    assert re.search(r"this step can reach .*iB\. Let go of it before backward\(\)", told[0])
+    assert re.search(r"this step can reach .*iB\. Keep only the loss before backward\(\)", told[0])
 
     dropped, quiet = _peak_and_warnings(dropped_step)
     held, again = _peak_and_warnings(held_step)
