@@ -51,6 +51,7 @@ from remat.client.model_wrappers import refuse_inner_units, trained_module
 from remat.client.plan import Plan
 from remat.client.plan_key import PlanKey, current_torch_version
 from remat.client.precision import autocast_dtype, precision_of_call
+from remat.client.user_frame import user_stacklevel
 
 __all__ = ["applied_chain", "applied_plan", "apply", "apply_with_chain", "example_for", "remove"]
 
@@ -267,7 +268,7 @@ def _at_other_sizes(state: _Applied, call: ModelCall, what: str, cut: Callable[[
         if not state.warned_sizes:
             warnings.warn(f"remat: a training call at other sizes than the plan's, {sizes}, runs {how}: "
                           f"{time.perf_counter() - started:.1f} s; its peak is not the plan's prediction",
-                          RuntimeWarning, stacklevel=_caller_outside_torch())
+                          RuntimeWarning, stacklevel=user_stacklevel())
             state.warned_sizes = True
         state.sized_chains[call.sizes] = known
     return _used(state, call.sizes)
@@ -367,7 +368,7 @@ def _check_graph_call(state: _Applied, graph: OpGraph, call: ModelCall) -> None:
     if not state.warned_masks:
         warnings.warn("remat: the model's own forward leaves out this training call's attention masks (no "
                       "padding); the graph plan runs on its graph, which builds them: the same numbers up to "
-                      "float rounding", RuntimeWarning, stacklevel=_caller_outside_torch())
+                      "float rounding", RuntimeWarning, stacklevel=user_stacklevel())
         state.warned_masks = True
 
 
@@ -421,7 +422,7 @@ def _chain_for_masks(state: _Applied, model: nn.Module, call: ModelCall, chain: 
                 warnings.warn(f"remat: the model's own forward leaves out this training call's attention masks "
                               f"(no padding), and a graph exported so cannot run the plan: {_short(reason)}; the "
                               f"call runs on the plan's graph, which builds them: the same numbers up to float "
-                              f"rounding ({_short(name)})", RuntimeWarning, stacklevel=_caller_outside_torch())
+                              f"rounding ({_short(name)})", RuntimeWarning, stacklevel=user_stacklevel())
                 state.warned_masks = True
             known = chain
         state.sized_chains[name] = known
@@ -521,18 +522,6 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 _DYNAMO_DISABLED: dict[str, Any] = {}
 
 
-def _caller_outside_torch() -> int:
-    """``stacklevel`` of the first frame, from the caller of the function calling this, that is neither torch's
-    nor remat.client's: the user's line, under dynamo's frames whose number varies with torch's version."""
-    own = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent))
-    frame, level = inspect.currentframe(), 0
-    while frame is not None:
-        if level >= 2 and not frame.f_code.co_filename.startswith(own):
-            return level
-        frame, level = frame.f_back, level + 1
-    return 2
-
-
 def _planned_under_compile(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """A training call traced by dynamo: one warning, then the plan run eagerly with dynamo off."""
     run = _DYNAMO_DISABLED.get("planned")
@@ -548,7 +537,7 @@ def _warned_planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not state.warned_compile:
         warnings.warn("remat: torch.compile does not compile an applied model's training forward; it runs "
                       "eagerly with the plan's checkpoints (compiled as one graph, the plan's memory is lost: "
-                      "docs/apply.md, 'torch.compile')", RuntimeWarning, stacklevel=_caller_outside_torch())
+                      "docs/apply.md, 'torch.compile')", RuntimeWarning, stacklevel=user_stacklevel())
         state.warned_compile = True
     return _planned(self, *args, **kwargs)
 
@@ -607,7 +596,7 @@ def _unplanned(state: _Applied, model: nn.Module, args: tuple[Any, ...], kwargs:
     if not state.warned:
         warnings.warn("remat: the applied plan was made for another kind of call (one tensor, or the inputs "
                       "the plan names); this training call ran without checkpointing", RuntimeWarning,
-                      stacklevel=_caller_outside_torch())
+                      stacklevel=user_stacklevel())
         state.warned = True
     return type(model).forward(model, *args, **kwargs)
 

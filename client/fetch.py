@@ -22,6 +22,7 @@ Public API::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -61,13 +62,19 @@ def _service(server: str | PlanServiceClient, token: str | None) -> Iterator[Pla
 def _call_of(model: nn.Module, inputs: Any) -> Any:
     """A ``ModelCall`` when ``inputs`` are one training call's inputs (a mapping: keywords; a tuple or list of
     tensors: positional arguments), None when they are a shape (integers)."""
-    from remat.client.graph.model_call import ModelCall
+    from remat.client.graph.model_call import ModelCall, cache_turned_off
+    from remat.client.user_frame import user_stacklevel
 
     if isinstance(inputs, Mapping):
-        return ModelCall.bind(model, (), inputs)
-    if isinstance(inputs, (tuple, list)) and inputs and any(isinstance(v, torch.Tensor) for v in inputs):
-        return ModelCall.bind(model, tuple(inputs), {})
-    return None
+        args, kwargs = (), dict(inputs)
+    elif isinstance(inputs, (tuple, list)) and inputs and any(isinstance(v, torch.Tensor) for v in inputs):
+        args, kwargs = tuple(inputs), {}
+    else:
+        return None
+    call = ModelCall.bind(model, args, kwargs)
+    if (cache_note := cache_turned_off(model, args, kwargs)) is not None:
+        warnings.warn(cache_note, RuntimeWarning, stacklevel=user_stacklevel())
+    return call
 
 
 def fetch_plan(model: nn.Module, input_shape: Sequence[int] | Mapping[str, Any], *, server: str | PlanServiceClient,

@@ -31,16 +31,16 @@ nothing of it.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+
+from remat.client.user_frame import user_stacklevel
 
 __all__ = ["MIN_SHARE", "OutputWatch"]
 
@@ -90,18 +90,6 @@ class _Kept:
         model saves count (its saver frees them early in backward, the loop only after); otherwise bytes
         kept by something other than the model (a loss that saved them)."""
         return self.tensor() is not None or not self.saved and self.storage() is not None
-
-
-def _user_stacklevel() -> int:
-    """``stacklevel`` of the first frame outside torch and remat.client (the user's ``backward()`` line); 1
-    where there is none (a CUDA backward runs hooks on the engine's device threads)."""
-    own = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parent))
-    frame, level = inspect.currentframe(), 0
-    while frame is not None:
-        if level >= 1 and not frame.f_code.co_filename.startswith(own):
-            return level
-        frame, level = frame.f_back, level + 1
-    return 1
 
 
 @dataclass(eq=False)
@@ -191,7 +179,7 @@ class OutputWatch:
         warnings.warn(f"remat: the model's output ({names}; {_mib(extra)}) is still alive when backward() reaches "
                       f"the model (the training loop holds it, or a view of it): {where}. Keep only the "
                       f"loss before backward() (loss = outputs.loss; del outputs), or leave that room in a budget "
-                      f"(docs/apply.md, Limits)", RuntimeWarning, stacklevel=_user_stacklevel())
+                      f"(docs/apply.md, Limits)", RuntimeWarning, stacklevel=user_stacklevel())
 
 
 def _name(path: tuple[Any, ...]) -> str:

@@ -115,11 +115,8 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
         raise PlanError(f"checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
     wrapper, model = model, trained_module(model, "checkpoint")
     call = ModelCall.bind(model, example_args, example_kwargs)
-    if cache_turned_off(model, example_args, example_kwargs):
-        warnings.warn(f"remat: {type(model).__name__}'s configuration turns its key/value cache on (use_cache=True); "
-                      f"its training calls run with use_cache=False, as transformers' gradient checkpointing does "
-                      f"(a training step never reads the cache). Pass use_cache=False to say so",
-                      RuntimeWarning, stacklevel=2)
+    if (cache_note := cache_turned_off(model, example_args, example_kwargs)) is not None:
+        warnings.warn(cache_note, RuntimeWarning, stacklevel=2)
     _checkpoint(model, call, grads=grads, algorithm=algorithm,
                 budget=budget, server=server, token=token, on_miss=on_miss, cache_dir=cache_dir, timeout_s=timeout_s)
     return wrapper

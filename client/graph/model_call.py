@@ -22,7 +22,7 @@ Public API::
     call.inputs_beyond(signature) -> str | None      # what it passes that the other does not (a refusal's hint)
     call.sizes                # the signature with every tensor's shape, a single tensor's too
     call.unaliased()          # the same call where no two tensor inputs share memory (what export is given)
-    cache_turned_off(model, args, kwargs)   # whether bind passes use_cache=False the call left out
+    cache_turned_off(model, args, kwargs)   # the warning when bind passes use_cache=False the call left out
     call.same_inputs(sizes)   # whether a call of those sizes passes the same inputs, at any sizes
     synthetic_call(signature, model, device)        # a call of that signature with made-up values
 """
@@ -296,15 +296,20 @@ def _parameter_left_out(model: nn.Module, sig: inspect.Signature, arguments: Map
         return None
 
 
-def cache_turned_off(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
-    """Whether ``ModelCall.bind`` passes ``use_cache=False`` for this call, which leaves it out (NOTE [ training
-    without the cache ]): what ``checkpoint`` warns about."""
+def cache_turned_off(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    """What ``checkpoint``, ``fetch_plan`` and ``fetch_and_apply`` warn when ``ModelCall.bind`` passes
+    ``use_cache=False`` for this call, which leaves it out (NOTE [ training without the cache ]); None when it
+    does not."""
     try:
         sig = inspect.signature(type(model).forward)
         bound = sig.bind(model, *args, **kwargs)
     except (TypeError, ValueError):
-        return False
-    return _cache_slot(model, sig, bound.arguments) is not None
+        return None
+    if _cache_slot(model, sig, bound.arguments) is None:
+        return None
+    return (f"remat: {type(model).__name__}'s configuration turns its key/value cache on (use_cache=True); its "
+            f"training calls run with use_cache=False, as transformers' gradient checkpointing does (a training "
+            f"step never reads the cache). Pass use_cache=False to say so")
 
 
 def _bind_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

@@ -19,7 +19,7 @@ import torch
 import remat.client
 from remat.client import apply_plan
 from remat.client.apply_plan import applied_plan
-from remat.client.errors import ModelError, PlanMismatchError
+from remat.client.errors import ModelError, PlanMismatchError, ServiceError
 from remat.client.graph.stage_chain import StageChain
 from remat.worker import local
 from tests.utils.tiny_transformers import batch, classifier_batch, tiny
@@ -544,6 +544,19 @@ def test_a_configuration_that_keeps_the_cache_trains_without_it_like_the_model(
     with pytest.raises(ModelError, match=r"^GPT2LMHeadModel called with use_cache=True returns its key/value "
                                          r"cache, .* pass use_cache=False$"):
         remat.client.checkpoint(copy.deepcopy(reference), cache_dir=cache_dir, use_cache=True, **batch(seed=1))
+
+
+@pytest.mark.parametrize("fetch", ["fetch_plan", "fetch_and_apply"])
+def test_fetching_for_a_configuration_that_keeps_the_cache_says_so_at_the_users_line(cache_dir: Path,
+                                                                                     fetch: str) -> None:
+    """``fetch_plan`` and ``fetch_and_apply`` bind the call as ``checkpoint`` does (so the keys match) and say
+    so as it does, before asking the service (here none answers: the port is closed)."""
+    model = tiny("gpt2")
+    model.config.use_cache = True
+    with pytest.warns(RuntimeWarning, match=r"configuration turns its key/value cache on") as warned:
+        with pytest.raises(ServiceError):
+            getattr(remat.client, fetch)(model, batch(seed=1), server="http://127.0.0.1:1")
+    assert [w.filename for w in warned if "use_cache" in str(w.message)] == [__file__]
 
 
 def test_an_encoder_whose_configuration_says_use_cache_is_called_as_given(cache_dir: Path) -> None:
