@@ -4,9 +4,10 @@ NOTE [ an output alive through backward ] A plan's peak is predicted for a step 
 model's output before ``backward()``: ``model(**batch).loss.backward()``, ``criterion(model(x), y).backward()``,
 transformers' ``Trainer``. A loop that holds it (``outputs = model(**batch); outputs.loss.backward()``, as
 transformers' ``no_trainer`` examples do; nanoGPT's ``logits, loss = model(X, Y)``), or a view of it, keeps
-its tensors alive until backward ends: a language model's logits, 98 MiB for GPT-2 at 2 × 256 (+12.8% over
-its ``linear`` plan), gigabytes at a 128k vocabulary and a few thousand tokens. Nothing in the plan or its
-key says which loop will train it, so the applied model watches its first training step instead:
+its tensors alive until backward ends, and a loss that saves it keeps it until its own backward: a language
+model's logits, 98 MiB for GPT-2 at 2 × 256 (+12.8% over its ``linear`` plan), gigabytes at a 128k
+vocabulary and a few thousand tokens. Nothing in the plan or its key says which loop will train it, so the
+applied model watches its first training step instead:
 
 - the output tensors (the model's own loss and scalars left out) are remembered by weak reference, to the
   tensor and to its storage, and a hook on the model's own loss — or, for a model without one, on its
@@ -17,8 +18,12 @@ key says which loop will train it, so the applied model watches its first traini
 - an output whose storage alone is alive is kept through a view, unless the model saves it: while the
   model's forward runs, a ``saved_tensors_hooks`` pair records the storages autograd saves outside
   checkpointed segments (a checkpoint's own hooks are innermost, so what it drops is not recorded);
-- a loss outside the model that saves the output (``mse_loss``) frees it in its own backward, before the
-  model's: not reported (docs/cost-model.md, "Other known gaps": the loss's own tensors);
+- a loss computed outside the model that saves the output (``mse_loss``, ``l1_loss``,
+  ``binary_cross_entropy_with_logits``; not ``cross_entropy``, whose ``log_softmax`` keeps its own result)
+  keeps it alive as backward starts, and frees it in its own backward, before the hook fires: a
+  ``weakref.finalize`` on each output's storage notes a death inside a backward
+  (``torch._C._current_graph_task_id``), and such an output is reported as the loss's (tiny GPT-2 without
+  labels, ``mse_loss`` on its logits: the plan's peak plus exactly the logits, measured);
 - when what the loop keeps is at least ``MIN_SHARE`` of the plan's predicted peak and ``MIN_BYTES``, one
   ``RuntimeWarning`` names it, its bytes, the peak the step can reach (the plan's peak plus those bytes:
   they add to backward's peaks; exact on GPT-2) and the fix.
@@ -84,6 +89,8 @@ class _Kept:
     storage): alive when anything keeps it — a loss that saved it, a view."""
     saved: bool
     """The model saved the storage for backward: alive at backward's start in any loop."""
+    key: tuple[int, int]
+    """The storage's (address, bytes) when the output was made."""
 
     def alive(self) -> bool:
         """Whether the step keeps these bytes beyond what the plan predicts. Held by the loop, even bytes the
@@ -101,6 +108,7 @@ class OutputWatch:
     watched: int = 0
     kept: tuple[_Kept, ...] = ()
     _saved: set[tuple[int, int] | None] = field(default_factory=set)
+    _died_in_backward: set[tuple[int, int]] = field(default_factory=set)
 
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
@@ -141,11 +149,15 @@ class OutputWatch:
                 continue
             what = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
             kept[storage] = _Kept(_name(path), what, storage[1], weakref.ref(t), weakref.ref(t.untyped_storage()),
-                                  storage in saved)
+                                  storage in saved, storage)
         self.kept = tuple(kept.values())
         if sum(k.nbytes for k in self.kept) < self._threshold():
             self.done = True  # even held, within the prediction's tolerance: nothing to watch
             return output
+        self._died_in_backward = set()
+        me = weakref.ref(self)
+        for k in self.kept:
+            weakref.finalize(k.storage(), _storage_died, me, k.key).atexit = False
         hooked = [loss] if loss is not None and loss.requires_grad else grads
         fire = self._reached()
         for t in hooked:
@@ -164,22 +176,48 @@ class OutputWatch:
             if me is None or me.done or me.kept is not kept:  # a later forward watches its own output
                 return
             me.done = True
-            me._report(tuple(k for k in kept if k.alive()))
+            me._report(tuple(k for k in kept if k.alive()),
+                       tuple(k for k in kept if k.storage() is None and k.key in me._died_in_backward))
 
         return fire
 
-    def _report(self, alive: tuple[_Kept, ...]) -> None:
-        extra = sum(k.nbytes for k in alive)
+    def _died(self, key: tuple[int, int]) -> None:
+        """An output's storage died: during a backward (``_current_graph_task_id``) and before the watch's hook,
+        the loss computed from it had saved it (NOTE [ an output alive through backward ])."""
+        if not self.done and torch._C._current_graph_task_id() != -1:
+            self._died_in_backward.add(key)
+
+    def _report(self, held: tuple[_Kept, ...], saved_by_loss: tuple[_Kept, ...]) -> None:
+        extra = sum(k.nbytes for k in held + saved_by_loss)
         if extra < self._threshold():
             return
-        names = ", ".join(f"{k.name}: {k.what}" if k.name else k.what for k in alive)
+        what = []
+        if held:
+            what.append(f"{_listed(held)} is still alive when backward() reaches the model (the training loop "
+                        f"holds it, or a view of it)")
+        if saved_by_loss:
+            what.append(f"{_listed(saved_by_loss)} is saved by the loss computed from it, alive as backward() "
+                        f"starts (mse_loss, l1_loss, binary_cross_entropy_with_logits save their input; "
+                        f"cross_entropy does not)")
         peak = self.predicted_peak_bytes
-        where = (f"the plan's predicted peak, {_mib(peak)}, is for a step that lets go of it, and this step can "
+        where = (f"the plan's predicted peak, {_mib(peak)}, is for a step that keeps none of it, and this step can "
                  f"reach {_mib(peak + extra)}" if peak else "the plan's prediction does not count it")
-        warnings.warn(f"remat: the model's output ({names}; {_mib(extra)}) is still alive when backward() reaches "
-                      f"the model (the training loop holds it, or a view of it): {where}. Keep only the "
-                      f"loss before backward() (loss = outputs.loss; del outputs), or leave that room in a budget "
+        fix = "Keep only the loss before backward() (loss = outputs.loss; del outputs), or leave" if held else \
+            "Leave"
+        warnings.warn(f"remat: the model's output {'; and '.join(what)}: {where}. {fix} that room in a budget "
                       f"(docs/apply.md, Limits)", RuntimeWarning, stacklevel=user_stacklevel())
+
+
+def _storage_died(watch: weakref.ref[OutputWatch], key: tuple[int, int]) -> None:
+    me = watch()
+    if me is not None:
+        me._died(key)
+
+
+def _listed(kept: tuple[_Kept, ...]) -> str:
+    """``(logits: float32[2, 256, 50257]; 98.2 MiB)``."""
+    names = ", ".join(f"{k.name}: {k.what}" if k.name else k.what for k in kept)
+    return f"({names}; {_mib(sum(k.nbytes for k in kept))})"
 
 
 def _name(path: tuple[Any, ...]) -> str:

@@ -32,7 +32,7 @@ def _peak_and_warnings(step: Callable[[], object]) -> tuple[int, list[str]]:
         with meter:
             meter.mark_baseline()
             step()
-    return meter.peak_above_baseline, [str(w.message) for w in caught if "still alive" in str(w.message)]
+    return meter.peak_above_baseline, [str(w.message) for w in caught if "remat: the model's output" in str(w.message)]
 
 
 def _kib(n: int) -> str:
@@ -172,3 +172,35 @@ def test_a_view_of_the_output_kept_by_the_loop_is_reported_and_a_small_output_is
 
     _, told = _peak_and_warnings(held_small)
     assert told == []  # 4 KiB of logits: within the prediction's tolerance
+
+
+def test_a_loss_that_saves_the_output_is_reported_with_the_bytes_it_adds(cache_dir: Path) -> None:
+    """``mse_loss`` keeps the logits for its backward, so they are alive as backward starts, the step's peak
+    here; ``cross_entropy`` keeps its ``log_softmax`` instead, which the plan's step has too."""
+    reference = tiny("gpt2", layers=4)
+    example = batch(seed=1)
+    labels = example.pop("labels")
+    remat.client.checkpoint(reference, cache_dir=cache_dir, **example)
+    predicted = applied_plan(reference).predicted_peak_bytes
+    logits_bytes = 2 * 32 * 512 * 4
+    regressing, classifying = copy.deepcopy(reference), copy.deepcopy(reference)
+    target = torch.zeros(2, 32, 512)
+
+    def regression_step() -> None:
+        regressing.zero_grad(set_to_none=True)
+        F.mse_loss(regressing(**example).logits, target).backward()
+
+    def classification_step() -> None:
+        classifying.zero_grad(set_to_none=True)
+        F.cross_entropy(classifying(**example).logits.flatten(0, 1), labels.flatten()).backward()
+
+    _, told = _peak_and_warnings(regression_step)
+    assert len(told) == 1
+    assert f"output (logits: float32[2, 32, 512]; {_kib(logits_bytes)}) is saved by the loss" in told[0]
+    assert "Keep only the loss" not in told[0]  # nothing the loop could let go of
+    assert _peak_and_warnings(classification_step)[1] == []
+    regressed, again = _peak_and_warnings(regression_step)
+    classified, _ = _peak_and_warnings(classification_step)
+    assert again == []
+    assert abs(classified - predicted) <= 0.005 * predicted
+    assert regressed - predicted == logits_bytes  # the bound the warning gives, reached
