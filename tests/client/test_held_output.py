@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -204,3 +205,31 @@ def test_a_loss_that_saves_the_output_is_reported_with_the_bytes_it_adds(cache_d
     assert again == []
     assert abs(classified - predicted) <= 0.005 * predicted
     assert regressed - predicted == logits_bytes  # the bound the warning gives, reached
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_watch_reports_from_the_engines_device_threads(cache_dir: Path) -> None:
+    """A CUDA backward runs hooks and frees storages on the autograd engine's device threads, where the graph
+    task is that thread's: the held loop and the saving loss are told all the same, the dropping loop not."""
+    x, y = (t.cuda() for t in _inputs())
+    reference = remat.client.checkpoint(_Logits().cuda(), x, cache_dir=cache_dir)
+    holding, regressing, dropping = (copy.deepcopy(reference) for _ in range(3))
+    target = torch.zeros(128, 1024, device="cuda")
+
+    def held_step() -> None:
+        logits = holding(x)
+        F.cross_entropy(logits, y).backward()
+
+    def dropped_step() -> None:
+        F.cross_entropy(dropping(x), y).backward()
+
+    def told(step: Callable[[], object]) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+            torch.cuda.synchronize()
+        return [str(w.message) for w in caught if "remat: the model's output" in str(w.message)]
+
+    assert "still alive when backward() reaches the model" in " ".join(told(held_step))
+    assert "is saved by the loss" in " ".join(told(lambda: F.mse_loss(regressing(x), target).backward()))
+    assert told(dropped_step) == []
