@@ -488,7 +488,20 @@ def _check_call(state: _Applied, model: nn.Module, call: ModelCall) -> None:
         diffs.append(f"device: plan {key.device} vs input {x.device.type}")
     if diffs:
         hint = _pass_them_too(call, key.inputs) if key.inputs else ""
+        if not hint and precision != key.dtype:
+            hint = _same_precision(key.dtype, precision)
         raise _mismatch(state.plan, "; ".join(diffs) + (hint or " (apply(..., strict=False) to use it anyway)"))
+
+
+def _same_precision(planned: str, called: str) -> str:
+    """A precision refusal's last words: where the plan and the loop part ways (accelerate's mixed precision
+    wraps the forward in autocast after ``checkpoint`` ran outside it), and how to plan for the loop's."""
+    if called.startswith("autocast_"):
+        return (f" (the loop trains under autocast: call checkpoint() inside the same torch.autocast, or, with "
+                f"accelerate's mixed precision, inside `with accelerator.autocast():`, to plan for {called})")
+    if planned.startswith("autocast_"):
+        return " (the plan was made under autocast: train under the same autocast, or call checkpoint() outside it)"
+    return " (the plan was made for other weights' dtype: call checkpoint() on the model as it trains)"
 
 
 def _pass_them_too(call: ModelCall, planned: str) -> str:

@@ -201,10 +201,14 @@ def test_precision_is_checked_at_the_first_training_call(resnet: nn.Module) -> N
     key = key_for_model(model, SHAPE, dtype="autocast_bfloat16")
     apply(model, _plan(14, (3, 7, 10), key))
     x = torch.randn(SHAPE)
-    with pytest.raises(PlanMismatchError, match="dtype: plan autocast_bfloat16 vs this call's float32"):
+    with pytest.raises(PlanMismatchError, match=r"dtype: plan autocast_bfloat16 vs this call's float32 \(the plan was "
+                                                 r"made under autocast: train under the same autocast"):
         model(x)
     apply(model, _plan(14, (3, 7, 10), key))
-    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(PlanMismatchError, match="autocast_float16"):
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(
+            PlanMismatchError, match=r"autocast_float16 \(the loop trains under autocast: call checkpoint\(\) inside "
+                                     r"the same torch.autocast, or, with accelerate's mixed precision, inside "
+                                     r"`with accelerator.autocast\(\):`, to plan for autocast_float16\)$"):
         model(x)
     # Under the plan's own autocast the step equals the unmodified model's: the recompute re-enters autocast.
     apply(model, _plan(14, (3, 7, 10), key))
