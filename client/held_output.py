@@ -45,6 +45,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from remat.client.graph.model_call import path_text, tensor_text
+from remat.client.model_output import own_loss
 from remat.client.user_frame import user_stacklevel
 
 __all__ = ["MIN_SHARE", "OutputWatch"]
@@ -67,20 +69,12 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
         return None
 
 
-def _loss_of(output: Any) -> torch.Tensor | None:
-    """The loss a model computed itself (``output.loss``/``output["loss"]``, a floating scalar), else None."""
-    if isinstance(output, torch.Tensor) or isinstance(output, (tuple, list)) and not hasattr(output, "keys"):
-        return None
-    loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point():
-        return loss
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class _Kept:
     name: str
+    """Where it is in the output, as the loop indexes it: ``output['logits']``, ``output[0]``, ``output``."""
     what: str
+    """``float32[2, 256, 50257]``."""
     nbytes: int
     tensor: weakref.ref
     """The output tensor: alive when someone holds it (the loop's ``outputs``), saved by the model or not."""
@@ -135,7 +129,7 @@ class OutputWatch:
             return output
         inputs = {_storage(t) for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
         saved, self._saved = self._saved, set()
-        loss = _loss_of(output)
+        loss = own_loss(output)
         leaves, _ = pytree.tree_flatten_with_path(output)
         kept: dict[tuple[int, int], _Kept] = {}
         grads: list[torch.Tensor] = []
@@ -147,9 +141,8 @@ class OutputWatch:
             storage = _storage(t)
             if storage is None or storage in kept or storage in inputs:
                 continue
-            what = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-            kept[storage] = _Kept(_name(path), what, storage[1], weakref.ref(t), weakref.ref(t.untyped_storage()),
-                                  storage in saved, storage)
+            kept[storage] = _Kept(f"output{path_text(path)}", tensor_text(t), storage[1], weakref.ref(t),
+                                  weakref.ref(t.untyped_storage()), storage in saved, storage)
         self.kept = tuple(kept.values())
         if sum(k.nbytes for k in self.kept) < self._threshold():
             self.done = True  # even held, within the prediction's tolerance: nothing to watch
@@ -193,10 +186,10 @@ class OutputWatch:
             return
         what = []
         if held:
-            what.append(f"{_listed(held)} is still alive when backward() reaches the model (the training loop "
+            what.append(f"{_listed(held)} still alive when backward() reaches the model (the training loop "
                         f"holds it, or a view of it)")
         if saved_by_loss:
-            what.append(f"{_listed(saved_by_loss)} is saved by the loss computed from it, alive as backward() "
+            what.append(f"{_listed(saved_by_loss)} saved by the loss computed from it, alive as backward() "
                         f"starts (mse_loss, l1_loss, binary_cross_entropy_with_logits save their input; "
                         f"cross_entropy does not)")
         peak = self.predicted_peak_bytes
@@ -204,7 +197,7 @@ class OutputWatch:
                  f"reach {_mib(peak + extra)}" if peak else "the plan's prediction does not count it")
         fix = "Keep only the loss before backward() (loss = outputs.loss; del outputs), or leave" if held else \
             "Leave"
-        warnings.warn(f"remat: the model's output {'; and '.join(what)}: {where}. {fix} that room in a budget "
+        warnings.warn(f"remat: the model's {'; and '.join(what)}: {where}. {fix} that room in a budget "
                       f"(docs/apply.md, Limits)", RuntimeWarning, stacklevel=user_stacklevel())
 
 
@@ -215,23 +208,12 @@ def _storage_died(watch: weakref.ref[OutputWatch], key: tuple[int, int]) -> None
 
 
 def _listed(kept: tuple[_Kept, ...]) -> str:
-    """``(logits: float32[2, 256, 50257]; 98.2 MiB)``."""
-    names = ", ".join(f"{k.name}: {k.what}" if k.name else k.what for k in kept)
-    return f"({names}; {_mib(sum(k.nbytes for k in kept))})"
-
-
-def _name(path: tuple[Any, ...]) -> str:
-    """An output's place, as a user reads it: ``logits`` (a ``ModelOutput`` or dict), ``output[0]`` (a tuple),
-    "" (the output is one tensor)."""
-    text = ""
-    for key in path:
-        if isinstance(key, pytree.MappingKey):
-            text += f".{key.key}"
-        elif isinstance(key, pytree.GetAttrKey):
-            text += f".{key.name}"
-        else:
-            text += str(key)  # SequenceKey: "[0]"
-    return text[1:] if text.startswith(".") else f"output{text}" if text else ""
+    """``output['logits'] (float32[2, 256, 50257], 98.2 MiB) is``; ``output[0] (…), output[1] (…), 9.1 MiB in
+    all, are``."""
+    if len(kept) == 1:
+        return f"{kept[0].name} ({kept[0].what}, {_mib(kept[0].nbytes)}) is"
+    names = ", ".join(f"{k.name} ({k.what})" for k in kept)
+    return f"{names}, {_mib(sum(k.nbytes for k in kept))} in all, are"
 
 
 def _mib(n: int) -> str:

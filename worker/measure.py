@@ -35,9 +35,9 @@ from torch import nn
 
 from remat.client.errors import ModelError
 from remat.client.measurement import Measurement
+from remat.client.model_output import AUX_LOSS_WEIGHT, output_tensors, own_loss
 from remat.client.precision import autocast_context, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, Trace
-from remat.worker.model_output import AUX_LOSS_WEIGHT, output_tensors, own_loss
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
 
@@ -61,7 +61,7 @@ def make_loss(output: Any, *, seed: int = 0) -> LossFn:
 
     Labels/targets are drawn once from a fixed seed, before measuring, so they belong to the baseline. A
     model with auxiliary outputs (a tuple, main output first: GoogLeNet, Inception v3 in train mode) gets
-    the main loss plus ``AUX_LOSS_WEIGHT`` times each auxiliary loss (remat.worker.model_output).
+    the main loss plus ``AUX_LOSS_WEIGHT`` times each auxiliary loss (remat.client.model_output).
     """
     gen = torch.Generator().manual_seed(seed)
     parts = [_tensor_loss(t, gen) for t in output_tensors(output)]

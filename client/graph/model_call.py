@@ -43,22 +43,28 @@ from torch import nn
 from remat.client.errors import PlanError
 from remat.client.plan_key import MAX_INPUTS_CHARS as MAX_SIGNATURE_CHARS
 
-__all__ = ["ModelCall", "cache_turned_off", "synthetic_call"]
+__all__ = ["ModelCall", "cache_turned_off", "path_text", "synthetic_call", "tensor_text"]
 
 
 _CONSTANTS = (type(None), bool, int, float, str)
 
 
+def tensor_text(t: torch.Tensor) -> str:
+    """A tensor as signatures and messages spell it: ``int64[2, 256]``."""
+    dims = ", ".join(str(d) for d in t.shape)
+    return f"{str(t.dtype).removeprefix('torch.')}[{dims}]"
+
+
 def _leaf_text(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        dims = ", ".join(str(d) for d in value.shape)
-        return f"{str(value.dtype).removeprefix('torch.')}[{dims}]"
+        return tensor_text(value)
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else f"float('{value}')"
     return repr(value)
 
 
-def _path_text(path: tuple[Any, ...]) -> str:
+def path_text(path: tuple[Any, ...]) -> str:
+    """Where a pytree leaf sits, as Python indexes it: ``['logits']``, ``[0]`` ("" for the root)."""
     out = ""
     for entry in path:
         if isinstance(entry, pytree.SequenceKey):
@@ -108,7 +114,7 @@ class ModelCall:
                 parts.append(f"{name}=None")
                 continue
             for path, leaf in leaves:
-                label = name + _path_text(path)
+                label = name + path_text(path)
                 if isinstance(leaf, torch.Tensor):
                     if leaf.layout != torch.strided:
                         raise PlanError(f"input {label}: a {leaf.layout} tensor cannot be traced; pass dense tensors")

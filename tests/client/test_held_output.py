@@ -63,7 +63,7 @@ def test_a_loop_holding_a_language_models_output_is_told_the_logits_bytes_it_add
     assert _peak_and_warnings(dropped_step)[1] == []
     _, told = _peak_and_warnings(held_step)
     assert len(told) == 1
-    assert f"output (logits: float32[2, 32, 512]; {_kib(logits_bytes)}) is still alive" in told[0]
+    assert f"model's output['logits'] (float32[2, 32, 512], {_kib(logits_bytes)}) is still alive" in told[0]
     assert re.search(r"this step can reach .*iB\. Keep only the loss before backward\(\)", told[0])
 
     dropped, quiet = _peak_and_warnings(dropped_step)
@@ -120,7 +120,8 @@ def test_a_tuple_of_logits_and_loss_held_by_the_loop_names_the_logits(cache_dir:
 
     model(x, y)  # a training forward without backward (a shape check): the next step is still watched
     _, told = _peak_and_warnings(held_step)
-    assert len(told) == 1 and f"output (output[0]: float32[128, 1024]; {_kib(128 * 1024 * 4)}) is" in told[0]
+    assert len(told) == 1
+    assert f"model's output[0] (float32[128, 1024], {_kib(128 * 1024 * 4)}) is still alive" in told[0]
 
 
 def test_an_output_the_model_saves_is_reported_held_since_it_outlives_its_savers_backward(cache_dir: Path) -> None:
@@ -142,7 +143,8 @@ def test_an_output_the_model_saves_is_reported_held_since_it_outlives_its_savers
     assert _peak_and_warnings(dropped_step)[1] == []
     told = _peak_and_warnings(held_step)[1]
     hidden_bytes = 128 * 256 * 4
-    assert len(told) == 1 and f"output (hidden: float32[128, 256]; {_kib(hidden_bytes)}) is" in told[0]
+    assert len(told) == 1
+    assert f"model's output['hidden'] (float32[128, 256], {_kib(hidden_bytes)}) is still alive" in told[0]
     dropped, _ = _peak_and_warnings(dropped_step)
     held, _ = _peak_and_warnings(held_step)
     assert held - dropped == hidden_bytes
@@ -161,7 +163,7 @@ def test_a_view_of_the_output_kept_by_the_loop_is_reported_and_a_small_output_is
         loss.backward()
 
     _, told = _peak_and_warnings(viewing_step)
-    assert len(told) == 1 and f"output (float32[128, 1024]; {_kib(128 * 1024 * 4)}) is" in told[0]
+    assert len(told) == 1 and f"model's output (float32[128, 1024], {_kib(128 * 1024 * 4)}) is still alive" in told[0]
     _, told = _peak_and_warnings(lambda: F.cross_entropy(classifying(x), y).backward())
     assert told == []  # log_softmax keeps its own output, not the logits
 
@@ -197,7 +199,7 @@ def test_a_loss_that_saves_the_output_is_reported_with_the_bytes_it_adds(cache_d
 
     _, told = _peak_and_warnings(regression_step)
     assert len(told) == 1
-    assert f"output (logits: float32[2, 32, 512]; {_kib(logits_bytes)}) is saved by the loss" in told[0]
+    assert f"model's output['logits'] (float32[2, 32, 512], {_kib(logits_bytes)}) is saved by the loss" in told[0]
     assert "Keep only the loss" not in told[0]  # nothing the loop could let go of
     assert _peak_and_warnings(classification_step)[1] == []
     regressed, again = _peak_and_warnings(regression_step)

@@ -41,10 +41,10 @@ from torchvision.models import efficientnet, maxvit, resnet, vision_transformer
 from remat.client.apply_plan import applied_chain, apply
 from remat.client.graph.built_model import key_for_model
 from remat.client.graph.stage_graph import build_stage_chain
+from remat.client.model_output import output_tensors
 from remat.client.planning.plans import make_plan
 from remat.client.zoo import resolve_model
 from remat.worker.measure import make_loss
-from remat.worker.model_output import output_tensors
 from remat.worker.profilers import profile
 
 pytestmark = pytest.mark.slow

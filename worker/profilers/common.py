@@ -49,10 +49,10 @@ from torch.utils.checkpoint import checkpoint
 from remat.client.devices import unavailable_reason
 from remat.client.errors import ModelError
 from remat.client.graph.write_probe import preserved_state
+from remat.client.model_output import output_tensors, training_outputs
 from remat.client.precision import autocast_context, autocast_dtype, normalize_precision, precision_of_call
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
 from remat.worker.memory_meter import storage_key
-from remat.worker.model_output import output_tensors, training_outputs
 from remat.worker.profilers.export_seeds import ExportGradients, StagePass, add_side_gradients
 
 __all__ = ["Backend", "StageChainLike", "build_chain", "preserved_state", "profile_chain"]
@@ -385,7 +385,7 @@ def _side_values(rec: _ChainRecord, grads: Mapping[int, tuple[int, set[int]]]) -
 def stage_callable(chain: StageChainLike, i: int) -> Callable[[Any], Any]:
     """Stage ``i`` as profiled: the last stage's output folded into the model's (an exported model's flat
     leaves become its ``ModelOutput``) and reduced to what the loss is made of (its own loss, when it
-    computes one: remat.worker.model_output)."""
+    computes one: remat.client.model_output)."""
     stage = chain.stage(i)
     if i < chain.num_stages:
         return stage

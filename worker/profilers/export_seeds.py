@@ -33,9 +33,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from remat.client.model_output import requires_grad as any_requires_grad
+from remat.client.model_output import seeded_sum
 from remat.worker.memory_meter import storage_key
-from remat.worker.model_output import requires_grad as any_requires_grad
-from remat.worker.model_output import seeded_sum
 
 ExportGradients = dict[str, list[torch.Tensor | None]]
 """Side value name -> per tensor leaf of the value, the sum of the gradients later stages sent it (or None)."""
