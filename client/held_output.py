@@ -29,8 +29,9 @@ applied model watches its first training step instead:
   they add to backward's peaks; exact on GPT-2) and the fix.
 
 The watch lasts until one backward has been seen (a forward without backward watches again next time, up to
-``MAX_WATCHED`` forwards) and costs a Python call per tensor autograd saves in that one step; later steps run
-nothing of it.
+``MAX_WATCHED`` forwards) and costs a Python call per tensor autograd saves in that one step (GPT-2, 12 layers,
+2 × 256, ``linear``: 146 tensors; a watched step 3.41 s against 3.43 s unwatched, least of 6 interleaved); later
+steps run nothing of it.
 """
 
 from __future__ import annotations
