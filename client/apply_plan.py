@@ -579,9 +579,7 @@ def _planned(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return _unplanned(state, self, args, kwargs)  # a chain cut for one tensor (no key), several inputs given
     if state.watch is None:
         state.watch = OutputWatch(state.plan.predicted_peak_bytes)
-    with state.watch.forward():
-        output = _run_planned(state, self, call, example)
-    return state.watch.output(output, (args, kwargs))
+    return state.watch.output(_run_planned(state, self, call, example), (args, kwargs))
 
 
 def _run_planned(state: _Applied, model: nn.Module, call: ModelCall, example: torch.Tensor | ModelCall) -> Any:

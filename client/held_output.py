@@ -9,37 +9,37 @@ model's logits, 98 MiB for GPT-2 at 2 × 256 (+12.8% over its ``linear`` plan), 
 vocabulary and a few thousand tokens. Nothing in the plan or its key says which loop will train it, so the
 applied model watches its first training step instead:
 
-- the output tensors (the model's own loss and scalars left out) are remembered by weak reference, to the
-  tensor and to its storage, and a hook on the model's own loss — or, for a model without one, on its
-  outputs — fires when backward reaches the model;
-- an output whose tensor is alive then is held by the loop, and costs until backward ends even when the
-  model saves it: its saver would have freed it early in backward (a 128 KiB hidden state that a head saves
-  as its input adds all of its 128 KiB held, measured in tests/client/test_held_output.py);
-- an output whose storage alone is alive is kept through a view, unless the model saves it: while the
-  model's forward runs, a ``saved_tensors_hooks`` pair records the storages autograd saves outside
-  checkpointed segments (a checkpoint's own hooks are innermost, so what it drops is not recorded);
+- the output tensors (the model's own loss, scalars and the call's inputs left out) are remembered by weak
+  reference to their storages (a storage's Python object lives exactly as long as the storage), and a hook
+  on the model's own loss — or, for a model without one, on its outputs — fires when backward reaches the
+  model;
+- that hook queues a callback for the end of the backward (``queue_callback``): by then the model has let
+  go of everything it kept (saved tensors, a checkpoint frame's inputs: T5's encoder output is read by
+  every decoder segment), so an output whose storage is still alive is kept by the loop, as ``outputs`` or
+  through a view, and costs from the moment the model would have freed it to the end — all of backward for
+  an output nothing saves (the logits), from its saver's backward on for one the model saves (a 128 KiB
+  hidden state that a head saves as its input adds all of its 128 KiB held, measured in
+  tests/client/test_held_output.py);
 - a loss computed outside the model that saves the output (``mse_loss``, ``l1_loss``,
   ``binary_cross_entropy_with_logits``; not ``cross_entropy``, whose ``log_softmax`` keeps its own result)
-  keeps it alive as backward starts, and frees it in its own backward, before the hook fires: a
+  keeps it alive as backward starts and frees it in its own backward, before the hook fires: a
   ``weakref.finalize`` on each output's storage notes a death inside a backward
-  (``torch._C._current_graph_task_id``), and such an output is reported as the loss's (tiny GPT-2 without
-  labels, ``mse_loss`` on its logits: the plan's peak plus exactly the logits, measured);
-- when what the loop keeps is at least ``MIN_SHARE`` of the plan's predicted peak and ``MIN_BYTES``, one
+  (``torch._C._current_graph_task_id``) before the hook, and such an output is reported as the loss's (tiny
+  GPT-2 without labels, ``mse_loss`` on its logits: the plan's peak plus exactly the logits, measured);
+- when what the step keeps is at least ``MIN_SHARE`` of the plan's predicted peak and ``MIN_BYTES``, one
   ``RuntimeWarning`` names it, its bytes, the peak the step can reach (the plan's peak plus those bytes:
   they add to backward's peaks; exact on GPT-2) and the fix.
 
 The watch lasts until one backward has been seen (a forward without backward watches again next time, up to
-``MAX_WATCHED`` forwards) and costs a Python call per tensor autograd saves in that one step (GPT-2, 12 layers,
-2 × 256, ``linear``: 146 tensors; a watched step 3.41 s against 3.43 s unwatched, least of 6 interleaved); later
-steps run nothing of it.
+``MAX_WATCHED`` forwards) and costs a weak reference and a finalizer per output tensor, a hook and a callback
+in that one step; later steps run nothing of it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,21 +77,10 @@ class _Kept:
     what: str
     """``float32[2, 256, 50257]``."""
     nbytes: int
-    tensor: weakref.ref
-    """The output tensor: alive when someone holds it (the loop's ``outputs``), saved by the model or not."""
     storage: weakref.ref
-    """Its storage, alive as long as its memory is (a storage's Python object lives exactly as long as the
-    storage): alive when anything keeps it — a loss that saved it, a view."""
-    saved: bool
-    """The model saved the storage for backward: alive at backward's start in any loop."""
+    """Its storage, alive as long as its memory is: whoever keeps it, the tensor or a view."""
     key: tuple[int, int]
     """The storage's (address, bytes) when the output was made."""
-
-    def alive(self) -> bool:
-        """Whether the step keeps these bytes beyond what the plan predicts. Held by the loop, even bytes the
-        model saves count (its saver frees them early in backward, the loop only after); otherwise bytes
-        kept by something other than the model (a loss that saved them)."""
-        return self.tensor() is not None or not self.saved and self.storage() is not None
 
 
 @dataclass(eq=False)
@@ -102,34 +91,21 @@ class OutputWatch:
     done: bool = False
     watched: int = 0
     kept: tuple[_Kept, ...] = ()
-    _saved: set[tuple[int, int] | None] = field(default_factory=set)
+    _reached_at: tuple[_Kept, ...] | None = None
+    """``kept`` once backward reached the model: deaths after that are the model's own releases."""
     _died_in_backward: set[tuple[int, int]] = field(default_factory=set)
 
-    @contextlib.contextmanager
-    def forward(self) -> Iterator[None]:
-        """Around the model's training forward: records what autograd saves outside checkpoints."""
-        if self.done or self.watched >= MAX_WATCHED:
-            self.done = True
-            yield
-            return
-        self.watched += 1
-        self._saved = set()
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            self._saved.add(_storage(t))
-            return t.detach()  # not ``t``: that would keep the output's Python object, which says "held"
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield
-
     def output(self, output: Any, inputs: Any) -> Any:
-        """After the training forward: remember the output tensors other than the step's loss (not the call's
+        """After a training forward: remember the output tensors other than the step's loss (not the call's
         ``inputs``: the loop holds those anyway), and hook the moment backward reaches the model. Returns
         ``output``."""
         if self.done:
             return output
+        if self.watched >= MAX_WATCHED:
+            self.done = True
+            return output
+        self.watched += 1
         inputs = {_storage(t) for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
-        saved, self._saved = self._saved, set()
         loss = own_loss(output)
         leaves, _ = pytree.tree_flatten_with_path(output)
         kept: dict[tuple[int, int], _Kept] = {}
@@ -142,9 +118,9 @@ class OutputWatch:
             storage = _storage(t)
             if storage is None or storage in kept or storage in inputs:
                 continue
-            kept[storage] = _Kept(f"output{path_text(path)}", tensor_text(t), storage[1], weakref.ref(t),
-                                  weakref.ref(t.untyped_storage()), storage in saved, storage)
-        self.kept = tuple(kept.values())
+            kept[storage] = _Kept(f"output{path_text(path)}", tensor_text(t), storage[1],
+                                  weakref.ref(t.untyped_storage()), storage)
+        self.kept, self._reached_at = tuple(kept.values()), None
         if sum(k.nbytes for k in self.kept) < self._threshold():
             self.done = True  # even held, within the prediction's tolerance: nothing to watch
             return output
@@ -167,18 +143,23 @@ class OutputWatch:
 
         def fire(grad: torch.Tensor) -> None:
             me = watch()
-            if me is None or me.done or me.kept is not kept:  # a later forward watches its own output
-                return
-            me.done = True
-            me._report(tuple(k for k in kept if k.alive()),
-                       tuple(k for k in kept if k.storage() is None and k.key in me._died_in_backward))
+            if me is None or me.done or me.kept is not kept or me._reached_at is not None:
+                return  # a later forward watches its own output; one firing per backward
+            me._reached_at = kept
+            saved_by_loss = tuple(k for k in kept if k.storage() is None and k.key in me._died_in_backward)
+
+            def backward_ended() -> None:
+                me.done = True
+                me._report(tuple(k for k in kept if k.storage() is not None), saved_by_loss)
+
+            torch.autograd.Variable._execution_engine.queue_callback(backward_ended)
 
         return fire
 
     def _died(self, key: tuple[int, int]) -> None:
-        """An output's storage died: during a backward (``_current_graph_task_id``) and before the watch's hook,
-        the loss computed from it had saved it (NOTE [ an output alive through backward ])."""
-        if not self.done and torch._C._current_graph_task_id() != -1:
+        """An output's storage died: during a backward (``_current_graph_task_id``) and before backward reached
+        the model, the loss computed from it had saved it (NOTE [ an output alive through backward ])."""
+        if self._reached_at is None and not self.done and torch._C._current_graph_task_id() != -1:
             self._died_in_backward.add(key)
 
     def _report(self, held: tuple[_Kept, ...], saved_by_loss: tuple[_Kept, ...]) -> None:
@@ -187,8 +168,8 @@ class OutputWatch:
             return
         what = []
         if held:
-            what.append(f"{_listed(held)} still alive when backward() reaches the model (the training loop "
-                        f"holds it, or a view of it)")
+            what.append(f"{_listed(held)} still alive when backward() ends (the training loop holds it, or a "
+                        f"view of it)")
         if saved_by_loss:
             what.append(f"{_listed(saved_by_loss)} saved by the loss computed from it, alive as backward() "
                         f"starts (mse_loss, l1_loss, binary_cross_entropy_with_logits save their input; "

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import remat.client
+from remat.client import held_output
 from remat.client.apply_plan import applied_plan
 from remat.worker.memory_meter import MemoryMeter
 from tests.utils.tiny_transformers import batch, tiny
@@ -232,6 +233,30 @@ def test_on_cuda_the_watch_reports_from_the_engines_device_threads(cache_dir: Pa
             torch.cuda.synchronize()
         return [str(w.message) for w in caught if "remat: the model's output" in str(w.message)]
 
-    assert "still alive when backward() reaches the model" in " ".join(told(held_step))
+    assert "still alive when backward() ends" in " ".join(told(held_step))
     assert "is saved by the loss" in " ".join(told(lambda: F.mse_loss(regressing(x), target).backward()))
     assert told(dropped_step) == []
+
+
+def test_an_encoders_output_the_model_keeps_through_backward_is_not_taken_for_the_loops(
+        cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T5's encoder output is read by every decoder segment, so its checkpoint frames keep it (the tensor
+    itself) until their backward: alive when backward reaches the model in any loop, and let go by its end
+    unless the loop holds it. Every byte counts here (thresholds at zero), so a false report would show."""
+    monkeypatch.setattr(held_output, "MIN_SHARE", 0.0)
+    monkeypatch.setattr(held_output, "MIN_BYTES", 0)
+    reference = tiny("t5", layers=3)
+    example = batch(seed=1)
+    remat.client.checkpoint(reference, cache_dir=cache_dir, **example)
+    assert applied_plan(reference).checkpoints
+    dropping, holding = copy.deepcopy(reference), copy.deepcopy(reference)
+    assert _peak_and_warnings(lambda: dropping(**example).loss.backward())[1] == []
+
+    def held_step() -> None:
+        outputs = holding(**example)
+        outputs.loss.backward()
+
+    told = _peak_and_warnings(held_step)[1]
+    assert len(told) == 1
+    assert "model's output['logits'] (float32[2, 32, 512]), output['encoder_last_hidden_state'] " \
+           "(float32[2, 32, 64]), 144.0 KiB in all, are still alive when backward() ends" in told[0]
