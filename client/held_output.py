@@ -32,7 +32,8 @@ applied model watches its first training step instead:
 
 The watch lasts until one backward has been seen (a forward without backward watches again next time, up to
 ``MAX_WATCHED`` forwards) and costs a weak reference and a finalizer per output tensor, a hook and a callback
-in that one step; later steps run nothing of it.
+in that one step, within a step's noise (GPT-2, 12 layers, 2 × 256, 8 interleaved steps: least 3.31 s watched
+and 3.24 s not, medians 3.35 and 3.54 s); later steps run nothing of it.
 """
 
 from __future__ import annotations
