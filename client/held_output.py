@@ -51,7 +51,7 @@ from remat.client.graph.model_call import path_text, tensor_text
 from remat.client.model_output import own_loss
 from remat.client.user_frame import user_stacklevel
 
-__all__ = ["MIN_SHARE", "OutputWatch"]
+__all__ = ["MAX_WATCHED", "MIN_BYTES", "MIN_SHARE", "OutputWatch"]
 
 MIN_SHARE = 0.01
 """Kept output bytes below this share of the plan's predicted peak are not reported: within the product's

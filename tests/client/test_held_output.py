@@ -27,14 +27,16 @@ from tests.utils.tiny_transformers import batch, tiny
 
 
 def _peak_and_warnings(step: Callable[[], object]) -> tuple[int, list[str]]:
-    """The step's peak above its start, on the CPU meter, and remat's warnings during it."""
+    """The step's peak above its start, on the CPU meter, and remat's warnings about its output during it."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         meter = MemoryMeter()
         with meter:
             meter.mark_baseline()
             step()
-    return meter.peak_above_baseline, [str(w.message) for w in caught if "remat: the model's output" in str(w.message)]
+    told = [w for w in caught if "remat: the model's output" in str(w.message)]
+    assert all(w.filename == __file__ for w in told)  # the user's line: the step's backward() here
+    return meter.peak_above_baseline, [str(w.message) for w in told]
 
 
 def _kib(n: int) -> str:
