@@ -81,7 +81,8 @@ def checkpoint(model: nn.Module, *example_args: Any, grads: str = "none", algori
             ``use_cache`` out of a model whose configuration turns the cache on trains with ``use_cache=False``
             (a warning; NOTE [ training without the cache ] in remat.client.graph.model_call); one tensor
             passed twice (``labels=input_ids``) is fine. Peaks are predicted for a step that lets go of the
-            output before ``backward()`` (docs/apply.md, Limits).
+            output before ``backward()``; a loop that keeps it (or a loss that saves it) is told at its first
+            training step, with the bytes (docs/apply.md, Limits).
         grads: ``"none"`` if gradients are set to None between steps (``zero_grad()``'s default) or
             ``"kept"`` if they stay allocated; the best plans differ.
         algorithm: which planner's plan (``linear``: least peak memory under the PyTorch-faithful model).
