@@ -169,15 +169,17 @@ class OutputWatch:
             return
         what = []
         if held:
-            what.append(f"{_listed(held)} still alive when backward() ends (the training loop holds it, or a "
-                        f"view of it)")
+            how = "holds them, or views of them" if len(held) > 1 else "holds it, or a view of it"
+            what.append(f"{_listed(held)} still alive when backward() ends (the training loop {how})")
         if saved_by_loss:
-            what.append(f"{_listed(saved_by_loss)} saved by the loss computed from it, alive as backward() "
+            it = "them" if len(saved_by_loss) > 1 else "it"
+            what.append(f"{_listed(saved_by_loss)} saved by the loss computed from {it}, alive as backward() "
                         f"starts (mse_loss, l1_loss, binary_cross_entropy_with_logits save their input; "
                         f"cross_entropy does not)")
         peak = self.predicted_peak_bytes
-        where = (f"the plan's predicted peak, {_mib(peak)}, is for a step that keeps none of it, and this step can "
-                 f"reach {_mib(peak + extra)}" if peak else "the plan's prediction does not count it")
+        them = "them" if len(held + saved_by_loss) > 1 else "it"
+        where = (f"the plan's predicted peak, {_mib(peak)}, is for a step that keeps none of {them}, and this step can "
+                 f"reach {_mib(peak + extra)}" if peak else f"the plan's prediction does not count {them}")
         fix = "Keep only the loss before backward() (loss = outputs.loss; del outputs), or leave" if held else \
             "Leave"
         warnings.warn(f"remat: the model's {'; and '.join(what)}: {where}. {fix} that room in a budget "
