@@ -77,11 +77,14 @@ class _Kept:
     """Where it is in the output, as the loop indexes it: ``output['logits']``, ``output[0]``, ``output``."""
     what: str
     """``float32[2, 256, 50257]``."""
-    nbytes: int
     storage: weakref.ref
     """Its storage, alive as long as its memory is: whoever keeps it, the tensor or a view."""
     key: tuple[int, int]
     """The storage's (address, bytes) when the output was made."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.key[1]
 
 
 @dataclass(eq=False)
@@ -92,8 +95,8 @@ class OutputWatch:
     done: bool = False
     watched: int = 0
     kept: tuple[_Kept, ...] = ()
-    _reached_at: tuple[_Kept, ...] | None = None
-    """``kept`` once backward reached the model: deaths after that are the model's own releases."""
+    _reached_model: bool = False
+    """Backward reached the model: deaths after that are the model's own releases."""
     _died_in_backward: set[tuple[int, int]] = field(default_factory=set)
 
     def output(self, output: Any, inputs: Any) -> Any:
@@ -119,9 +122,9 @@ class OutputWatch:
             storage = _storage(t)
             if storage is None or storage in kept or storage in inputs:
                 continue
-            kept[storage] = _Kept(f"output{path_text(path)}", tensor_text(t), storage[1],
-                                  weakref.ref(t.untyped_storage()), storage)
-        self.kept, self._reached_at = tuple(kept.values()), None
+            kept[storage] = _Kept(f"output{path_text(path)}", tensor_text(t), weakref.ref(t.untyped_storage()),
+                                  storage)
+        self.kept, self._reached_model = tuple(kept.values()), False
         if sum(k.nbytes for k in self.kept) < self._threshold():
             self.done = True  # even held, within the prediction's tolerance: nothing to watch
             return output
@@ -144,9 +147,9 @@ class OutputWatch:
 
         def fire(grad: torch.Tensor) -> None:
             me = watch()
-            if me is None or me.done or me.kept is not kept or me._reached_at is not None:
+            if me is None or me.done or me.kept is not kept or me._reached_model:
                 return  # a later forward watches its own output; one firing per backward
-            me._reached_at = kept
+            me._reached_model = True
             saved_by_loss = tuple(k for k in kept if k.storage() is None and k.key in me._died_in_backward)
 
             def backward_ended() -> None:
@@ -160,26 +163,28 @@ class OutputWatch:
     def _died(self, key: tuple[int, int]) -> None:
         """An output's storage died: during a backward (``_current_graph_task_id``) and before backward reached
         the model, the loss computed from it had saved it (NOTE [ an output alive through backward ])."""
-        if self._reached_at is None and not self.done and torch._C._current_graph_task_id() != -1:
+        if not self._reached_model and not self.done and torch._C._current_graph_task_id() != -1:
             self._died_in_backward.add(key)
 
     def _report(self, held: tuple[_Kept, ...], saved_by_loss: tuple[_Kept, ...]) -> None:
         extra = sum(k.nbytes for k in held + saved_by_loss)
         if extra < self._threshold():
             return
+        from remat.client.cli_common import format_bytes  # click and all: only on the one step that warns
         what = []
         if held:
             how = "holds them, or views of them" if len(held) > 1 else "holds it, or a view of it"
-            what.append(f"{_listed(held)} still alive when backward() ends (the training loop {how})")
+            what.append(f"{_listed(held, format_bytes)} still alive when backward() ends (the training loop {how})")
         if saved_by_loss:
             it = "them" if len(saved_by_loss) > 1 else "it"
-            what.append(f"{_listed(saved_by_loss)} saved by the loss computed from {it}, alive as backward() "
-                        f"starts (mse_loss, l1_loss, binary_cross_entropy_with_logits save their input; "
+            what.append(f"{_listed(saved_by_loss, format_bytes)} saved by the loss computed from {it}, alive as "
+                        f"backward() starts (mse_loss, l1_loss, binary_cross_entropy_with_logits save their input; "
                         f"cross_entropy does not)")
         peak = self.predicted_peak_bytes
         them = "them" if len(held + saved_by_loss) > 1 else "it"
-        where = (f"the plan's predicted peak, {_mib(peak)}, is for a step that keeps none of {them}, and this step can "
-                 f"reach {_mib(peak + extra)}" if peak else f"the plan's prediction does not count {them}")
+        where = (f"the plan's predicted peak, {format_bytes(peak)}, is for a step that keeps none of {them}, and this "
+                 f"step can reach {format_bytes(peak + extra)}" if peak else
+                 f"the plan's prediction does not count {them}")
         fix = "Keep only the loss before backward() (loss = outputs.loss; del outputs), or leave" if held else \
             "Leave"
         warnings.warn(f"remat: the model's {'; and '.join(what)}: {where}. {fix} that room in a budget "
@@ -192,14 +197,11 @@ def _storage_died(watch: weakref.ref[OutputWatch], key: tuple[int, int]) -> None
         me._died(key)
 
 
-def _listed(kept: tuple[_Kept, ...]) -> str:
+def _listed(kept: tuple[_Kept, ...], format_bytes: Callable[[int], str]) -> str:
     """``output['logits'] (float32[2, 256, 50257], 98.2 MiB) is``; ``output[0] (…), output[1] (…), 9.1 MiB in
     all, are``."""
     if len(kept) == 1:
-        return f"{kept[0].name} ({kept[0].what}, {_mib(kept[0].nbytes)}) is"
+        return f"{kept[0].name} ({kept[0].what}, {format_bytes(kept[0].nbytes)}) is"
     names = ", ".join(f"{k.name} ({k.what})" for k in kept)
-    return f"{names}, {_mib(sum(k.nbytes for k in kept))} in all, are"
+    return f"{names}, {format_bytes(sum(k.nbytes for k in kept))} in all, are"
 
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
