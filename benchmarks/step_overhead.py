@@ -51,6 +51,7 @@ from remat.client.precision import autocast_context
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
 from remat.worker.measure import gradient_check, measure_step, time_plans_spread
+from remat.worker.profilers import run_queue
 
 TOLERANCE = 0.25
 SMALL_OVERHEAD_MS = 12.0
@@ -128,6 +129,17 @@ def neighbour() -> Iterator[None]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def wall_clock() -> Iterator[None]:
+    """The CPU clock as it was before NOTE [ time beside a neighbour ]: wall time, the waits not read."""
+    tasks = run_queue.TASKS
+    run_queue.TASKS = "/nonexistent/task"
+    try:
+        yield
+    finally:
+        run_queue.TASKS = tasks
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -321,11 +333,15 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
     started = time.perf_counter()
     idle = pipeline.profile(built)
     profile_s = time.perf_counter() - started
+    noisy_wall = None
     if args.skip_noisy:
         noisy = idle
     else:
         with neighbour():
             noisy = pipeline.profile(built)
+            if args.wall_clock:
+                with wall_clock():
+                    noisy_wall = pipeline.profile(built)
     plans = pick_plans(idle, args.plans)
     none_peak = make_plan(idle, "none").predicted_peak_bytes
     names: dict[tuple[int, ...], str] = {}
@@ -371,11 +387,13 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
         overhead = applied[0] - none[0]
         est_a = plan.recompute_ms or 0.0
         est_b = recompute_ms(noisy, plan.checkpoints) or 0.0
+        est_wall = (recompute_ms(noisy_wall, plan.checkpoints) or 0.0) if noisy_wall is not None else None
         rows.append({"plan": names.get(plan.checkpoints, plan.label), "k": len(plan.checkpoints),
                      "last": max(plan.checkpoints),
                      "peak_mib": plan.predicted_peak_bytes / 2**20, "estimate_idle": est_a, "estimate_noisy": est_b,
                      "overhead": overhead, "spread": max(applied[1], none[1]),
                      "hand_overhead": handwritten[0] - none[0], "applied_vs_hand": applied[0] / handwritten[0],
+                     "estimate_noisy_wall": est_wall,
                      "in_target": in_target(est_a, overhead), "in_target_noisy": in_target(est_b, overhead),
                      "step_ms": applied[0], "hand_ms": handwritten[0]})
         if cuda:
@@ -412,25 +430,34 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
             "unmodified": unmodified, "none": none, "rows": rows, "spearman": rho, "same_frontier": same_frontier,
             "checkpoint_ms": (idle.checkpoint_ms, noisy.checkpoint_ms),
             "step_idle": idle.metadata.get("timing", {}).get("step_ms"),
-            "step_noisy": noisy.metadata.get("timing", {}).get("step_ms")}
+            "step_noisy": noisy.metadata.get("timing", {}).get("step_ms"),
+            "step_noisy_wall": noisy_wall.metadata.get("timing", {}).get("step_ms") if noisy_wall else None,
+            "waited_share": (idle.metadata.get("timing", {}).get("waited_share"),
+                             noisy.metadata.get("timing", {}).get("waited_share"))}
 
 
 def print_result(r: dict[str, Any]) -> None:
+    wall = f", {r['step_noisy_wall']:.1f} ms on the wall clock" if r["step_noisy_wall"] is not None else ""
+    waited = " / ".join(f"{w:.0%}" if w is not None else "-" for w in r["waited_share"])
     print(f"\n### {r['model']}, batch {r['batch']}, {r['hw']}², {r['stages']} stages "
           f"(profile {r['profile_s']:.0f} s; profiled step {r['step_idle']:.1f} ms idle, {r['step_noisy']:.1f} ms "
-          f"beside the neighbour; checkpoint_ms {r['checkpoint_ms'][0]:.2f} / {r['checkpoint_ms'][1]:.2f})\n")
+          f"beside the neighbour{wall}; waited {waited}; checkpoint_ms {r['checkpoint_ms'][0]:.2f} / "
+          f"{r['checkpoint_ms'][1]:.2f})\n")
     print(f"unmodified {r['unmodified'][0]:.1f} ms ± {r['unmodified'][1]:.1f}, remat none {r['none'][0]:.1f} ms "
           f"± {r['none'][1]:.1f}; Spearman idle vs noisy estimates {r['spearman']:.3f}; same frontier: "
           f"{'yes' if r['same_frontier'] else 'no'}\n")
-    print("| plan | checkpoints | last | predicted peak MiB | estimate idle ms | estimate noisy ms | measured "
-          "overhead ms (spread) | in target idle / noisy | hand-written overhead ms | applied / hand |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    has_wall = any(row["estimate_noisy_wall"] is not None for row in r["rows"])
+    print("| plan | checkpoints | last | predicted peak MiB | estimate idle ms | estimate noisy ms | "
+          + ("estimate noisy, wall clock ms | " if has_wall else "")
+          + "measured overhead ms (spread) | in target idle / noisy | hand-written overhead ms | applied / hand |")
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if has_wall else "") + "---:|---|---:|---:|")
     if not r["rows"]:
         print("| (the frontier is the no-checkpoint plan alone: no checkpoint lowers the predicted peak) |"
               + " |" * 9)
     for row in r["rows"]:
+        wall_cell = f"{row['estimate_noisy_wall']:.1f} | " if has_wall else ""
         print(f"| {row['plan']} | {row['k']} | {row['last']} | {row['peak_mib']:.1f} | {row['estimate_idle']:.1f} | "
-              f"{row['estimate_noisy']:.1f} | {row['overhead']:.1f} ({row['spread']:.1f}) | "
+              f"{row['estimate_noisy']:.1f} | {wall_cell}{row['overhead']:.1f} ({row['spread']:.1f}) | "
               f"{'yes' if row['in_target'] else 'no'} / {'yes' if row['in_target_noisy'] else 'no'} | "
               f"{row['hand_overhead']:.1f} | {row['applied_vs_hand']:.3f} |")
     if r["rows"] and "noisy_overhead" in r["rows"][0]:
@@ -493,6 +520,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget-fractions", default="",
                         help="also the budget plans at these shares of the no-checkpoint peak, e.g. 0.5")
     parser.add_argument("--skip-noisy", action="store_true", help="no profile beside a neighbour process")
+    parser.add_argument("--wall-clock", action="store_true",
+                        help="also profile beside the neighbour on the plain wall clock (the run-queue waits not "
+                             "subtracted: NOTE [ time beside a neighbour ]), for the estimates it gives")
     parser.add_argument("--variants", action="store_true",
                         help="diagnostic runners for linear: no RNG preservation, no BatchNorm restore, "
                              "reentrant checkpointing; with each runner's measured peak and gradient difference")

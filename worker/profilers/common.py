@@ -54,6 +54,7 @@ from remat.client.precision import autocast_context, autocast_dtype, normalize_p
 from remat.client.trace import GRAD_CONVENTIONS, TRACE_FORMAT, Trace, parse_trace
 from remat.worker.memory_meter import storage_key
 from remat.worker.profilers.export_seeds import ExportGradients, StagePass, add_side_gradients
+from remat.worker.profilers.run_queue import Timed
 
 __all__ = ["Backend", "StageChainLike", "build_chain", "preserved_state", "profile_chain"]
 
@@ -154,8 +155,14 @@ class Backend(abc.ABC):
         parameters and buffers being excluded by storage instead)."""
 
     @abc.abstractmethod
+    def timed(self, fn: Callable[[], Any]) -> Timed:
+        """Run a callable once and time it, synchronised with the device's queue (on CPU, with the time the
+        process's threads waited for a core: NOTE [ time beside a neighbour ])."""
+
     def time_ms(self, fn: Callable[[], Any]) -> float:
-        """Run a callable once, return its wall time in ms (synchronised with the device's queue)."""
+        """Run a callable once, return the ms it took with the cores it asked for (:attr:`Timed.ms`; the wall
+        time on an idle machine and on a device)."""
+        return max(0.0, self.timed(fn).ms)
 
     @property
     def rng_devices(self) -> tuple[torch.device, ...]:
@@ -734,7 +741,7 @@ def _add_times(obj: dict[str, Any], chain: StageChainLike, model: nn.Module, x0:
         stack.enter_context(amp())
         return stack
 
-    times = time_stages([stage_callable(chain, i) for i in range(1, n + 1)], x0, step, backend.time_ms,
+    times = time_stages([stage_callable(chain, i) for i in range(1, n + 1)], x0, step, backend.timed,
                         forward_context)
     for k, stage_obj in enumerate(obj["stages"]):
         stage_obj["forward_ms"] = times.forward_ms[k]

@@ -19,6 +19,7 @@ from torch import nn
 from remat.client.trace import Trace
 from remat.worker.allocator_history import AllocatorHistory
 from remat.worker.profilers.common import Backend, StageChainLike, profile_chain
+from remat.worker.profilers.run_queue import Timed
 
 __all__ = ["CudaBackend", "CudaMeter", "profile_cuda"]
 
@@ -137,7 +138,7 @@ class CudaBackend(Backend):
     def born_in_pass(self, meter: Any, t: torch.Tensor) -> bool:
         return True
 
-    def time_ms(self, fn: Callable[[], Any]) -> float:
+    def timed(self, fn: Callable[[], Any]) -> Timed:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(self.device)
@@ -145,7 +146,7 @@ class CudaBackend(Backend):
         fn()
         end.record()
         end.synchronize()
-        return float(start.elapsed_time(end))
+        return Timed(float(start.elapsed_time(end)), 0.0)
 
     def device_rng_state(self) -> object:
         return torch.cuda.get_rng_state_all()

@@ -1,0 +1,153 @@
+"""A CPU clock for a shared machine: a call's wall time less the time this process's threads spent waiting for a
+core, so that a profile taken beside a busy neighbour times the step an idle machine would run.
+
+NOTE [ time beside a neighbour ] On a 2-core VM with a CPU-bound process beside it (``python -c "while True:
+pass"``), torch's two threads and the neighbour share two cores. Every parallel region waits for its slower
+thread, so a whole training step took 2.2-3.3x its idle time (ResNet-50, batch 4, 128², least of 12-25
+steps: 241-254 ms idle, 669-799 ms beside the neighbour; batch 1, 64²: 63-65 and 141-145 ms), and every
+profiled time and plan estimate with it. The least of more rounds does not help: scheduler slices (1.4 ms
+here) are shorter than most stages, so no stage runs uncontended. Process CPU time does not either: OpenMP's
+threads spin while they wait for each other, so it grows too.
+
+Linux books, per thread, the time it was runnable but not running (``/proc/self/task/<tid>/schedstat``,
+second field, in ns; no ``schedstats`` setting needed). A parallel region ends when its slowest thread does,
+so the step moves while none of its threads waits. With one thread more runnable than cores (one
+neighbour), one thread waits at a time: the step's threads' waits never overlap, and the step ran for its wall
+time less their sum. The same steps so timed beside the neighbour: least 245-267 ms at batch 4, 128², 64-68 ms
+at batch 1, 64² — the idle machine's, which they are taken for. With more threads runnable the waits overlap,
+and :func:`unwaited_ms` takes the waiting ones to be any of the runnable threads alike (the two rules agree at
+one extra thread). That is rougher: beside two or three spinning processes, or a torch process of two threads,
+the steps' corrected least came out 21-35% below the idle one at batch 4, 128² (157-190 ms against 241), and
+at batch 1, 64² 26, 58 and 31 ms against 63; their medians -18% to +76% off the idle median; on the wall
+clock 2.5-9x above it. On an idle machine the waits are 1-2% of a step and the clock is the wall clock.
+
+What it cannot do:
+
+- A wait is booked when it ends, whole. A call of a few ms can be charged with a wait that began before it, or
+  not yet with one that is still going on, so a short call's time can be off by a slice either way:
+  :func:`remat.worker.profilers.step_timing.time_stages` takes stage times from whole passes for that reason.
+  Whole steps are off by at most a slice.
+- A thread that spins (OpenMP, between regions) and is preempted is counted as waiting although nothing
+  waited for it; that and the booking make the step's waits 72-77% of its time beside one neighbour, above
+  the two thirds the rule expects.
+- Other threads of the process (a data loader's pin-memory thread, a heartbeat) are counted too; asleep, they
+  wait for nothing. When torch runs more threads than the process has cores, its threads wait for each other,
+  which an idle machine would too: the clock is then the wall clock.
+- Time the host's hypervisor takes from the VM (steal) is invisible to the guest's scheduler, and a neighbour
+  that competes for memory bandwidth or caches rather than cores slows the step without any wait.
+- Without the files (not Linux, a kernel built without ``CONFIG_SCHED_INFO``), the clock is the wall clock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RunQueueClock", "Timed", "cores", "thread_waits_ns", "unwaited_ms"]
+
+TASKS = "/proc/self/task"
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """One timed call, or the sum of consecutive ones (``+``)."""
+
+    wall_ms: float
+    waited_ms: float = 0.0
+    """Run-queue waits of the process's threads booked during the call (0 where they cannot be read)."""
+    threads: int = 1
+    """Compute threads the step runs on (torch's intra-op threads)."""
+    cores: int = 1
+    """Cores the process may run on."""
+
+    @property
+    def ms(self) -> float:
+        """The call's time with the cores it asked for (:func:`unwaited_ms`). For a call of a few ms it can be
+        off by a scheduler slice; never below zero."""
+        return unwaited_ms(self.wall_ms, self.waited_ms, self.threads, self.cores)
+
+    def __add__(self, other: Timed) -> Timed:
+        return Timed(self.wall_ms + other.wall_ms, self.waited_ms + other.waited_ms, self.threads, self.cores)
+
+
+def unwaited_ms(wall_ms: float, waited_ms: float, threads: int, cores: int) -> float:
+    """What a call of ``wall_ms`` would have taken had none of its ``threads`` waited for one of ``cores``,
+    given that they waited ``waited_ms`` in all (NOTE [ time beside a neighbour ]).
+
+    A parallel region of torch ends when its slowest thread does, so the step moves only while all of its
+    threads run. With at most one thread more than cores runnable (one neighbour), at most one waits at a
+    time: the waits never overlap, and the step ran for ``wall - waited``. With more, waits overlap; taking
+    the waiting threads to be any of the runnable ones alike, the share of time none of the step's threads
+    waits is ``prod((cores - j) / (runnable - j) for j < threads)``, ``runnable`` the number of threads
+    competing that makes each wait the share it did. The two agree at one thread more than cores.
+    """
+    if waited_ms <= 0 or wall_ms <= 0 or threads < 1 or threads > cores:
+        return max(wall_ms, 0.0)
+    waiting = min(waited_ms / (threads * wall_ms), 0.99)  # each thread's share of the call spent waiting
+    runnable = cores / (1.0 - waiting)
+    if runnable <= cores + 1:
+        return wall_ms - waited_ms
+    running = 1.0
+    for j in range(threads):
+        running *= (cores - j) / (runnable - j)
+    return wall_ms * running
+
+
+def thread_waits_ns() -> dict[str, int] | None:
+    """Run-queue wait so far, in ns, of every thread of this process (by thread id); None where Linux's
+    per-thread scheduler statistics cannot be read. A thread that ends between the listing and its read is
+    left out."""
+    try:
+        tids = os.listdir(TASKS)
+    except OSError:
+        return None
+    waits: dict[str, int] = {}
+    for tid in tids:
+        try:
+            with open(f"{TASKS}/{tid}/schedstat", "rb") as f:
+                fields = f.read().split()
+            waits[tid] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return waits or None
+
+
+def cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+class RunQueueClock:
+    """Times calls as :class:`Timed` (NOTE [ time beside a neighbour ]).
+
+    Args:
+        compute_threads: how many threads the timed work runs on (torch's intra-op threads), asked at every
+            call since a training script may change it. With more threads than cores they wait for each other
+            on an idle machine too, and the waits are the step's own: the call is timed on the wall clock.
+    """
+
+    def __init__(self, compute_threads: Callable[[], int]) -> None:
+        self._compute_threads = compute_threads
+        self.readable = thread_waits_ns() is not None
+        """Whether this machine books run-queue waits per thread; otherwise every call's ``waited_ms`` is 0."""
+
+    def time(self, fn: Callable[[], Any]) -> Timed:
+        """Run ``fn`` once and time it."""
+        threads, available = self._compute_threads(), cores()
+        before = thread_waits_ns() if self.readable and threads <= available else None
+        start = time.perf_counter_ns()
+        fn()
+        end = time.perf_counter_ns()
+        wall_ms = (end - start) / 1e6
+        if before is None:
+            return Timed(wall_ms, 0.0, threads, available)
+        after = thread_waits_ns() or {}
+        # A thread born during the call has waited only within it: its count starts at 0.
+        waited = sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items())
+        return Timed(wall_ms, waited / 1e6, threads, available)
