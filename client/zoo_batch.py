@@ -144,6 +144,9 @@ class ZooRow:
     """1 - linear / none, measured."""
     overhead: float | None = None
     """Step time of the ``linear`` plan against none, minus 1 (the recompute overhead)."""
+    overhead_within_noise: bool = False
+    """The two steps differ by no more than their timing spreads (``Trade.within_noise``): tables say "within
+    noise" instead of the percentage."""
     prediction_error: float | None = None
     """(predicted - measured) / measured for the ``linear`` plan."""
     grad_check_passed: bool | None = None
@@ -162,7 +165,8 @@ class ZooRow:
                    input_shape=tuple(report.request.input_shape), num_stages=report.num_stages,
                    none_peak_bytes=base.measured_peak_bytes if base else None,
                    linear_peak_bytes=ref.measured_peak_bytes if ref else None, saving=trade.saving,
-                   overhead=trade.overhead, prediction_error=trade.prediction_error, grad_check_passed=grad_ok)
+                   overhead=trade.overhead, overhead_within_noise=trade.within_noise,
+                   prediction_error=trade.prediction_error, grad_check_passed=grad_ok)
 
     @classmethod
     def failed(cls, model: str, reason: str, input_shape: Sequence[int] | None = None) -> ZooRow:

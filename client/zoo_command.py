@@ -41,6 +41,10 @@ def _pct(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:+.{digits}%}"
 
 
+def _overhead(row: ZooRow) -> str:
+    return "within noise" if row.overhead_within_noise else _pct(row.overhead, 0)
+
+
 def _line(row: ZooRow) -> str:
     """The one line printed when a model finishes."""
     name = row.model.removeprefix("torchvision:")
@@ -49,7 +53,7 @@ def _line(row: ZooRow) -> str:
     source = " (stored)" if row.status == "stored" else ""
     saving = "-" if row.saving is None else f"{row.saving:.1%}"
     return (f"✓ {name}{source}: {row.num_stages} stages, {format_bytes(row.none_peak_bytes)} → "
-            f"{format_bytes(row.linear_peak_bytes)} ({saving} saved, step {_pct(row.overhead, 0)})")
+            f"{format_bytes(row.linear_peak_bytes)} ({saving} saved, step {_overhead(row)})")
 
 
 def _print_table(rows: Sequence[ZooRow], title: str) -> None:
@@ -64,11 +68,11 @@ def _print_table(rows: Sequence[ZooRow], title: str) -> None:
         status = r.status if r.status != "failed" else f"failed: {r.reason}"
         table.add_row(r.model.removeprefix("torchvision:"), "-" if r.num_stages is None else str(r.num_stages),
                       format_bytes(r.none_peak_bytes), format_bytes(r.linear_peak_bytes),
-                      "-" if r.saving is None else f"{r.saving:.1%}", _pct(r.overhead, 0),
+                      "-" if r.saving is None else f"{r.saving:.1%}", _overhead(r),
                       _pct(r.prediction_error, 2), status)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     click.echo("Peaks are activation memory of one training step, measured; saving and overhead are the linear "
-               "plan's against no checkpointing.")
+               "plan's against no checkpointing (within noise: no larger than the steps' timing spreads).")
 
 
 def _write_csv(path: str, rows: Sequence[ZooRow]) -> None:

@@ -39,16 +39,17 @@ def test_filters_select_classifiers_in_registry_order() -> None:
         select_models("timm")
 
 
-def _report(name: str, *, from_store: bool = False) -> ModelReport:
+def _report(name: str, *, from_store: bool = False, linear_ms: float = 25.0, spread_ms: float = 0.0) -> ModelReport:
     request = ModelRequest(spec=name, batch_size=2, sample_shape=(3, 32, 32))
 
     def row(algorithm: str, predicted: int, measured: int, ms: float) -> PlanRow:
         plan = Plan(algorithm=algorithm, cost_model="pytorch", checkpoints=(2,) if algorithm == "linear" else (),
                     predicted_peak_bytes=predicted, baseline_peak_bytes=80 * MIB, num_stages=9)
-        return PlanRow(plan=plan, measured_peak_bytes=measured, step_ms=ms, grad_check_passed=True)
+        return PlanRow(plan=plan, measured_peak_bytes=measured, step_ms=ms, step_spread_ms=spread_ms,
+                       grad_check_passed=True)
 
     return ModelReport(request=request, key={}, num_stages=9, from_store=from_store,
-                       rows=[row("none", 80 * MIB, 80 * MIB, 20.0), row("linear", 30 * MIB, 32 * MIB, 25.0)])
+                       rows=[row("none", 80 * MIB, 80 * MIB, 20.0), row("linear", 30 * MIB, 32 * MIB, linear_ms)])
 
 
 def test_a_report_becomes_one_row_and_survives_json() -> None:
@@ -60,6 +61,22 @@ def test_a_report_becomes_one_row_and_survives_json() -> None:
     assert ZooRow.from_report(_report("resnet18", from_store=True)).status == "stored"
     failed = ZooRow.failed("torchvision:x", "line one\nline two")
     assert failed.reason == "line one line two" and failed.saving is None
+
+
+def test_a_checkpointed_step_faster_than_none_within_the_spread_reads_within_noise(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A table may not show a checkpointed plan faster than none by less than the steps' spread (issue 29)."""
+    from remat.client import zoo_command
+
+    noisy = ZooRow.from_report(_report("resnet18", linear_ms=18.0, spread_ms=3.0))
+    clear = ZooRow.from_report(_report("resnet34", linear_ms=25.0, spread_ms=3.0))
+    assert noisy.overhead_within_noise and noisy.overhead == pytest.approx(-0.1)
+    assert not clear.overhead_within_noise
+    assert ZooRow.from_dict(json.loads(json.dumps(noisy.to_dict()))) == noisy
+    assert "step within noise" in zoo_command._line(noisy) and "step +25%" in zoo_command._line(clear)
+    zoo_command._print_table([noisy, clear], "zoo")
+    table = capsys.readouterr().out
+    assert "within noise" in table and "-10%" not in table and "+25%" in table
 
 
 def test_embedded_run_keeps_going_past_failures(monkeypatch: pytest.MonkeyPatch) -> None:

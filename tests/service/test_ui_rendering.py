@@ -61,3 +61,25 @@ def test_the_cli_line_only_for_a_name_the_cli_builds() -> None:
     evaluation = fetch_lines(PlanKey(model_hash="ab" * 32, input_shape=(4, 3), mode="eval", torch_version="2.9"),
                              model="torchvision:resnet50", server="http://p", algorithm="linear", read_token=False)
     assert evaluation.cli is None and "fetch_and_apply" not in evaluation.python and "fetch_plan" in evaluation.python
+
+
+def test_a_zoo_batch_row_within_noise_says_so_instead_of_a_percentage() -> None:
+    """As the CLI's zoo table: a linear step faster than none by less than the steps' spread is no speed-up."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from remat.client.zoo_batch import ZooRow
+    from remat.service.ui.pages import render
+
+    def entry(model: str, overhead: float, within: bool) -> dict[str, object]:
+        row = ZooRow(model=model, status="planned", num_stages=9, none_peak_bytes=80 << 20,
+                     linear_peak_bytes=30 << 20, saving=0.625, overhead=overhead, overhead_within_noise=within,
+                     prediction_error=0.01, grad_check_passed=True)
+        return {"model": model, "job_id": "0" * 36, "state": "succeeded", "progress": 1.0, "row": row,
+                "message": None}
+
+    batch = SimpleNamespace(id="1" * 36, zoo="torchvision", filter=None, created_at=datetime(2026, 12, 1, tzinfo=UTC))
+    summary = {"progress": 1.0, "done": True, "finished": 2, "total": 2, "counts": {"succeeded": 2},
+               "models": [entry("torchvision:resnet18", -0.04, True), entry("torchvision:resnet34", 0.25, False)]}
+    html = render("zoo_batch.html", nav="zoo", batch=batch, summary=summary)
+    assert "within noise" in html and "-4.0%" not in html and "+25.0%" in html
