@@ -9,7 +9,8 @@ For each model and size:
    model (``model(x)``), remat's ``none`` plan, every plan applied by remat, and every plan as plain
    ``torch.utils.checkpoint(use_reentrant=False)`` over the same stage segments (hand-written, without remat's
    buffer restore);
-4. print per plan: estimated ``recompute_ms`` from A and B, measured overhead (plan - none) with its spread,
+4. print per plan: estimated ``recompute_ms`` from A and B, measured overhead (plan - none) with its spread
+   and read round by round (paired: the median of plan / none within a round, times none's least),
    the error against the target (within 25%, or 3 ms where the overhead is under 12 ms), and applied /
    hand-written; per model, Spearman's rank correlation of A's and B's estimates over the plans.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -50,7 +52,7 @@ from remat.client.planning.recompute_time import recompute_ms
 from remat.client.precision import autocast_context
 from remat.client.request import ModelRequest
 from remat.worker import pipeline
-from remat.worker.measure import gradient_check, measure_step, time_plans_spread
+from remat.worker.measure import gradient_check, measure_step, time_plans_rounds
 from remat.worker.profilers import run_queue
 
 TOLERANCE = 0.25
@@ -121,8 +123,10 @@ class Unmodified:
 
 @contextlib.contextmanager
 def neighbour() -> Iterator[None]:
-    """A CPU-bound process beside the profile: one core spinning in Python."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """A CPU-bound process beside the profile: one core spinning in Python (until this process ends, killed
+    included: it checks its parent every few ms)."""
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(100_000): pass"
+    proc = subprocess.Popen([sys.executable, "-c", spin])
     try:
         time.sleep(0.5)
         yield
@@ -255,6 +259,19 @@ def compiled_rows(built: Any, plan: Plan, args: argparse.Namespace) -> dict[str,
     return out
 
 
+def least_and_spread(rounds: Sequence[float]) -> tuple[float, float]:
+    """The step's least over the rounds and the median's distance above it (``time_plans_spread``'s figures)."""
+    return min(rounds), statistics.median(rounds) - min(rounds)
+
+
+def paired_overhead(plan_rounds: Sequence[float], none_rounds: Sequence[float]) -> float:
+    """The overhead read round by round: the median of plan / none within a round, times none's least. A slow
+    minute of the host slows both steps of a round alike, so it cancels in the round's ratio, where the
+    difference of two leasts taken in different rounds keeps it."""
+    ratios = [p / n for p, n in zip(plan_rounds, none_rounds, strict=True) if n > 0]
+    return (statistics.median(ratios) - 1.0) * min(none_rounds) if ratios else 0.0
+
+
 def in_target(estimate: float, measured: float) -> bool:
     if measured < SMALL_OVERHEAD_MS:
         return abs(estimate - measured) <= SMALL_TOLERANCE_MS
@@ -366,15 +383,16 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
     runners += list(variants.values())
     cuts += [linear.checkpoints] * len(variants)
     common = {"grads": args.grads, "device": args.device, "precision": args.dtype}
-    times = time_plans_spread(built.model, built.example, cuts, runners=runners, rounds=args.rounds,
-                              budget_s=args.budget, **common)
+    rounds = time_plans_rounds(built.model, built.example, cuts, runners=runners, rounds=args.rounds,
+                               budget_s=args.budget, **common)
+    times = [least_and_spread(r) for r in rounds]
     unmodified, none = times[0], times[1]
-    noisy_times = None
+    noisy_rounds = None
     if args.noisy_measure:
         with neighbour():
-            noisy_times = time_plans_spread(built.model, built.example, cuts[: 2 + len(plans)],
-                                            runners=runners[: 2 + len(plans)], rounds=args.rounds,
-                                            budget_s=args.budget, **common)
+            noisy_rounds = time_plans_rounds(built.model, built.example, cuts[: 2 + len(plans)],
+                                             runners=runners[: 2 + len(plans)], rounds=args.rounds,
+                                             budget_s=args.budget, **common)
     cuda = args.device.startswith("cuda")
 
     def peak_mib(runner: Any, cps: Sequence[int]) -> float:
@@ -399,10 +417,16 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
         if cuda:
             rows[-1].update(measured_mib=peak_mib(chain, plan.checkpoints),
                             hand_measured_mib=peak_mib(hand, plan.checkpoints))
-        if noisy_times is not None:
+        paired = paired_overhead(rounds[2 + k], rounds[1])
+        rows[-1].update(paired_overhead=paired, in_target_paired=in_target(est_a, paired),
+                        in_target_noisy_paired=in_target(est_b, paired))
+        if noisy_rounds is not None:
+            noisy_times = [least_and_spread(r) for r in noisy_rounds]
             noisy_overhead = noisy_times[2 + k][0] - noisy_times[1][0]
+            noisy_paired = paired_overhead(noisy_rounds[2 + k], noisy_rounds[1])
             rows[-1].update(noisy_overhead=noisy_overhead, noisy_spread=max(noisy_times[2 + k][1], noisy_times[1][1]),
-                            in_target_noisy_vs_noisy=in_target(est_b, noisy_overhead))
+                            in_target_noisy_vs_noisy=in_target(est_b, noisy_overhead), noisy_paired=noisy_paired,
+                            in_target_noisy_vs_noisy_paired=in_target(est_b, noisy_paired))
     variant_rows = {label: times[2 + 2 * len(plans) + i] for i, label in enumerate(variants)}
     variant_checks: dict[str, dict[str, float]] = {}
     if variants:
@@ -449,8 +473,9 @@ def print_result(r: dict[str, Any]) -> None:
     has_wall = any(row["estimate_noisy_wall"] is not None for row in r["rows"])
     print("| plan | checkpoints | last | predicted peak MiB | estimate idle ms | estimate noisy ms | "
           + ("estimate noisy, wall clock ms | " if has_wall else "")
-          + "measured overhead ms (spread) | in target idle / noisy | hand-written overhead ms | applied / hand |")
-    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if has_wall else "") + "---:|---|---:|---:|")
+          + "measured overhead ms (spread) | paired ms | in target idle / noisy (paired) | hand-written overhead ms "
+            "| applied / hand |")
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if has_wall else "") + "---:|---:|---|---:|---:|")
     if not r["rows"]:
         print("| (the frontier is the no-checkpoint plan alone: no checkpoint lowers the predicted peak) |"
               + " |" * 9)
@@ -458,15 +483,20 @@ def print_result(r: dict[str, Any]) -> None:
         wall_cell = f"{row['estimate_noisy_wall']:.1f} | " if has_wall else ""
         print(f"| {row['plan']} | {row['k']} | {row['last']} | {row['peak_mib']:.1f} | {row['estimate_idle']:.1f} | "
               f"{row['estimate_noisy']:.1f} | {wall_cell}{row['overhead']:.1f} ({row['spread']:.1f}) | "
-              f"{'yes' if row['in_target'] else 'no'} / {'yes' if row['in_target_noisy'] else 'no'} | "
+              f"{row['paired_overhead']:.1f} | {'yes' if row['in_target'] else 'no'} / "
+              f"{'yes' if row['in_target_noisy'] else 'no'} ({'yes' if row['in_target_paired'] else 'no'} / "
+              f"{'yes' if row['in_target_noisy_paired'] else 'no'}) | "
               f"{row['hand_overhead']:.1f} | {row['applied_vs_hand']:.3f} |")
     if r["rows"] and "noisy_overhead" in r["rows"][0]:
         print("\nBeside the neighbour, the noisy profile's estimate against the overhead measured there too:\n")
-        print("| plan | estimate noisy ms | overhead measured beside the neighbour ms (spread) | in target |")
-        print("|---|---:|---:|---|")
+        print("| plan | estimate noisy ms | overhead measured beside the neighbour ms (spread) | paired ms | "
+              "in target (paired) |")
+        print("|---|---:|---:|---:|---|")
         for row in r["rows"]:
             print(f"| {row['plan']} | {row['estimate_noisy']:.1f} | {row['noisy_overhead']:.1f} "
-                  f"({row['noisy_spread']:.1f}) | {'yes' if row['in_target_noisy_vs_noisy'] else 'no'} |")
+                  f"({row['noisy_spread']:.1f}) | {row['noisy_paired']:.1f} | "
+                  f"{'yes' if row['in_target_noisy_vs_noisy'] else 'no'} "
+                  f"({'yes' if row['in_target_noisy_vs_noisy_paired'] else 'no'}) |")
         print()
     if r["none_mib"] is not None:
         unmodified = r["unmodified"][0]

@@ -42,7 +42,7 @@ from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
 
 __all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "step_loss", "time_plans",
-           "time_plans_spread"]
+           "time_plans_rounds", "time_plans_spread"]
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -372,6 +372,20 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
         (milliseconds, spread in milliseconds) per plan, in the order given.
     """
     import statistics
+
+    times = time_plans_rounds(model, example_input, plans, grads=grads, device=device, chain=chain, train=train,
+                              rounds=rounds, loss_fn=loss_fn, precision=precision, runners=runners,
+                              budget_s=budget_s)
+    return [(min(t), statistics.median(t) - min(t)) for t in times]
+
+
+def time_plans_rounds(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Sequence[int]], *,
+                      grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
+                      train: bool = True, rounds: int = 3, loss_fn: LossFn | None = None,
+                      precision: str | None = None, runners: Sequence[StageChainLike] | None = None,
+                      budget_s: float = ROUNDS_BUDGET_S) -> list[list[float]]:
+    """Every round's step time of every plan, as :func:`time_plans_spread` times them: ``out[plan][round]``, in
+    ms, the same rounds for every plan."""
     import time
 
     backend = backend_for(device)
@@ -396,7 +410,7 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
                 ms = backend.time_ms(lambda cps=tuple(checkpoints), r=run_by[i]: _step(r, x, loss_fn, cps, precision))
                 times[i].append(ms)
             done += 1
-    return [(min(t), statistics.median(t) - min(t)) for t in times]
+    return times
 
 
 def measure_plan(model: nn.Module, example_input: torch.Tensor, algorithm: str, *, grads: str = "none",
