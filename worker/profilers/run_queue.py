@@ -1,25 +1,25 @@
 """A CPU clock for a shared machine: a call's wall time less the time this process's threads spent waiting for a
 core, so that a profile taken beside a busy neighbour times the step an idle machine would run.
 
-NOTE [ time beside a neighbour ] On a 2-core VM with a CPU-bound process beside it (``python -c "while True:
-pass"``), torch's two threads and the neighbour share two cores. Every parallel region waits for its slower
-thread, so a whole training step took 2.2-3.3x its idle time (ResNet-50, batch 4, 128², least of 12-25
-steps: 241-254 ms idle, 669-799 ms beside the neighbour; batch 1, 64²: 63-65 and 141-145 ms), and every
-profiled time and plan estimate with it. The least of more rounds does not help: scheduler slices (1.4 ms
-here) are shorter than most stages, so no stage runs uncontended. Process CPU time does not either: OpenMP's
-threads spin while they wait for each other, so it grows too.
+NOTE [ time beside a neighbour ] On a 2-core VM with a CPU-bound process beside it (a Python process spinning
+on a core), torch's two threads and the neighbour share two cores. Every parallel region waits for its slower
+thread, so a whole training step took 2.1-3.2x its idle time (``benchmarks/busy_clock.py steps``, ResNet-50,
+least of 12 steps at batch 4, 128²: 262-294 ms idle, 838 ms beside the neighbour; of 20 at batch 1, 64²: 70-80
+and 170 ms), and every profiled time and plan estimate with it. The least of more rounds does not help:
+scheduler slices (1.4 ms here) are shorter than most stages, so no stage runs uncontended. Process CPU time
+does not either: OpenMP's threads spin while they wait for each other, so it grows too.
 
 Linux books, per thread, the time it was runnable but not running (``/proc/self/task/<tid>/schedstat``,
 second field, in ns; no ``schedstats`` setting needed). A parallel region ends when its slowest thread does,
 so the step moves while none of its threads waits. With one thread more runnable than cores (one
 neighbour), one thread waits at a time: the step's threads' waits never overlap, and the step ran for its wall
-time less their sum. The same steps so timed beside the neighbour: least 245-267 ms at batch 4, 128², 64-68 ms
-at batch 1, 64² — the idle machine's, which they are taken for. With more threads runnable the waits overlap,
-and :func:`unwaited_ms` takes the waiting ones to be any of the runnable threads alike (the two rules agree at
-one extra thread). That is rougher: beside two or three spinning processes, or a torch process of two threads,
-the steps' corrected least came out 21-35% below the idle one at batch 4, 128² (157-190 ms against 241), and
-at batch 1, 64² 26, 58 and 31 ms against 63; their medians -18% to +76% off the idle median; on the wall
-clock 2.5-9x above it. On an idle machine the waits are 1-2% of a step and the clock is the wall clock.
+time less their sum. The same steps so timed beside the neighbour: least 272.5 ms at batch 4, 128², 80.3 ms at
+batch 1, 64²: the idle machine's, which they are taken for. With more threads runnable the waits overlap, and
+:func:`unwaited_ms` takes the waiting ones to be any of the runnable threads alike (the two rules agree at one
+extra thread). That is rougher: beside two or three spinning processes, or a torch process of two threads,
+the steps' least came out 2-35% below the idle one at batch 4, 128² and 18-68% at batch 1, 64²; their medians
+-35% to +1% off the idle median; on the wall clock 1.9-9.6x above it. On an idle machine the waits are 1-2% of
+a step and the clock is the wall clock. Figures and the profiles they give: docs/benchmarks.md ("Step time").
 
 What it cannot do:
 
@@ -28,7 +28,7 @@ What it cannot do:
   :func:`remat.worker.profilers.step_timing.time_stages` takes stage times from whole passes for that reason.
   Whole steps are off by at most a slice.
 - A thread that spins (OpenMP, between regions) and is preempted is counted as waiting although nothing
-  waited for it; that and the booking make the step's waits 72-77% of its time beside one neighbour, above
+  waited for it; that and the booking make the step's waits 71-77% of its time beside one neighbour, above
   the two thirds the rule expects.
 - Other threads of the process (a data loader's pin-memory thread, a heartbeat) are counted too; asleep, they
   wait for nothing. When torch runs more threads than the process has cores, its threads wait for each other,

@@ -30,12 +30,11 @@ ms can be charged with a slice of its neighbour stage's wait, and the least of s
 over-corrected round. So a stage's ``forward_ms`` is its share of the fastest whole pass (the least over the
 rounds of the pass's corrected time, its stages' waits and wall times summed: the misbooked slices cancel),
 shared by each stage's lower quartile over the rounds (which, like the least, ignores noisy rounds as long as a
-quarter are clean). Measured beside a neighbour (ResNet-152 at batch 1, 64² and 4, 128², ResNet-50 at 4, 128²;
-9-15 rounds), against the idle profile's shares, over every run of two or more stages: the lower quartiles'
-shares off by 3-4% on average, the least of the plain wall times' by 4-9%, the least of the corrected times'
-by 12-24%.
-``waited_share`` in the summary is the part of the timed rounds' wall time spent waiting: near 0 on an idle
-machine.
+quarter are clean). In a side trial beside a neighbour (ResNet-152 at batch 1, 64² and 4, 128², ResNet-50 at
+4, 128²; 9-15 rounds), against the idle profile's shares, over every run of two or more stages: the lower
+quartiles' shares off by 3-4% on average, the least of the plain wall times' by 4-9%, the least of the
+corrected times' by 12-24%. ``waited_share`` in the summary is the part of the timed rounds' wall time spent
+waiting: near 0 on an idle machine.
 """
 
 from __future__ import annotations
