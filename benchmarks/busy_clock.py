@@ -8,7 +8,9 @@
 2. ``profiles``: the model profiled ``--repeats`` times alone and beside one spinning process, alternately:
    per profile the profiled step, the one-segment overhead it calibrates the recompute by, the ratio it gives,
    the waited share, and the ``linear`` plan's estimated recompute: whether a profile beside the neighbour
-   gives what one alone gives, within what profiles alone give each other.
+   gives what one alone gives, within what profiles alone give each other; beside it, the estimate the same
+   rounds give as differences of leasts (before NOTE [ an overhead read in pairs ]), and each estimate's range
+   and standard deviation over the profiles.
 
     uv run python benchmarks/busy_clock.py steps --model resnet50 --size 4x128 --rounds 12
     uv run python benchmarks/busy_clock.py profiles --model densenet121 --size 4x128 --repeats 3
@@ -24,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torchvision
@@ -32,7 +34,9 @@ import torchvision
 from remat.client.graph import built_model
 from remat.client.planning.plans import make_plan
 from remat.client.request import ModelRequest
+from remat.client.trace import Trace
 from remat.worker import pipeline
+from remat.worker.profilers import step_timing
 from remat.worker.profilers.cpu import CpuBackend
 
 _UNTIL_PARENT_ENDS = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
@@ -93,18 +97,67 @@ def profiles(args: argparse.Namespace) -> None:
     built = built_model.build(request)
     print(f"{args.model}, batch {batch}, {side}², grads {args.grads}, torch {torch.__version__} on "
           f"{torch.get_num_threads()} threads\n")
-    print("| profile | step ms | one-segment overhead ms | recompute / forward | waited | linear's recompute ms |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| profile | step ms | one-segment overhead ms | recompute / forward | waited | linear's recompute ms "
+          "| same rounds, differences of leasts |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    estimates: dict[str, list[float]] = {}
     for k in range(args.repeats):
         for spec in ("idle", "spin"):
-            with load(spec):
+            with load(spec), overheads_read() as read:
                 trace = pipeline.profile(built)
             timing = trace.metadata["timing"]
             linear = make_plan(trace, "linear")
-            print(f"| {'alone' if spec == 'idle' else 'beside one spinning process'} ({k + 1}) | "
+            by_leasts = estimate_by(leasts, trace, linear.checkpoints, read)
+            remade = estimate_by(step_timing._paired_overhead, trace, linear.checkpoints, read)
+            assert abs(remade - (linear.recompute_ms or 0.0)) < 1e-3, (remade, linear.recompute_ms)  # ns-rounded sums
+            where = "alone" if spec == "idle" else "beside one spinning process"
+            estimates.setdefault(f"{where}, pairs", []).append(linear.recompute_ms or 0.0)
+            estimates.setdefault(f"{where}, leasts", []).append(by_leasts)
+            print(f"| {where} ({k + 1}) | "
                   f"{timing['step_ms']:.1f} | {timing.get('one_segment_overhead_ms', 0.0):.1f} | "
                   f"{timing.get('recompute_to_forward', 1.0):.2f} | {timing['waited_share']:.0%} | "
-                  f"{linear.recompute_ms or 0.0:.1f} |", flush=True)
+                  f"{linear.recompute_ms or 0.0:.1f} | {by_leasts:.1f} |", flush=True)
+    print()
+    for name, values in estimates.items():
+        print(f"linear's recompute, {name}: {min(values):.1f}-{max(values):.1f} ms "
+              f"(mean {statistics.mean(values):.1f}, sd {statistics.pstdev(values):.1f})")
+
+
+@contextlib.contextmanager
+def overheads_read() -> Iterator[list[tuple[list[float], list[float]]]]:
+    """The step times of every overhead the profile reads (NOTE [ an overhead read in pairs ]), recorded as it
+    reads them: (checkpointed step's rounds, ``none``'s rounds), the one-segment step's first."""
+    read: list[tuple[list[float], list[float]]] = []
+    original = step_timing._paired_overhead
+
+    def recording(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
+        read.append((list(plan_ms), list(none_ms)))
+        return original(plan_ms, none_ms)
+
+    step_timing._paired_overhead = recording
+    try:
+        yield read
+    finally:
+        step_timing._paired_overhead = original
+
+
+def leasts(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
+    """An overhead as the profiler read it before NOTE [ an overhead read in pairs ]: a difference of leasts."""
+    return min(plan_ms) - min(none_ms)
+
+
+def estimate_by(overhead: Callable[[Sequence[float], Sequence[float]], float], trace: Trace,
+                checkpoints: Sequence[int], read: Sequence[tuple[list[float], list[float]]]) -> float:
+    """The plan's recompute estimate (NOTE [ timing a plan ]) made from the profile's rounds with ``overhead``
+    reading the two overheads."""
+    (one_ms, none_ms), (all_ms, _) = read
+    n = trace.num_stages
+    one, every = overhead(one_ms, none_ms), overhead(all_ms, none_ms)
+    checkpoint_ms = max(0.0, (every - one) / (n - 2))
+    forward = [s.forward_ms or 0.0 for s in trace.stages]
+    rerun, rerun_forward = one - checkpoint_ms, sum(forward[: n - 1])
+    ratio = rerun / rerun_forward if rerun > 0 and rerun_forward > 0 else 1.0
+    return ratio * sum(forward[: max(checkpoints, default=0)]) + checkpoint_ms * len(checkpoints)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

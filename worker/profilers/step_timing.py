@@ -24,7 +24,7 @@ when nothing else interferes, and every plan gets the same chance at it. The spr
 the no-checkpoint step) is recorded beside it.
 
 NOTE [ an overhead read in pairs ] The two overheads the estimate is made of are differences of step times, and
-the difference of two leasts is as noisy as its two noisiest rounds: one lucky ``none`` round moves it whole.
+a difference of two leasts rests on two single rounds: one lucky ``none`` round moves it whole.
 So each overhead is read round by round instead: the median over the rounds of the checkpointed step over the
 ``none`` step of the same round, less one, times ``none``'s least. What is left after the clock (below) takes
 out a neighbour's time is the host running slower for a while (its memory, its other guests): that slows the
@@ -36,8 +36,16 @@ gradients kept; ResNet-50 at 4, 128²; DenseNet-121 at 1, 64²): 28 rounds of ``
 average) as differences of leasts and 4.0-14.0 ms (7.9) read in pairs, at the same level (ResNet-50's one
 segment: 95.9 against 83.3 ms over all 28 rounds, where the difference of medians reads the slowed rounds'
 107 ms). A neighbour's time added to fewer than half of the rounds moves nothing (the median); where every
-round is slowed, the leasts' difference is no better. The summary's keys are what they were (traces derived
-from several profiles require the same keys in each, stored ones included): ``statistic`` names the steps'.
+round is slowed, the leasts' difference is no better. Across whole profiles taken minutes apart the gain is
+gone: ``benchmarks/busy_clock.py profiles`` (4 profiles alone and 4 beside a spinning process, each read both
+ways from the same rounds) gave the ``linear`` estimate's standard deviation 3.9-19.7 ms read in pairs and
+3.4-20.5 ms as leasts (summed over DenseNet-121 and ResNet-50 at 4, 128² and ViT-B/16 at 1, 64²: 72 against
+74 ms), since the VM's speed moves between profiles (DenseNet-121's profiled step 145-221 ms): what a profile
+reads is the speed of its minutes. Each reading had its outliers: leasts 21.9 ms for ResNet-50 beside the
+neighbour (the others 36.5-51.5), pairs 25.1 ms for ViT-B/16 alone where the same rounds' leasts read 61.7.
+Read in pairs is kept for what it does within a profile; the spread between profiles is the VM's. The
+summary's keys are what they were (traces derived from several profiles require the same keys in each,
+stored ones included): ``statistic`` names the steps'.
 
 On CPU the clock leaves out the time the process's threads waited for a core (NOTE [ time beside a neighbour ],
 :mod:`remat.worker.profilers.run_queue`): a neighbour that keeps a core busy takes from every round, so no
