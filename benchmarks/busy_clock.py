@@ -9,8 +9,9 @@
    per profile the profiled step, the one-segment overhead it calibrates the recompute by, the ratio it gives,
    the waited share, and the ``linear`` plan's estimated recompute: whether a profile beside the neighbour
    gives what one alone gives, within what profiles alone give each other; beside it, the estimate the same
-   rounds give as differences of leasts (before NOTE [ an overhead read in pairs ]), and each estimate's range
-   and standard deviation over the profiles.
+   rounds give with both overheads read in pairs (the median of each round's checkpointed step over its
+   ``none`` step, less one, times ``none``'s least: tried for the profiler and not adopted, NOTE [ timing a
+   plan ]), and each estimate's range and standard deviation over the profiles.
 
     uv run python benchmarks/busy_clock.py steps --model resnet50 --size 4x128 --rounds 12
     uv run python benchmarks/busy_clock.py profiles --model densenet121 --size 4x128 --repeats 3
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import torch
 import torchvision
@@ -38,6 +40,9 @@ from remat.client.trace import Trace
 from remat.worker import pipeline
 from remat.worker.profilers import step_timing
 from remat.worker.profilers.cpu import CpuBackend
+
+sys.path.insert(0, str(Path(__file__).parent))
+from step_overhead import paired_overhead  # noqa: E402 - a sibling script, not a package
 
 _UNTIL_PARENT_ENDS = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
 LOADS = {
@@ -98,7 +103,7 @@ def profiles(args: argparse.Namespace) -> None:
     print(f"{args.model}, batch {batch}, {side}², grads {args.grads}, torch {torch.__version__} on "
           f"{torch.get_num_threads()} threads\n")
     print("| profile | step ms | one-segment overhead ms | recompute / forward | waited | linear's recompute ms "
-          "| same rounds, differences of leasts |")
+          "| same rounds, read in pairs |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     estimates: dict[str, list[float]] = {}
     for k in range(args.repeats):
@@ -107,16 +112,16 @@ def profiles(args: argparse.Namespace) -> None:
                 trace = pipeline.profile(built)
             timing = trace.metadata["timing"]
             linear = make_plan(trace, "linear")
-            by_leasts = estimate_by(leasts, trace, linear.checkpoints, read)
-            remade = estimate_by(step_timing._paired_overhead, trace, linear.checkpoints, read)
+            in_pairs = estimate_by(paired_overhead, trace, linear.checkpoints, read)
+            remade = estimate_by(step_timing._overhead, trace, linear.checkpoints, read)
             assert abs(remade - (linear.recompute_ms or 0.0)) < 1e-3, (remade, linear.recompute_ms)  # ns-rounded sums
             where = "alone" if spec == "idle" else "beside one spinning process"
-            estimates.setdefault(f"{where}, pairs", []).append(linear.recompute_ms or 0.0)
-            estimates.setdefault(f"{where}, leasts", []).append(by_leasts)
+            estimates.setdefault(f"{where}, leasts", []).append(linear.recompute_ms or 0.0)
+            estimates.setdefault(f"{where}, pairs", []).append(in_pairs)
             print(f"| {where} ({k + 1}) | "
                   f"{timing['step_ms']:.1f} | {timing.get('one_segment_overhead_ms', 0.0):.1f} | "
                   f"{timing.get('recompute_to_forward', 1.0):.2f} | {timing['waited_share']:.0%} | "
-                  f"{linear.recompute_ms or 0.0:.1f} | {by_leasts:.1f} |", flush=True)
+                  f"{linear.recompute_ms or 0.0:.1f} | {in_pairs:.1f} |", flush=True)
     print()
     for name, values in estimates.items():
         print(f"linear's recompute, {name}: {min(values):.1f}-{max(values):.1f} ms "
@@ -125,25 +130,20 @@ def profiles(args: argparse.Namespace) -> None:
 
 @contextlib.contextmanager
 def overheads_read() -> Iterator[list[tuple[list[float], list[float]]]]:
-    """The step times of every overhead the profile reads (NOTE [ an overhead read in pairs ]), recorded as it
-    reads them: (checkpointed step's rounds, ``none``'s rounds), the one-segment step's first."""
+    """The step times of every overhead the profile reads (``step_timing._overhead``), recorded as it reads
+    them: (checkpointed step's rounds, ``none``'s rounds), the one-segment step's first."""
     read: list[tuple[list[float], list[float]]] = []
-    original = step_timing._paired_overhead
+    original = step_timing._overhead
 
     def recording(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
         read.append((list(plan_ms), list(none_ms)))
         return original(plan_ms, none_ms)
 
-    step_timing._paired_overhead = recording
+    step_timing._overhead = recording
     try:
         yield read
     finally:
-        step_timing._paired_overhead = original
-
-
-def leasts(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
-    """An overhead as the profiler read it before NOTE [ an overhead read in pairs ]: a difference of leasts."""
-    return min(plan_ms) - min(none_ms)
+        step_timing._overhead = original
 
 
 def estimate_by(overhead: Callable[[Sequence[float], Sequence[float]], float], trace: Trace,

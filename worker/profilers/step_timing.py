@@ -23,29 +23,16 @@ a slow minute of the host) only ever adds time, so the least of interleaved roun
 when nothing else interferes, and every plan gets the same chance at it. The spread (median minus least of
 the no-checkpoint step) is recorded beside it.
 
-NOTE [ an overhead read in pairs ] The two overheads the estimate is made of are differences of step times, and
-a difference of two leasts rests on two single rounds: one lucky ``none`` round moves it whole.
-So each overhead is read round by round instead: the median over the rounds of the checkpointed step over the
-``none`` step of the same round, less one, times ``none``'s least. What is left after the clock (below) takes
-out a neighbour's time is the host running slower for a while (its memory, its other guests): that slows the
-steps of a round alike, which a ratio within the round cancels, and scaling by the least keeps the time of a
-step nothing interferes with. Measured on this project's 2-core VM on a noisy day (ViT-B/16 at batch 1, 64²,
-gradients kept; ResNet-50 at 4, 128²; DenseNet-121 at 1, 64²): 28 rounds of ``none``, one segment over stages
-1..n-1, one segment per stage and one over the first half, split into four interleaved groups of 7 rounds
-(what a profile runs): across the groups, the estimates' standard deviation was 4.9-22.7 ms (13.4 on
-average) as differences of leasts and 4.0-14.0 ms (7.9) read in pairs, at the same level (ResNet-50's one
-segment: 95.9 against 83.3 ms over all 28 rounds, where the difference of medians reads the slowed rounds'
-107 ms). A neighbour's time added to fewer than half of the rounds moves nothing (the median); where every
-round is slowed, the leasts' difference is no better. Across whole profiles taken minutes apart the gain is
-gone: ``benchmarks/busy_clock.py profiles`` (4 profiles alone and 4 beside a spinning process, each read both
-ways from the same rounds) gave the ``linear`` estimate's standard deviation 3.9-19.7 ms read in pairs and
-3.4-20.5 ms as leasts (summed over DenseNet-121 and ResNet-50 at 4, 128² and ViT-B/16 at 1, 64²: 72 against
-74 ms), since the VM's speed moves between profiles (DenseNet-121's profiled step 145-221 ms): what a profile
-reads is the speed of its minutes. Each reading had its outliers: leasts 21.9 ms for ResNet-50 beside the
-neighbour (the others 36.5-51.5), pairs 25.1 ms for ViT-B/16 alone where the same rounds' leasts read 61.7.
-Read in pairs is kept for what it does within a profile; the spread between profiles is the VM's. The
-summary's keys are what they were (traces derived from several profiles require the same keys in each,
-stored ones included): ``statistic`` names the steps'.
+Tried and not adopted: reading the two overheads round by round (the median of each round's checkpointed step
+over that round's ``none`` step, less one, times ``none``'s least), since a difference of two leasts rests on
+two single rounds. On this project's 2-core VM on 2026-12-02 the evidence was mixed: within one run (20-28
+interleaved rounds split into four groups of 7, ViT-B/16 at batch 1, 64² with gradients kept, ResNet-50 at
+4, 128², DenseNet-121 at 1, 64²) the pairs' estimates spread less on torch's 2 threads (summed standard
+deviations 85 against 144 ms over four runs) and more on one (ViT-B/16: 149 against 86 over three); across whole
+profiles taken minutes apart (``benchmarks/busy_clock.py profiles``, which reads each profile both ways from
+its own rounds) they spread alike (``linear``'s estimate: summed standard deviations 72 against 74 ms over
+DenseNet-121 and ResNet-50 at 4, 128² and ViT-B/16 at 1, 64²), the VM's speed moving between profiles
+(DenseNet-121's profiled step 145-221 ms). The least stays: what it means is the step nothing interferes with.
 
 On CPU the clock leaves out the time the process's threads waited for a core (NOTE [ time beside a neighbour ],
 :mod:`remat.worker.profilers.run_queue`): a neighbour that keeps a core busy takes from every round, so no
@@ -165,11 +152,11 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
     }
     if n < 2:
         return StageTimes(forward_ms, None, None, summary)
-    one = _paired_overhead(step_ms["one"], step_ms["none"])
+    one = _overhead(step_ms["one"], step_ms["none"])
     summary["one_segment_overhead_ms"] = one
     checkpoint_ms = 0.0
     if n >= 3:
-        all_segments = _paired_overhead(step_ms["all"], step_ms["none"])
+        all_segments = _overhead(step_ms["all"], step_ms["none"])
         summary["one_per_stage_overhead_ms"] = all_segments
         checkpoint_ms = max(0.0, (all_segments - one) / (n - 2))
     rerun = one - checkpoint_ms
@@ -182,15 +169,10 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
     return StageTimes(forward_ms, recompute_ms, checkpoint_ms if n >= 3 else None, summary)
 
 
-def _paired_overhead(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
-    """What a checkpointed step adds to ``none``'s, read round by round (NOTE [ an overhead read in pairs ]):
-    the median over the rounds of the plan's step over ``none``'s step in the same round, less one, times
-    ``none``'s least."""
-    ratios = [p / b for p, b in zip(plan_ms, none_ms, strict=True) if b > 0]
-    least = min(none_ms)
-    if not ratios or least <= 0:
-        return min(plan_ms) - least
-    return (statistics.median(ratios) - 1.0) * least
+def _overhead(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
+    """What a checkpointed step adds to ``none``'s: the difference of their leasts over the rounds (one function,
+    so that ``benchmarks/busy_clock.py`` can read a profile's rounds and compare other readings of them)."""
+    return min(plan_ms) - min(none_ms)
 
 
 def _lower_quartile(values: Sequence[float]) -> float:
