@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ import torchvision
 
 from remat.client.graph import built_model
 from remat.client.planning.plans import make_plan
+from remat.client.planning.recompute_time import recompute_ms
 from remat.client.request import ModelRequest
 from remat.client.trace import Trace
 from remat.worker import pipeline
@@ -112,9 +114,7 @@ def profiles(args: argparse.Namespace) -> None:
                 trace = pipeline.profile(built)
             timing = trace.metadata["timing"]
             linear = make_plan(trace, "linear")
-            in_pairs = estimate_by(paired_overhead, trace, linear.checkpoints, read)
-            remade = estimate_by(step_timing._overhead, trace, linear.checkpoints, read)
-            assert abs(remade - (linear.recompute_ms or 0.0)) < 1e-3, (remade, linear.recompute_ms)  # ns-rounded sums
+            in_pairs = estimate_in_pairs(trace, linear.checkpoints, read)
             where = "alone" if spec == "idle" else "beside one spinning process"
             estimates.setdefault(f"{where}, leasts", []).append(linear.recompute_ms or 0.0)
             estimates.setdefault(f"{where}, pairs", []).append(in_pairs)
@@ -146,18 +146,17 @@ def overheads_read() -> Iterator[list[tuple[list[float], list[float]]]]:
         step_timing._overhead = original
 
 
-def estimate_by(overhead: Callable[[Sequence[float], Sequence[float]], float], trace: Trace,
-                checkpoints: Sequence[int], read: Sequence[tuple[list[float], list[float]]]) -> float:
-    """The plan's recompute estimate (NOTE [ timing a plan ]) made from the profile's rounds with ``overhead``
-    reading the two overheads."""
+def estimate_in_pairs(trace: Trace, checkpoints: Sequence[int],
+                      read: Sequence[tuple[list[float], list[float]]]) -> float:
+    """The plan's recompute estimate had the profile read both overheads of its rounds in pairs: the profiler's
+    calibration (``step_timing.calibrate``) and the plan's estimate (``recompute_time.recompute_ms``) on them."""
     (one_ms, none_ms), (all_ms, _) = read
-    n = trace.num_stages
-    one, every = overhead(one_ms, none_ms), overhead(all_ms, none_ms)
-    checkpoint_ms = max(0.0, (every - one) / (n - 2))
     forward = [s.forward_ms or 0.0 for s in trace.stages]
-    rerun, rerun_forward = one - checkpoint_ms, sum(forward[: n - 1])
-    ratio = rerun / rerun_forward if rerun > 0 and rerun_forward > 0 else 1.0
-    return ratio * sum(forward[: max(checkpoints, default=0)]) + checkpoint_ms * len(checkpoints)
+    recompute, checkpoint_ms, _ = step_timing.calibrate(forward, paired_overhead(one_ms, none_ms),
+                                                        paired_overhead(all_ms, none_ms))
+    stages = tuple(dataclasses.replace(s, recompute_ms=r) for s, r in zip(trace.stages, recompute, strict=True))
+    repriced = dataclasses.replace(trace, stages=stages, metadata={**trace.metadata, "checkpoint_ms": checkpoint_ms})
+    return recompute_ms(repriced, checkpoints) or 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

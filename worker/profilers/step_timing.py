@@ -60,7 +60,7 @@ from typing import Any
 
 from remat.worker.profilers.run_queue import Timed
 
-__all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "ROUNDS_LIMIT_S", "StageTimes", "time_stages"]
+__all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "ROUNDS_LIMIT_S", "StageTimes", "calibrate", "time_stages"]
 
 MIN_ROUNDS = 3
 """Rounds run unless they pass :data:`ROUNDS_LIMIT_S`: the least of three is what the spread of a busy 2-core
@@ -154,19 +154,28 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
         return StageTimes(forward_ms, None, None, summary)
     one = _overhead(step_ms["one"], step_ms["none"])
     summary["one_segment_overhead_ms"] = one
-    checkpoint_ms = 0.0
+    all_segments = None
     if n >= 3:
         all_segments = _overhead(step_ms["all"], step_ms["none"])
         summary["one_per_stage_overhead_ms"] = all_segments
-        checkpoint_ms = max(0.0, (all_segments - one) / (n - 2))
-    rerun = one - checkpoint_ms
+    recompute_ms, checkpoint_ms, ratio = calibrate(forward_ms, one, all_segments)
+    summary["recompute_to_forward"] = ratio
+    return StageTimes(forward_ms, recompute_ms, checkpoint_ms if n >= 3 else None, summary)
+
+
+def calibrate(forward_ms: Sequence[float], one_ms: float,
+              all_segments_ms: float | None) -> tuple[list[float], float, float]:
+    """Each stage's ``recompute_ms``, the fixed ``checkpoint_ms`` of a segment and the recompute-to-forward ratio,
+    from the overheads of one segment over stages 1..n-1 and of one segment per stage (None: fewer than three
+    stages, no segment cost separable) (NOTE [ timing a plan ])."""
+    n = len(forward_ms)
+    checkpoint_ms = max(0.0, (all_segments_ms - one_ms) / (n - 2)) if all_segments_ms is not None else 0.0
+    rerun = one_ms - checkpoint_ms
     rerun_forward = sum(forward_ms[: n - 1])
     # Where the overhead was lost in the noise, the forward time is the best estimate there is. The ratio used
     # is recorded either way: one type in every profile, which a trace derived from several requires.
     ratio = rerun / rerun_forward if rerun > 0 and rerun_forward > 0 else 1.0
-    summary["recompute_to_forward"] = ratio
-    recompute_ms = [f * ratio for f in forward_ms]
-    return StageTimes(forward_ms, recompute_ms, checkpoint_ms if n >= 3 else None, summary)
+    return [f * ratio for f in forward_ms], checkpoint_ms, ratio
 
 
 def _overhead(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
