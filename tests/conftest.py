@@ -15,7 +15,7 @@ from tests import loopback_guard
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # The suite runs in several pytest-xdist processes (addopts: -n 3). Left alone, torch in each of them, and in
-# every service, worker and CLI process they start, runs a thread per core: twice as many busy threads as cores,
+# every service, worker and CLI process they start, runs a thread per core: three times as many busy threads as cores,
 # whose OpenMP spin-waits slowed CPU-bound tests up to threefold (the README's `plan resnet152` line: 65 s
 # alone, 193 s beside the other process). Each process gets its share of the cores instead, through the
 # environment so that the processes a test starts get it too. Results do not depend on it: a test compares
