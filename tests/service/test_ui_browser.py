@@ -37,11 +37,13 @@ CHROMIUM = Path(os.environ.get("REMAT_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 READ_TOKEN = "browser-read-token"
-WAIT_MS = 8000
-"""How long an expected change may take to show: a running job's page reloads every 2 s."""
-STEP_MS = 5000
-"""How long one action or check may wait for the page (playwright's default, 30 s, only makes a broken page
-slow to fail)."""
+WAIT_MS = 30_000
+"""How long an expected change may take to show: a running job's page reloads every 2 s, and a reload on a
+loaded machine may take several more."""
+STEP_MS = 30_000
+"""How long one action or check may wait for the page: playwright's default. These tests check what the pages
+do, not how fast: a shorter limit made them fail when the machine was busy (5 s, the first page of a fresh
+browser, once in CI while three test processes ran torch), and a page that works never waits for it."""
 
 
 @pytest.fixture(scope="module")
