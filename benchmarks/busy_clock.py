@@ -35,6 +35,7 @@ import torch
 import torchvision
 
 from remat.client.graph import built_model
+from remat.client.host_memory import keep_freed_memory
 from remat.client.planning.plans import make_plan
 from remat.client.planning.recompute_time import recompute_ms
 from remat.client.request import ModelRequest
@@ -169,7 +170,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="steps: the loads, comma-separated (spin, 2spin, 3spin, torch)")
     parser.add_argument("--repeats", type=int, default=3, help="profiles: profiles alone and beside, each")
     parser.add_argument("--grads", choices=("none", "kept"), default="none")
+    parser.add_argument("--host-malloc", choices=("kept", "default"), default="kept",
+                        help="kept: freed memory stays in the process, as in remat's workers and CLI (NOTE [ page "
+                             "faults on CPU ]); default: glibc's dynamic thresholds")
     args = parser.parse_args(argv)
+    if args.host_malloc == "kept":
+        keep_freed_memory()
     steps(args) if args.what == "steps" else profiles(args)
 
 

@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from remat.client.budget_spec import BudgetInfeasibleError
 from remat.client.graph import built_model
+from remat.client.host_memory import host_malloc, keep_freed_memory
 from remat.client.plan import Plan
 from remat.client.planning.plans import frontier_plans, make_budget_plan, make_plan
 from remat.client.planning.recompute_time import recompute_ms
@@ -560,11 +561,16 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help='JSON keyword arguments for every model\'s constructor, e.g. \'{"width_per_group": 4}\'')
     parser.add_argument("--torch-profile", metavar="DIR", help="where one step's time goes, per runner")
     parser.add_argument("--json", metavar="FILE", help="also write every result as JSON lines")
+    parser.add_argument("--host-malloc", choices=("kept", "default"), default="kept",
+                        help="kept: freed memory stays in the process, as in remat's workers and CLI (NOTE [ page "
+                             "faults on CPU ]); default: glibc's dynamic thresholds")
     args = parser.parse_args(argv)
+    if args.host_malloc == "kept":
+        keep_freed_memory()
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
     for dtype in args.dtype.split(","):
         args.dtype = dtype
-        print(f"torch {torch.__version__}, {where}, {dtype}, grads {args.grads}")
+        print(f"torch {torch.__version__}, {where}, {dtype}, grads {args.grads}, malloc: {host_malloc()}")
         for size in args.sizes.split(","):
             batch, hw = (int(v) for v in size.split("x"))
             for name in args.models.split(","):

@@ -61,7 +61,9 @@ def _one_line(message: str) -> str:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console-script entry point: one-line errors, the documented exit codes."""
     from remat.client.config import ConfigError, apply_to_environment
+    from remat.client.host_memory import keep_freed_memory
 
+    keep_freed_memory()  # its commands time training steps on CPU (NOTE [ page faults on CPU ])
     ENVIRONMENT_BEFORE_CONFIG.clear()
     ENVIRONMENT_BEFORE_CONFIG.update(os.environ)
     try:

@@ -24,6 +24,7 @@ from typing import Any
 from celery import Celery, Task, signals
 
 from remat.client.devices import ONE_JOB_PER_PROCESS, queue_device
+from remat.client.host_memory import keep_freed_memory
 from remat.service.celery_client import PLAN_TASK, PROFILE_TASK
 from remat.service.config import ServiceSettings
 from remat.worker import tasks
@@ -40,6 +41,7 @@ SOFT_SHUTDOWN_S = 10.0
 def make_app(settings: ServiceSettings | None = None) -> Celery:
     """A worker app for ``settings`` (default: from the environment), with both tasks registered."""
     settings = settings or ServiceSettings()
+    keep_freed_memory()  # the tasks time training steps on CPU; the prefork pool's children inherit it
     visibility = settings.visibility_timeout_s
     app = Celery("remat-worker", broker=settings.broker_url, set_as_current=False)
     app.conf.update(

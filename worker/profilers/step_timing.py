@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
+from remat.client.host_memory import host_malloc
 from remat.worker.profilers.run_queue import Timed
 
 __all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "ROUNDS_LIMIT_S", "StageTimes", "calibrate", "time_stages"]
@@ -149,6 +150,7 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
         "step_spread_ms": statistics.median(step_ms["none"]) - least["none"],
         "forward_ms": sum(forward_ms),
         "waited_share": sum(t.waited_ms for t in everything) / wall if wall > 0 else 0.0,
+        "host_malloc": host_malloc(),  # NOTE [ page faults on CPU ]: whether freed memory was faulted in again
     }
     if n < 2:
         return StageTimes(forward_ms, None, None, summary)
