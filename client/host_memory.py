@@ -7,16 +7,17 @@ the process freed before (glibc's dynamic thresholds). So a step can fault in ag
 megabytes it freed a moment before, and how many depends on the sizes and order of everything the process
 allocated until then. Measured on this project's 2-core VM (``benchmarks/host_faults.py``, docs/benchmarks.md
 "Page faults on CPU"): ViT-B/16 at batch 1, 64², gradients kept, faulted 15,000-25,000 pages (60-100 MB) per
-training step under glibc's defaults, and the same plans timed in two runs differed by up to 50 ms because of
-it: one segment over stages 1-13 cost as much as one over 1-32 in one run and a quarter of it in the next.
-With the thresholds fixed (mmap above 32 MiB, the largest glibc accepts; trim above 4 GiB) the steps faulted
-no page, each plan's overhead grew with the stages it re-runs, and ``none`` ran 6% faster.
+training step under glibc's defaults; the least of the same step differed between runs by up to 65 ms
+(``none``: 132 and 197 ms), and one segment over stages 1-13 cost 78% of one over 1-32 in one run and 28% in
+the next. With the thresholds fixed (mmap above 32 MiB, the largest glibc accepts; trim above 2 GiB, the
+largest ``mallopt``'s int holds) the steps faulted no page, each plan's overhead grew with the stages it
+re-runs, and ``none`` ran 6% faster (124-126 ms).
 
 remat's own processes that time steps — the ``remat-client`` commands and the Celery workers — call
 :func:`keep_freed_memory` at their start, so that the profile's stage times and every measured step time are
 the step's own work. A training script's process is the user's: ``remat.client.checkpoint`` profiling on a
 miss does not change its allocator (a trace records which way it was timed: ``timing.host_malloc``). The same
-setting is the environment ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296`` (docs/apply.md),
+setting is the environment ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647`` (docs/apply.md),
 for a CPU training process that wants those faults gone; where either is set, it is left as set.
 
 The price: the process keeps the memory it freed (up to its peak of small and mid-sized blocks) instead of
