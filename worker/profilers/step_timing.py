@@ -46,6 +46,10 @@ quarter are clean). In a side trial beside a neighbour (ResNet-152 at batch 1, 6
 quartiles' shares off by 3-4% on average, the least of the plain wall times' by 4-9%, the least of the
 corrected times' by 12-24%. ``waited_share`` in the summary is the part of the timed rounds' wall time spent
 waiting: near 0 on an idle machine.
+
+A step also pays for what glibc's malloc gives back to the system and faults in again, a different amount per
+plan and per run; remat's CLI and workers keep freed memory, and ``host_malloc`` in the summary says whether
+the profile was timed so (NOTE [ page faults on CPU ], :mod:`remat.client.host_memory`).
 """
 
 from __future__ import annotations
