@@ -52,20 +52,16 @@ def keep_freed_memory() -> str:
     """Fix glibc's mmap and trim thresholds for this process (NOTE [ page faults on CPU ]); idempotent. Returns
     :func:`host_malloc`'s answer afterwards."""
     global _state
-    if _state is not None:
-        return _state
-    if any(name in os.environ for name in ENVIRONMENT):
-        _state = "set by environment"
-    elif not _glibc():
-        _state = "not glibc"
-    else:
-        import ctypes
+    current = host_malloc()
+    if current != "glibc defaults":  # already kept, the user's own setting, or no glibc to set
+        return current
+    import ctypes
 
-        libc = ctypes.CDLL(None)
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-        ok = libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
-        _state = "kept" if ok else "glibc defaults"
-    return _state
+    libc = ctypes.CDLL(None)
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    ok = libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
+    _state = "kept" if ok else None
+    return host_malloc()
 
 
 def host_malloc() -> str:

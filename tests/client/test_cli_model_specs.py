@@ -101,7 +101,7 @@ def test_a_nested_attribute_callable_traces(capsys, project: Path, monkeypatch: 
     assert trace["model"] == "usernets:Factory.small"
     # The CLI times steps with freed memory kept (NOTE [ page faults on CPU ]), and the trace says so.
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-    users = any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"))
+    users = any(name in os.environ for name in host_memory.ENVIRONMENT)
     expected = "set by environment" if users else "kept" if glibc else "not glibc"
     assert trace["timing"]["host_malloc"] == expected
 
