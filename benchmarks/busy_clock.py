@@ -85,16 +85,18 @@ def steps(args: argparse.Namespace) -> None:
 
     print(f"{args.model}, batch {batch}, {side}², torch {torch.__version__} on {torch.get_num_threads()} threads; "
           f"{args.rounds} steps per load\n")
-    print("| load | wall least ms | wall median ms | clock least ms | clock median ms | waited |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| load | wall least ms | wall median ms | clock least ms | clock median ms | waited | neighbours |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for spec in ["idle", *args.loads.split(","), "idle"]:
         with load(spec):
             step()
             timed = [clock.timed(step) for _ in range(args.rounds)]
         wall, ms = [t.wall_ms for t in timed], [t.ms for t in timed]
         share = sum(t.waited_ms for t in timed) / sum(wall)
+        counted = [t.neighbours for t in timed if t.neighbours is not None]
+        neighbours = f"{statistics.mean(counted):.2f}" if counted else "-"
         print(f"| {spec} | {min(wall):.1f} | {statistics.median(wall):.1f} | {min(ms):.1f} | "
-              f"{statistics.median(ms):.1f} | {share:.0%} |", flush=True)
+              f"{statistics.median(ms):.1f} | {share:.0%} | {neighbours} |", flush=True)
 
 
 def profiles(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -96,6 +97,26 @@ def test_more_neighbours_overlap_the_waits() -> None:
     assert unwaited_ms(300.0, 200.0, 1, 2) == pytest.approx(100.0)  # one thread: whatever it waited
 
 
+def test_a_counted_neighbour_is_one_whatever_the_waits_say() -> None:
+    """One neighbour that takes more than its third of two cores: one of three threads still waits at a time,
+    so the step moved for the wall time less its threads' waits. From the waits alone (each thread 45% of the
+    call) the clock would take it for more than one neighbour and leave more."""
+    assert unwaited_ms(1000.0, 900.0, 2, 2, neighbours=1.0) == pytest.approx(100.0)
+    assert unwaited_ms(1000.0, 900.0, 2, 2) > 150.0
+    assert unwaited_ms(300.0, 400.0, 2, 2, neighbours=4.0) == pytest.approx(300.0 / 15)
+    assert unwaited_ms(300.0, 200.0, 2, 2, neighbours=0.0) == pytest.approx(100.0)  # waits, whoever caused them
+
+
+@given(wall=st.floats(1.0, 1e4), waited=st.floats(0.0, 4e4), threads=st.integers(1, 8), extra=st.integers(0, 8),
+       neighbours=st.none() | st.floats(0.0, 16.0))
+def test_the_unwaited_time_with_counted_neighbours_stays_within_the_wall(wall: float, waited: float, threads: int,
+                                                                        extra: int, neighbours: float | None) -> None:
+    cores = threads + extra
+    got = unwaited_ms(wall, waited, threads, cores, neighbours)
+    assert 0.0 <= got <= wall
+    assert unwaited_ms(wall, waited * 1.1 + 1.0, threads, cores, neighbours) <= got + 1e-9
+
+
 @given(wall=st.floats(1.0, 1e4), waited=st.floats(0.0, 4e4), threads=st.integers(1, 8), extra=st.integers(0, 8))
 def test_the_unwaited_time_never_exceeds_the_wall_or_goes_below_zero(wall: float, waited: float, threads: int,
                                                                        extra: int) -> None:
@@ -116,3 +137,48 @@ def test_the_two_regimes_meet_at_one_thread_more_than_cores(threads: int, extra:
 def test_consecutive_calls_add_up() -> None:
     total = Timed(100.0, 30.0, 2, 2) + Timed(50.0, 40.0, 2, 2)
     assert total == Timed(150.0, 70.0, 2, 2) and total.ms == pytest.approx(80.0)
+    counted = Timed(100.0, 30.0, 2, 2, neighbours=1.0) + Timed(50.0, 40.0, 2, 2, neighbours=4.0)
+    assert counted.neighbours == pytest.approx(2.0)  # weighted by wall time
+    assert (Timed(100.0, 30.0, 2, 2, neighbours=1.0) + Timed(50.0, 40.0, 2, 2)).neighbours is None
+
+
+def _fake_loadavg(tmp_path: Path, running: int) -> str:
+    path = tmp_path / "loadavg"
+    path.write_text(f"0.50 0.40 0.30 {running}/321 4242\n")
+    return str(path)
+
+
+@linux_only
+def test_neighbours_are_the_machine_s_runnable_threads_less_the_call_s_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread that counts is running, so of five runnable threads four are someone else's; a process's
+    running threads beyond its compute threads count as neighbours."""
+    monkeypatch.setattr(run_queue, "LOADAVG", _fake_loadavg(tmp_path, 5))
+    monkeypatch.setattr(run_queue, "cores", lambda: os.cpu_count())
+    assert run_queue.runnable_elsewhere(1) == 4
+    assert 0 <= run_queue.runnable_elsewhere(64) <= 4  # however many of this process's threads run now
+    monkeypatch.setattr(run_queue, "LOADAVG", _fake_loadavg(tmp_path, 0))
+    assert run_queue.runnable_elsewhere(1) == 0  # never below zero
+
+
+@linux_only
+def test_neighbours_are_not_counted_on_part_of_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held to fewer cores than the machine has, the machine's runnable threads may run on the others."""
+    monkeypatch.setattr(run_queue.os, "cpu_count", lambda: run_queue.cores() + 1)
+    assert run_queue.runnable_elsewhere(1) is None
+    assert RunQueueClock(lambda: 1).time(lambda: spin(0.005)).neighbours is None
+
+
+@linux_only
+def test_a_spinning_neighbour_is_counted() -> None:
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # started and spinning
+        timed = RunQueueClock(lambda: 1).time(lambda: spin(0.05))
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    if run_queue.cores() != os.cpu_count():  # held to part of the machine: not counted
+        assert timed.neighbours is None
+    else:
+        assert timed.neighbours is not None and timed.neighbours >= 1, timed  # other test processes may run too

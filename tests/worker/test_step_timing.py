@@ -110,6 +110,31 @@ def test_a_neighbour_on_every_round_is_booked_out(seed: int) -> None:
     assert quiet.summary["waited_share"] == 0.0
 
 
+class GreedyNeighbour(Machine):
+    """A two-thread step on two cores beside one neighbour thread that takes more than its third of them: one
+    of the three waits at every moment, the step's threads four fifths of the call between them, and the
+    step moves only while both run (NOTE [ time beside a neighbour ]). ``counted``: whether the clock counted
+    the neighbour."""
+
+    def __init__(self, counted: bool) -> None:
+        super().__init__()
+        self.counted = counted
+
+    def timer(self, fn: Callable[[], Any]) -> Timed:
+        fn()
+        return Timed(5 * self.ran, 4 * self.ran, threads=2, cores=2, neighbours=1.0 if self.counted else None)
+
+
+def test_a_counted_neighbour_is_taken_for_one_whatever_share_it_takes() -> None:
+    times = _time(GreedyNeighbour(counted=True))
+    assert times.summary["step_ms"] == pytest.approx(STEP)
+    assert times.recompute_ms == pytest.approx([RATIO * f for f in FORWARD])
+    assert times.summary["neighbours"] == pytest.approx(1.0)
+    # Read from the waits alone, four fifths of the call waited reads as more than one neighbour.
+    uncounted = _time(GreedyNeighbour(counted=False))
+    assert uncounted.summary["step_ms"] > 1.2 * STEP and uncounted.summary["neighbours"] is None
+
+
 def recompute_stages(recompute: Sequence[float] | None, count: int) -> float:
     assert recompute is not None
     return sum(recompute[:count])

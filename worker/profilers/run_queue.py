@@ -47,9 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RunQueueClock", "Timed", "cores", "thread_waits_ns", "unwaited_ms"]
+__all__ = ["RunQueueClock", "Timed", "cores", "runnable_elsewhere", "thread_waits_ns", "unwaited_ms"]
 
 TASKS = "/proc/self/task"
+LOADAVG = "/proc/loadavg"
+"""Its fourth field's numerator is the number of threads runnable on the machine at the moment it is read
+(running or queued for a core), the reader included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +66,28 @@ class Timed:
     """Compute threads the step runs on (torch's intra-op threads)."""
     cores: int = 1
     """Cores the process may run on."""
+    neighbours: float | None = None
+    """Threads runnable beside the call's own (:func:`runnable_elsewhere`), counted as it started and as it
+    ended, the fewer of the two; over a sum of calls their wall-weighted mean; None where they cannot be
+    counted."""
 
     @property
     def ms(self) -> float:
         """The call's time with the cores it asked for (:func:`unwaited_ms`). For a call of a few ms it can be
         off by a scheduler slice; never below zero."""
-        return unwaited_ms(self.wall_ms, self.waited_ms, self.threads, self.cores)
+        return unwaited_ms(self.wall_ms, self.waited_ms, self.threads, self.cores, self.neighbours)
 
     def __add__(self, other: Timed) -> Timed:
-        return Timed(self.wall_ms + other.wall_ms, self.waited_ms + other.waited_ms, self.threads, self.cores)
+        wall = self.wall_ms + other.wall_ms
+        neighbours = None
+        if self.neighbours is not None and other.neighbours is not None:  # the wall-weighted mean
+            neighbours = ((self.neighbours * self.wall_ms + other.neighbours * other.wall_ms) / wall if wall > 0
+                          else (self.neighbours + other.neighbours) / 2)
+        return Timed(wall, self.waited_ms + other.waited_ms, self.threads, self.cores, neighbours)
 
 
-def unwaited_ms(wall_ms: float, waited_ms: float, threads: int, cores: int) -> float:
+def unwaited_ms(wall_ms: float, waited_ms: float, threads: int, cores: int,
+                neighbours: float | None = None) -> float:
     """What a call of ``wall_ms`` would have taken had none of its ``threads`` waited for one of ``cores``,
     given that they waited ``waited_ms`` in all (NOTE [ time beside a neighbour ]).
 
@@ -82,15 +95,20 @@ def unwaited_ms(wall_ms: float, waited_ms: float, threads: int, cores: int) -> f
     threads run. With at most one thread more than cores runnable (one neighbour), at most one waits at a
     time: the waits never overlap, and the step ran for ``wall - waited``. With more, waits overlap; taking
     the waiting threads to be any of the runnable ones alike, the share of time none of the step's threads
-    waits is ``prod((cores - j) / (runnable - j) for j < threads)``, ``runnable`` the number of threads
-    competing that makes each wait the share it did. The two agree at one thread more than cores.
+    waits is ``prod((cores - j) / (runnable - j) for j < threads)``. ``runnable`` is ``threads + neighbours``
+    where the neighbours were counted; otherwise the number of threads competing that makes each wait the
+    share it did (which reads one neighbour that takes more than its share of the cores as more than one).
+    The two rules agree at one thread more than cores.
     """
     if waited_ms <= 0 or wall_ms <= 0 or threads < 1 or threads > cores:
         return max(wall_ms, 0.0)
-    waiting = min(waited_ms / (threads * wall_ms), 0.99)  # each thread's share of the call spent waiting
-    runnable = cores / (1.0 - waiting)
+    if neighbours is not None:
+        runnable = threads + max(neighbours, 0.0)
+    else:
+        waiting = min(waited_ms / (threads * wall_ms), 0.99)  # each thread's share of the call spent waiting
+        runnable = cores / (1.0 - waiting)
     if runnable <= cores + 1:
-        return wall_ms - waited_ms
+        return max(wall_ms - waited_ms, 0.0)
     running = 1.0
     for j in range(threads):
         running *= (cores - j) / (runnable - j)
@@ -142,6 +160,48 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+_running_fds: dict[str, int] = {}
+"""Thread id -> an open descriptor of its ``stat`` (the thread's state), as for ``schedstat``."""
+
+
+def _running(tid: str) -> bool:
+    fd = _running_fds.get(tid)
+    for _ in range(2):
+        if fd is None:
+            try:
+                fd = _running_fds[tid] = os.open(f"{TASKS}/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return False
+        try:
+            text = os.pread(fd, 512, 0)
+            return text[text.rindex(b")") + 2:][:1] == b"R"  # the name in parentheses may hold anything
+        except (OSError, ValueError):
+            os.close(_running_fds.pop(tid))
+            fd = None
+    return False
+
+
+def runnable_elsewhere(threads: int) -> int | None:
+    """Threads runnable on this machine now besides this process's running compute threads (at most
+    ``threads`` of its running ones; others of its own, a data loader's, compete like a neighbour's); None
+    where the count cannot be read or cannot be told apart by core: a process held to fewer cores than the
+    machine has (a cpuset, a container) would count neighbours on cores it never runs on."""
+    available = cores()
+    if available != os.cpu_count():
+        return None
+    try:
+        with open(LOADAVG, "rb") as f:
+            machine = int(f.read().split()[3].split(b"/")[0])
+        tids = os.listdir(TASKS)
+    except (OSError, IndexError, ValueError):
+        return None
+    with _open_lock:
+        for gone in _running_fds.keys() - set(tids):
+            os.close(_running_fds.pop(gone))
+        ours = sum(_running(tid) for tid in tids)
+    return max(machine - min(ours, threads), 0)
+
+
 class RunQueueClock:
     """Times calls as :class:`Timed` (NOTE [ time beside a neighbour ]).
 
@@ -160,6 +220,7 @@ class RunQueueClock:
         """Run ``fn`` once and time it."""
         threads, available = self._compute_threads(), cores()
         before = thread_waits_ns() if self.readable and threads <= available else None
+        elsewhere = runnable_elsewhere(threads) if before is not None else None
         start = time.perf_counter_ns()
         fn()
         end = time.perf_counter_ns()
@@ -167,6 +228,10 @@ class RunQueueClock:
         if before is None:
             return Timed(wall_ms, 0.0, threads, available)
         after = thread_waits_ns() or {}
+        still = runnable_elsewhere(threads) if elsewhere is not None else None
+        # The fewer of the two counts: a thread runnable for an instant (a kernel worker, a timer) is rarely
+        # caught twice, a neighbour that keeps a core busy always is.
+        neighbours = min(elsewhere, still) if elsewhere is not None and still is not None else None
         # A thread born during the call has waited only within it: its count starts at 0.
         waited = sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items())
-        return Timed(wall_ms, waited / 1e6, threads, available)
+        return Timed(wall_ms, waited / 1e6, threads, available, neighbours)
