@@ -21,15 +21,30 @@ the steps' least came out 2-35% below the idle one at batch 4, 128² and 18-68% 
 -35% to +1% off the idle median; on the wall clock 1.9-9.6x above it. On an idle machine the waits are 1-2% of
 a step and the clock is the wall clock. Figures and the profiles they give: docs/benchmarks.md ("Step time").
 
+Which rule applies is counted, not inferred. The clock used to read the number of runnable threads off the
+waits (each of three threads waits a third of the time beside one neighbour), but a neighbour does not take
+its fair share: on this VM's kernel (6.18) one spinning process beside ResNet-152 at batch 4, 128² left
+torch's two threads 6-13% of the cores and waits of 87-94% of the call, which read as more than one
+neighbour, and the overlap rule left 913-1,642 ms of a 4-8 s step whose idle time is 550-617 ms; wall less
+waits, the one-neighbour rule, left 430-567. So the clock counts the neighbours as each call starts and
+ends (:func:`runnable_elsewhere`: ``/proc/loadavg``'s runnable threads, less this process's running compute
+threads), takes the fewer of the two counts (a kernel thread runnable for an instant is rarely caught twice)
+and picks the rule by the count: beside one spinning process the same steps read 561 / 605 ms, least / median,
+against 608 / 616 idle (``benchmarks/busy_clock.py steps --model resnet152 --size 4x128 --rounds 6 --loads
+spin``). The count is not taken where the process is held to fewer cores than the machine has (a cpuset:
+the machine's runnable threads may be on the other cores); there the waits decide as before.
+
 What it cannot do:
 
 - A wait is booked when it ends, whole. A call of a few ms can be charged with a wait that began before it, or
   not yet with one that is still going on, so a short call's time can be off by a slice either way:
   :func:`remat.worker.profilers.step_timing.time_stages` takes stage times from whole passes for that reason.
-  Whole steps are off by at most a slice.
+  Beside a neighbour that takes most of the cores a thread can wait tens of ms at a time, and a whole step's
+  time can be off by that: the least of 12 of ResNet-152's steps above, read by the one-neighbour rule, was
+  21% below the idle least, their median 0.5% below the idle median.
 - A thread that spins (OpenMP, between regions) and is preempted is counted as waiting although nothing
-  waited for it; that and the booking make the step's waits 71-77% of its time beside one neighbour, above
-  the two thirds the rule expects.
+  waited for it. Beside one neighbour that does not matter (the wall less the step's waits is the time the
+  neighbour waited, when both of the step's threads ran); beside more it is part of why the rule is rough.
 - Other threads of the process (a data loader's pin-memory thread, a heartbeat) are counted too; asleep, they
   wait for nothing. When torch runs more threads than the process has cores, its threads wait for each other,
   which an idle machine would too: the clock is then the wall clock.
