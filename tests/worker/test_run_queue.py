@@ -4,6 +4,7 @@ waited; a call that sleeps waits for nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -41,16 +42,22 @@ def one_core() -> Iterator[int]:
         os.sched_setaffinity(0, before)
 
 
-@linux_only
-def test_a_neighbour_on_the_same_core_is_booked_as_waiting(one_core: int) -> None:
-    code = f"import os; os.sched_setaffinity(0, {{{one_core}}})\nwhile True: pass"
-    neighbour = subprocess.Popen([sys.executable, "-c", code])
+@contextlib.contextmanager
+def spinning_neighbour(setup: str = "") -> Iterator[None]:
+    """Another Python process spinning on a core (``setup`` run first) for the block, started and spinning."""
+    neighbour = subprocess.Popen([sys.executable, "-c", f"{setup}\nwhile True: pass"])
     try:
-        time.sleep(0.3)  # started and spinning
-        timed = RunQueueClock(lambda: 1).time(lambda: spin(0.4))
+        time.sleep(0.3)
+        yield
     finally:
         neighbour.kill()
         neighbour.wait()
+
+
+@linux_only
+def test_a_neighbour_on_the_same_core_is_booked_as_waiting(one_core: int) -> None:
+    with spinning_neighbour(f"import os; os.sched_setaffinity(0, {{{one_core}}})"):
+        timed = RunQueueClock(lambda: 1).time(lambda: spin(0.4))
     share = timed.waited_ms / timed.wall_ms
     assert 0.2 < share < 0.8, timed  # half, give or take the scheduler and whatever else runs on the core
     assert 0 < timed.ms < timed.wall_ms
@@ -171,13 +178,8 @@ def test_neighbours_are_not_counted_on_part_of_the_machine(monkeypatch: pytest.M
 
 @linux_only
 def test_a_spinning_neighbour_is_counted() -> None:
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.3)  # started and spinning
+    with spinning_neighbour():
         timed = RunQueueClock(lambda: 1).time(lambda: spin(0.05))
-    finally:
-        neighbour.kill()
-        neighbour.wait()
     if run_queue.cores() != os.cpu_count():  # held to part of the machine: not counted
         assert timed.neighbours is None
     else:

@@ -136,20 +136,33 @@ three threads, listing included, against 56 µs opening each file anew), which e
 _open_lock = threading.Lock()
 
 
-def _read_wait(tid: str) -> int | None:
-    fd = _open.get(tid)
+def _pread_kept(kept: dict[str, int], tid: str, name: str) -> bytes | None:
+    """The thread's ``/proc`` file ``name`` read through a descriptor kept open in ``kept``; None where it cannot
+    be read (the thread ended)."""
+    fd = kept.get(tid)
     for _ in range(2):  # a descriptor of a thread that ended (its id since reused) is opened again, once
         if fd is None:
             try:
-                fd = _open[tid] = os.open(f"{TASKS}/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+                fd = kept[tid] = os.open(f"{TASKS}/{tid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 return None
         try:
-            return int(os.pread(fd, 256, 0).split()[1])
-        except (OSError, IndexError, ValueError):
-            os.close(_open.pop(tid))
-            fd = None
+            text = os.pread(fd, 512, 0)
+        except OSError:
+            text = b""
+        if text:
+            return text
+        os.close(kept.pop(tid))
+        fd = None
     return None
+
+
+def _read_wait(tid: str) -> int | None:
+    text = _pread_kept(_open, tid, "schedstat")
+    try:
+        return int(text.split()[1]) if text is not None else None
+    except (IndexError, ValueError):
+        return None
 
 
 def thread_waits_ns() -> dict[str, int] | None:
@@ -180,20 +193,10 @@ _running_fds: dict[str, int] = {}
 
 
 def _running(tid: str) -> bool:
-    fd = _running_fds.get(tid)
-    for _ in range(2):
-        if fd is None:
-            try:
-                fd = _running_fds[tid] = os.open(f"{TASKS}/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return False
-        try:
-            text = os.pread(fd, 512, 0)
-            return text[text.rindex(b")") + 2:][:1] == b"R"  # the name in parentheses may hold anything
-        except (OSError, ValueError):
-            os.close(_running_fds.pop(tid))
-            fd = None
-    return False
+    text = _pread_kept(_running_fds, tid, "stat")
+    if text is None or b")" not in text:
+        return False
+    return text[text.rindex(b")") + 2:][:1] == b"R"  # the name in parentheses may hold anything
 
 
 def runnable_elsewhere(threads: int) -> int | None:
