@@ -23,10 +23,10 @@ a step and the clock is the wall clock. Figures and the profiles they give: docs
 
 Which rule applies is counted, not inferred. The clock used to read the number of runnable threads off the
 waits (each of three threads waits a third of the time beside one neighbour), but a neighbour does not take
-its fair share: on this VM's kernel (6.18) one spinning process beside ResNet-152 at batch 4, 128² left
-torch's two threads 6-13% of the cores and waits of 87-94% of the call, which read as more than one
-neighbour, and the overlap rule left 913-1,642 ms of a 4-8 s step whose idle time is 550-617 ms; wall less
-waits, the one-neighbour rule, left 430-567. So the clock counts the neighbours as each call starts and
+its fair share: on this VM's kernel (6.18) one spinning process beside ResNet-152 at batch 4, 128² slowed
+its steps 7-14x (4.1-8.4 s, leasts and medians, against 550-617 ms idle) with waits of 87-94% of the call,
+which read as more than one neighbour, and the overlap rule left 913-1,642 ms; wall less waits, the
+one-neighbour rule, left 430-567. So the clock counts the neighbours as each call starts and
 ends (:func:`runnable_elsewhere`: ``/proc/loadavg``'s runnable threads, less this process's running compute
 threads), takes the fewer of the two counts (a kernel thread runnable for an instant is rarely caught twice)
 and picks the rule by the count: beside one spinning process the same steps read 561 / 605 ms, least / median,
