@@ -133,6 +133,8 @@ def unwaited_ms(wall_ms: float, waited_ms: float, threads: int, cores: int,
 _open: dict[str, int] = {}
 """Thread id -> an open descriptor of its ``schedstat``: reading it again costs a ``pread`` (11 µs a call for
 three threads, listing included, against 56 µs opening each file anew), which every timed call pays twice."""
+_running_fds: dict[str, int] = {}
+"""Thread id -> an open descriptor of its ``stat`` (the thread's state), kept as for ``schedstat``."""
 _open_lock = threading.Lock()
 
 
@@ -165,19 +167,32 @@ def _read_wait(tid: str) -> int | None:
         return None
 
 
-def thread_waits_ns() -> dict[str, int] | None:
-    """Run-queue wait so far, in ns, of every thread of this process (by thread id); None where Linux's
-    per-thread scheduler statistics cannot be read. A thread that ends between the listing and its read is
-    left out."""
+def _thread_ids() -> list[str] | None:
+    """This process's thread ids, the kept descriptors of threads that ended (or of a forked parent's) closed;
+    the caller holds ``_open_lock``."""
     try:
         tids = os.listdir(TASKS)
     except OSError:
         return None
-    with _open_lock:
-        for gone in _open.keys() - set(tids):  # ended threads, or a forked parent's
-            os.close(_open.pop(gone))
-        waits = {tid: ns for tid in tids if (ns := _read_wait(tid)) is not None}
+    listed = set(tids)
+    for kept in (_open, _running_fds):
+        for gone in kept.keys() - listed:
+            os.close(kept.pop(gone))
+    return tids
+
+
+def _waits(tids: list[str]) -> dict[str, int] | None:
+    waits = {tid: ns for tid in tids if (ns := _read_wait(tid)) is not None}
     return waits or None
+
+
+def thread_waits_ns() -> dict[str, int] | None:
+    """Run-queue wait so far, in ns, of every thread of this process (by thread id); None where Linux's
+    per-thread scheduler statistics cannot be read. A thread that ends between the listing and its read is
+    left out."""
+    with _open_lock:
+        tids = _thread_ids()
+        return _waits(tids) if tids is not None else None
 
 
 def cores() -> int:
@@ -188,10 +203,6 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-_running_fds: dict[str, int] = {}
-"""Thread id -> an open descriptor of its ``stat`` (the thread's state), as for ``schedstat``."""
-
-
 def _running(tid: str) -> bool:
     text = _pread_kept(_running_fds, tid, "stat")
     if text is None or b")" not in text:
@@ -199,25 +210,42 @@ def _running(tid: str) -> bool:
     return text[text.rindex(b")") + 2:][:1] == b"R"  # the name in parentheses may hold anything
 
 
-def runnable_elsewhere(threads: int) -> int | None:
-    """Threads runnable on this machine now besides this process's running compute threads (at most
-    ``threads`` of its running ones; others of its own, a data loader's, compete like a neighbour's); None
-    where the count cannot be read or cannot be told apart by core: a process held to fewer cores than the
-    machine has (a cpuset, a container) would count neighbours on cores it never runs on."""
-    available = cores()
-    if available != os.cpu_count():
-        return None
+def _elsewhere(tids: list[str], threads: int) -> int | None:
     try:
         with open(LOADAVG, "rb") as f:
             machine = int(f.read().split()[3].split(b"/")[0])
-        tids = os.listdir(TASKS)
     except (OSError, IndexError, ValueError):
         return None
-    with _open_lock:
-        for gone in _running_fds.keys() - set(tids):
-            os.close(_running_fds.pop(gone))
-        ours = sum(_running(tid) for tid in tids)
+    ours = sum(_running(tid) for tid in tids)
     return max(machine - min(ours, threads), 0)
+
+
+def _countable(available: int) -> bool:
+    """Whether the machine's runnable threads compete for this process's cores: not where it is held to fewer
+    cores than the machine has (a cpuset, a container), whose neighbours may run on cores it never runs on."""
+    return available == os.cpu_count()
+
+
+def runnable_elsewhere(threads: int) -> int | None:
+    """Threads runnable on this machine now besides this process's running compute threads (at most
+    ``threads`` of its running ones; others of its own, a data loader's, compete like a neighbour's); None
+    where the count cannot be read or cannot be told apart by core (:func:`_countable`)."""
+    if not _countable(cores()):
+        return None
+    with _open_lock:
+        tids = _thread_ids()
+        return _elsewhere(tids, threads) if tids is not None else None
+
+
+def _sample(threads: int, count: bool) -> tuple[dict[str, int] | None, int | None]:
+    """:func:`thread_waits_ns` and, where ``count``, :func:`runnable_elsewhere`, from one listing of the
+    process's threads (every timed call samples twice)."""
+    with _open_lock:
+        tids = _thread_ids()
+        if tids is None:
+            return None, None
+        waits = _waits(tids)
+        return waits, _elsewhere(tids, threads) if count and waits is not None else None
 
 
 class RunQueueClock:
@@ -237,16 +265,16 @@ class RunQueueClock:
     def time(self, fn: Callable[[], Any]) -> Timed:
         """Run ``fn`` once and time it."""
         threads, available = self._compute_threads(), cores()
-        before = thread_waits_ns() if self.readable and threads <= available else None
-        elsewhere = runnable_elsewhere(threads) if before is not None else None
+        timed_waits = self.readable and threads <= available
+        before, elsewhere = _sample(threads, _countable(available)) if timed_waits else (None, None)
         start = time.perf_counter_ns()
         fn()
         end = time.perf_counter_ns()
         wall_ms = (end - start) / 1e6
         if before is None:
             return Timed(wall_ms, 0.0, threads, available)
-        after = thread_waits_ns() or {}
-        still = runnable_elsewhere(threads) if elsewhere is not None else None
+        after, still = _sample(threads, elsewhere is not None)
+        after = after or {}
         # The fewer of the two counts: a thread runnable for an instant (a kernel worker, a timer) is rarely
         # caught twice, a neighbour that keeps a core busy always is.
         neighbours = min(elsewhere, still) if elsewhere is not None and still is not None else None

@@ -154,7 +154,8 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
         "step_spread_ms": statistics.median(step_ms["none"]) - least["none"],
         "forward_ms": sum(forward_ms),
         "waited_share": sum(t.waited_ms for t in everything) / wall if wall > 0 else 0.0,
-        "neighbours": _neighbours(everything),
+        # Threads runnable beside the profile's, their wall-weighted mean; None where the clock could not count them.
+        "neighbours": functools.reduce(operator.add, everything).neighbours if everything else None,
         "host_malloc": host_malloc(),  # NOTE [ page faults on CPU ]: whether freed memory was faulted in again
     }
     if n < 2:
@@ -189,16 +190,6 @@ def _overhead(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
     """What a checkpointed step adds to ``none``'s: the difference of their leasts over the rounds (one function,
     so that ``benchmarks/busy_clock.py`` can read a profile's rounds and compare other readings of them)."""
     return min(plan_ms) - min(none_ms)
-
-
-def _neighbours(timed: Sequence[Timed]) -> float | None:
-    """Threads runnable beside the profile's own over its timed calls, their wall-weighted mean; None where
-    the clock could not count them (CUDA's events, a cpuset)."""
-    counted = [t for t in timed if t.neighbours is not None]
-    wall = sum(t.wall_ms for t in counted)
-    if not counted or wall <= 0:
-        return None
-    return sum(t.neighbours * t.wall_ms for t in counted if t.neighbours is not None) / wall
 
 
 def _lower_quartile(values: Sequence[float]) -> float:
