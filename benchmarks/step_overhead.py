@@ -10,7 +10,8 @@ For each model and size:
    ``torch.utils.checkpoint(use_reentrant=False)`` over the same stage segments (hand-written, without remat's
    buffer restore);
 4. print per plan: estimated ``recompute_ms`` from A and B, measured overhead (plan - none) with its spread
-   and read round by round (paired: the median of plan / none within a round, times none's least),
+   and read round by round (paired: the median of plan / none within a round, times none's least; bracketed:
+   the median over the rounds of the plan's step less the mean of the ``none`` steps run just before and after it),
    the error against the target (within 25%, or 3 ms where the overhead is under 12 ms), and applied /
    hand-written; per model, Spearman's rank correlation of A's and B's estimates over the plans.
 
@@ -273,6 +274,18 @@ def paired_overhead(plan_rounds: Sequence[float], none_rounds: Sequence[float]) 
     return (statistics.median(ratios) - 1.0) * min(none_rounds) if ratios else 0.0
 
 
+def bracketed_overhead(plan_rounds: Sequence[float], before_rounds: Sequence[float],
+                       after_rounds: Sequence[float]) -> float:
+    """The overhead read against the ``none`` steps run just before and just after the plan's in each round: the
+    median over the rounds of the plan's step less the mean of the two. This VM's speed moves within seconds, and
+    not only upwards (on 2026-12-03 the least of 21 rounds read overheads of -12 to +17 ms for plans whose
+    hand-written checkpointing of the same segments cost -9 to +50 ms): a difference of two leasts, taken in two
+    rounds, keeps that drift; a round's ratio against its ``none`` step a dozen steps away keeps part of it; the
+    steps on either side of the plan's share its seconds."""
+    diffs = [p - (b + a) / 2 for p, b, a in zip(plan_rounds, before_rounds, after_rounds, strict=True)]
+    return statistics.median(diffs) if diffs else 0.0
+
+
 def in_target(estimate: float, measured: float) -> bool:
     if measured < SMALL_OVERHEAD_MS:
         return abs(estimate - measured) <= SMALL_TOLERANCE_MS
@@ -373,8 +386,13 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
             plans.append(plan)
         names.setdefault(plan.checkpoints, f"budget {fraction:.0%} ({plan.label})")
     chain, hand, plain = built.chain, HandWritten(built.chain), Unmodified(built.model)
-    runners = [plain, chain] + [chain] * len(plans) + [hand] * len(plans)
-    cuts = [(), ()] + [p.checkpoints for p in plans] * 2
+    # Every plan's step, applied then hand-written, is followed by a step of remat's ``none``, so that each has a
+    # ``none`` step just before and just after it in every round (bracketed_overhead).
+    count = len(plans)
+    runners = [plain, chain] + [r for _ in plans for r in (chain, chain)] + [r for _ in plans for r in (hand, chain)]
+    cuts = [(), ()] + [c for p in plans for c in (p.checkpoints, ())] * 2
+    applied_at = [2 + 2 * k for k in range(count)]
+    hand_at = [2 + 2 * count + 2 * k for k in range(count)]
     linear = make_plan(idle, "linear")
     variants = {"hand-written, no RNG preservation": HandWritten(chain, preserve_rng_state=False),
                 "remat, no BatchNorm restore": WithoutRestore(chain),
@@ -391,8 +409,8 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
     noisy_rounds = None
     if args.noisy_measure:
         with neighbour():
-            noisy_rounds = time_plans_rounds(built.model, built.example, cuts[: 2 + len(plans)],
-                                             runners=runners[: 2 + len(plans)], rounds=args.rounds,
+            noisy_rounds = time_plans_rounds(built.model, built.example, cuts[: 2 + 2 * count],
+                                             runners=runners[: 2 + 2 * count], rounds=args.rounds,
                                              budget_s=args.budget, **common)
     cuda = args.device.startswith("cuda")
 
@@ -402,7 +420,7 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
 
     rows = []
     for k, plan in enumerate(plans):
-        applied, handwritten = times[2 + k], times[2 + len(plans) + k]
+        applied, handwritten = times[applied_at[k]], times[hand_at[k]]
         overhead = applied[0] - none[0]
         est_a = plan.recompute_ms or 0.0
         est_b = recompute_ms(noisy, plan.checkpoints) or 0.0
@@ -418,17 +436,25 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
         if cuda:
             rows[-1].update(measured_mib=peak_mib(chain, plan.checkpoints),
                             hand_measured_mib=peak_mib(hand, plan.checkpoints))
-        paired = paired_overhead(rounds[2 + k], rounds[1])
+        i, j = applied_at[k], hand_at[k]
+        paired = paired_overhead(rounds[i], rounds[1])
+        bracketed = bracketed_overhead(rounds[i], rounds[i - 1], rounds[i + 1])
         rows[-1].update(paired_overhead=paired, in_target_paired=in_target(est_a, paired),
-                        in_target_noisy_paired=in_target(est_b, paired))
+                        in_target_noisy_paired=in_target(est_b, paired),
+                        bracketed_overhead=bracketed, in_target_bracketed=in_target(est_a, bracketed),
+                        in_target_noisy_bracketed=in_target(est_b, bracketed),
+                        hand_bracketed=bracketed_overhead(rounds[j], rounds[j - 1], rounds[j + 1]))
         if noisy_rounds is not None:
             noisy_times = [least_and_spread(r) for r in noisy_rounds]
-            noisy_overhead = noisy_times[2 + k][0] - noisy_times[1][0]
-            noisy_paired = paired_overhead(noisy_rounds[2 + k], noisy_rounds[1])
-            rows[-1].update(noisy_overhead=noisy_overhead, noisy_spread=max(noisy_times[2 + k][1], noisy_times[1][1]),
+            noisy_overhead = noisy_times[i][0] - noisy_times[1][0]
+            noisy_paired = paired_overhead(noisy_rounds[i], noisy_rounds[1])
+            noisy_bracketed = bracketed_overhead(noisy_rounds[i], noisy_rounds[i - 1], noisy_rounds[i + 1])
+            rows[-1].update(noisy_bracketed=noisy_bracketed,
+                            in_target_noisy_vs_noisy_bracketed=in_target(est_b, noisy_bracketed))
+            rows[-1].update(noisy_overhead=noisy_overhead, noisy_spread=max(noisy_times[i][1], noisy_times[1][1]),
                             in_target_noisy_vs_noisy=in_target(est_b, noisy_overhead), noisy_paired=noisy_paired,
                             in_target_noisy_vs_noisy_paired=in_target(est_b, noisy_paired))
-    variant_rows = {label: times[2 + 2 * len(plans) + i] for i, label in enumerate(variants)}
+    variant_rows = {label: times[2 + 4 * count + i] for i, label in enumerate(variants)}
     variant_checks: dict[str, dict[str, float]] = {}
     if variants:
         # What each runner of the linear plan holds and computes: its measured peak and its largest gradient
@@ -461,6 +487,10 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
                              noisy.metadata.get("timing", {}).get("waited_share"))}
 
 
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 def print_result(r: dict[str, Any]) -> None:
     wall = f", {r['step_noisy_wall']:.1f} ms on the wall clock" if r["step_noisy_wall"] is not None else ""
     waited = " / ".join(f"{w:.0%}" if w is not None else "-" for w in r["waited_share"])
@@ -474,30 +504,31 @@ def print_result(r: dict[str, Any]) -> None:
     has_wall = any(row["estimate_noisy_wall"] is not None for row in r["rows"])
     print("| plan | checkpoints | last | predicted peak MiB | estimate idle ms | estimate noisy ms | "
           + ("estimate noisy, wall clock ms | " if has_wall else "")
-          + "measured overhead ms (spread) | paired ms | in target idle / noisy (paired) | hand-written overhead ms "
-            "| applied / hand |")
-    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if has_wall else "") + "---:|---:|---|---:|---:|")
+          + "measured overhead ms (spread) | paired ms | bracketed ms | in target idle / noisy (paired; bracketed) "
+            "| hand-written overhead ms (bracketed) | applied / hand |")
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if has_wall else "") + "---:|---:|---:|---|---:|---:|")
     if not r["rows"]:
         print("| (the frontier is the no-checkpoint plan alone: no checkpoint lowers the predicted peak) |"
-              + " |" * 9)
+              + " |" * 10)
     for row in r["rows"]:
         wall_cell = f"{row['estimate_noisy_wall']:.1f} | " if has_wall else ""
         print(f"| {row['plan']} | {row['k']} | {row['last']} | {row['peak_mib']:.1f} | {row['estimate_idle']:.1f} | "
               f"{row['estimate_noisy']:.1f} | {wall_cell}{row['overhead']:.1f} ({row['spread']:.1f}) | "
-              f"{row['paired_overhead']:.1f} | {'yes' if row['in_target'] else 'no'} / "
-              f"{'yes' if row['in_target_noisy'] else 'no'} ({'yes' if row['in_target_paired'] else 'no'} / "
-              f"{'yes' if row['in_target_noisy_paired'] else 'no'}) | "
-              f"{row['hand_overhead']:.1f} | {row['applied_vs_hand']:.3f} |")
+              f"{row['paired_overhead']:.1f} | {row['bracketed_overhead']:.1f} | {_yes(row['in_target'])} / "
+              f"{_yes(row['in_target_noisy'])} ({_yes(row['in_target_paired'])} / "
+              f"{_yes(row['in_target_noisy_paired'])}; {_yes(row['in_target_bracketed'])} / "
+              f"{_yes(row['in_target_noisy_bracketed'])}) | "
+              f"{row['hand_overhead']:.1f} ({row['hand_bracketed']:.1f}) | {row['applied_vs_hand']:.3f} |")
     if r["rows"] and "noisy_overhead" in r["rows"][0]:
         print("\nBeside the neighbour, the noisy profile's estimate against the overhead measured there too:\n")
         print("| plan | estimate noisy ms | overhead measured beside the neighbour ms (spread) | paired ms | "
-              "in target (paired) |")
-        print("|---|---:|---:|---:|---|")
+              "bracketed ms | in target (paired; bracketed) |")
+        print("|---|---:|---:|---:|---:|---|")
         for row in r["rows"]:
             print(f"| {row['plan']} | {row['estimate_noisy']:.1f} | {row['noisy_overhead']:.1f} "
-                  f"({row['noisy_spread']:.1f}) | {row['noisy_paired']:.1f} | "
-                  f"{'yes' if row['in_target_noisy_vs_noisy'] else 'no'} "
-                  f"({'yes' if row['in_target_noisy_vs_noisy_paired'] else 'no'}) |")
+                  f"({row['noisy_spread']:.1f}) | {row['noisy_paired']:.1f} | {row['noisy_bracketed']:.1f} | "
+                  f"{_yes(row['in_target_noisy_vs_noisy'])} ({_yes(row['in_target_noisy_vs_noisy_paired'])}; "
+                  f"{_yes(row['in_target_noisy_vs_noisy_bracketed'])}) |")
         print()
     if r["none_mib"] is not None:
         unmodified = r["unmodified"][0]
