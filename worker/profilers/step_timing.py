@@ -13,26 +13,26 @@ one-stage segments over the same stages cost 0.5–0.9 ms more per segment than 
 So the profiler measures what the estimate is made of in real training steps, in interleaved rounds:
 
 - each stage's forward inside a whole forward pass with grad (``forward_ms``), the least over the rounds;
-- three steps per round: no checkpoint, one segment over stages 1..n-1 (``(n-1,)``) and one segment per stage
-  (``(1, …, n-1)``). Both re-run the same stages, so their overheads over no checkpoint give the fixed cost of
-  a segment, ``checkpoint_ms = (all - one) / (n - 2)``, and what re-running stages 1..n-1 costs,
-  ``one - checkpoint_ms``, shared among them in proportion to their forward times (``recompute_ms``).
+- five steps per round: no checkpoint, one segment over stages 1..n-1 (``(n-1,)``), no checkpoint, one segment
+  per stage (``(1, …, n-1)``), no checkpoint. Both checkpointed plans re-run the same stages, so their overheads
+  over no checkpoint give the fixed cost of a segment, ``checkpoint_ms = (all - one) / (n - 2)``, and what
+  re-running stages 1..n-1 costs, ``one - checkpoint_ms``, shared among them in proportion to their forward
+  times (``recompute_ms``).
 
-Each step time is the least over the rounds: on a shared machine the noise (another process taking the core,
-a slow minute of the host) only ever adds time, so the least of interleaved rounds is the time the step takes
-when nothing else interferes, and every plan gets the same chance at it. The spread (median minus least of
-the no-checkpoint step) is recorded beside it.
-
-Tried and not adopted: reading the two overheads round by round (the median of each round's checkpointed step
-over that round's ``none`` step, less one, times ``none``'s least), since a difference of two leasts rests on
-two single rounds. On this project's 2-core VM on 2026-12-02 the evidence was mixed: within one run (20-28
-interleaved rounds split into four groups of 7, ViT-B/16 at batch 1, 64² with gradients kept, ResNet-50 at
-4, 128², DenseNet-121 at 1, 64²) the pairs' estimates spread less on torch's 2 threads (summed standard
-deviations 85 against 144 ms over four runs) and more on one (ViT-B/16: 149 against 86 over three); across whole
-profiles taken minutes apart (``benchmarks/busy_clock.py profiles``, which reads each profile both ways from
-its own rounds) they spread alike (``linear``'s estimate: summed standard deviations 72 against 74 ms over
-DenseNet-121 and ResNet-50 at 4, 128² and ViT-B/16 at 1, 64²), the VM's speed moving between profiles
-(DenseNet-121's profiled step 145-221 ms). The least stays: what it means is the step nothing interferes with.
+Each checkpointed step is read against the ``none`` steps run just before and just after it: its overhead is
+the median over the rounds of the step less the mean of the two. This project's 2-core VM changes speed within
+seconds, and in both directions (and the run-queue clock below can read a step short), so the difference of the
+two steps' leasts over the rounds, which the profiler read until 2026-12-07, took each figure from another
+moment and kept the drift between them. The steps on either side of a plan's step share its seconds; the median
+leaves out a round where one of the three was hit alone. Measured on that VM (``benchmarks/busy_clock.py
+profiles``, four profiles alone and four beside a spinning process, each read both ways from its own rounds;
+ResNet-50 and DenseNet-121 at batch 4, 128², ViT-B/16 at 1, 64² with gradients kept), ``linear``'s estimate
+spread across the profiles with standard deviations summing to 35 ms bracketed against 46 ms as leasts alone,
+and 27 against 65 ms beside the neighbour (ViT-B/16 there: 65-83 ms against 58-162). It costs two more steps per
+round: the profiles took about 40% longer. Reading the rounds' ratios to their ``none`` step (in pairs) had
+been tried on 2026-12-02 and spread like the leasts across profiles. The step time (``step_ms``) is still the
+least of the ``none`` steps, what the step takes when nothing interferes, with its spread (median minus least)
+beside it. ``benchmarks/step_overhead.py`` measures the overheads the estimates are held to the same way.
 
 On CPU the clock leaves out the time the process's threads waited for a core (NOTE [ time beside a neighbour ],
 :mod:`remat.worker.profilers.run_queue`): a neighbour that keeps a core busy takes from every round, so no
@@ -113,10 +113,15 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
         plans["one"] = (n - 1,)
     if n >= 3:
         plans["all"] = tuple(range(1, n))
+    # Each checkpointed step between two ``none`` steps of its round: none, one, none, all, none.
+    order = ["none"]
+    for name in plans:
+        if name != "none":
+            order += [name, "none"]
     for checkpoints in plans.values():  # first calls (allocations, lazy initialisation) are not timed
         step(checkpoints)
     per_stage: list[list[Timed]] = [[] for _ in range(n)]
-    steps: dict[str, list[Timed]] = {name: [] for name in plans}
+    steps: list[list[Timed]] = [[] for _ in order]
     started = perf_counter()
     rounds = 0
     def another_round() -> bool:
@@ -139,19 +144,20 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
                 per_stage[i].append(timer(run))
                 x = holder.pop("y")
             del x  # the pass's graph: no backward runs
-        for name, checkpoints in plans.items():
-            steps[name].append(timer(lambda cps=checkpoints: step(cps)))
+        for timed, name in zip(steps, order, strict=True):
+            timed.append(timer(lambda cps=plans[name]: step(cps)))
         rounds += 1
     forward_ms = _stage_shares(per_stage)
-    step_ms = {name: [t.ms for t in timed] for name, timed in steps.items()}
-    least = {name: min(t) for name, t in step_ms.items()}
-    everything = [t for timed in (*per_stage, *steps.values()) for t in timed]
+    step_ms = [[t.ms for t in timed] for timed in steps]
+    none_ms = [ms for name, timed in zip(order, step_ms, strict=True) if name == "none" for ms in timed]
+    everything = [t for timed in (*per_stage, *steps) for t in timed]
     wall = sum(t.wall_ms for t in everything)
     summary: dict[str, Any] = {
         "rounds": rounds,
-        "statistic": "least of interleaved rounds",
-        "step_ms": least["none"],
-        "step_spread_ms": statistics.median(step_ms["none"]) - least["none"],
+        "statistic": "step: least of interleaved rounds; overheads: median over the rounds of the step less the "
+                     "mean of the none steps either side",
+        "step_ms": min(none_ms),
+        "step_spread_ms": statistics.median(none_ms) - min(none_ms),
         "forward_ms": sum(forward_ms),
         "waited_share": sum(t.waited_ms for t in everything) / wall if wall > 0 else 0.0,
         # Threads runnable beside the profile's, their wall-weighted mean; None where the clock could not count them.
@@ -160,11 +166,12 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
     }
     if n < 2:
         return StageTimes(forward_ms, None, None, summary)
-    one = _overhead(step_ms["one"], step_ms["none"])
+    overheads = {name: _overhead(step_ms[k], step_ms[k - 1], step_ms[k + 1])
+                 for k, name in enumerate(order) if name != "none"}
+    one = overheads["one"]
     summary["one_segment_overhead_ms"] = one
-    all_segments = None
-    if n >= 3:
-        all_segments = _overhead(step_ms["all"], step_ms["none"])
+    all_segments = overheads.get("all")
+    if all_segments is not None:
         summary["one_per_stage_overhead_ms"] = all_segments
     recompute_ms, checkpoint_ms, ratio = calibrate(forward_ms, one, all_segments)
     summary["recompute_to_forward"] = ratio
@@ -186,10 +193,11 @@ def calibrate(forward_ms: Sequence[float], one_ms: float,
     return [f * ratio for f in forward_ms], checkpoint_ms, ratio
 
 
-def _overhead(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
-    """What a checkpointed step adds to ``none``'s: the difference of their leasts over the rounds (one function,
-    so that ``benchmarks/busy_clock.py`` can read a profile's rounds and compare other readings of them)."""
-    return min(plan_ms) - min(none_ms)
+def _overhead(plan_ms: Sequence[float], before_ms: Sequence[float], after_ms: Sequence[float]) -> float:
+    """What a checkpointed step adds to ``none``'s, read against the ``none`` steps run just before and just after
+    it in each round: the median over the rounds of the step less the mean of the two (NOTE [ timing a plan ]).
+    One function, so that ``benchmarks/busy_clock.py`` can read a profile's rounds and compare other readings."""
+    return statistics.median(p - (b + a) / 2 for p, b, a in zip(plan_ms, before_ms, after_ms, strict=True))
 
 
 def _lower_quartile(values: Sequence[float]) -> float:
