@@ -9,9 +9,9 @@
    per profile the profiled step, the one-segment overhead it calibrates the recompute by, the ratio it gives,
    the waited share, and the ``linear`` plan's estimated recompute: whether a profile beside the neighbour
    gives what one alone gives, within what profiles alone give each other; beside it, the estimate the same
-   rounds give with both overheads read in pairs (the median of each round's checkpointed step over its
-   ``none`` step, less one, times ``none``'s least: tried for the profiler and not adopted, NOTE [ timing a
-   plan ]), and each estimate's range and standard deviation over the profiles.
+   rounds give with both overheads read as the difference of two leasts (how the profiler read them before it
+   bracketed its checkpointed steps, NOTE [ timing a plan ]), and each estimate's range and standard deviation
+   over the profiles.
 
     uv run python benchmarks/busy_clock.py steps --model resnet50 --size 4x128 --rounds 12
     uv run python benchmarks/busy_clock.py profiles --model densenet121 --size 4x128 --repeats 3
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import statistics
 import subprocess
 import sys
@@ -37,15 +36,12 @@ import torchvision
 from remat.client.graph import built_model
 from remat.client.host_memory import keep_freed_memory
 from remat.client.planning.plans import make_plan
-from remat.client.planning.recompute_time import recompute_ms
 from remat.client.request import ModelRequest
-from remat.client.trace import Trace
 from remat.worker import pipeline
-from remat.worker.profilers import step_timing
 from remat.worker.profilers.cpu import CpuBackend
 
 sys.path.insert(0, str(Path(__file__).parent))
-from step_overhead import paired_overhead  # noqa: E402 - a sibling script, not a package
+from step_overhead import estimate_read_as, profile_reads  # noqa: E402 - a sibling script, not a package
 
 _UNTIL_PARENT_ENDS = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
 LOADS = {
@@ -108,58 +104,27 @@ def profiles(args: argparse.Namespace) -> None:
     print(f"{args.model}, batch {batch}, {side}², grads {args.grads}, torch {torch.__version__} on "
           f"{torch.get_num_threads()} threads\n")
     print("| profile | step ms | one-segment overhead ms | recompute / forward | waited | linear's recompute ms "
-          "| same rounds, read in pairs |")
+          "| same rounds, read as leasts |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     estimates: dict[str, list[float]] = {}
     for k in range(args.repeats):
         for spec in ("idle", "spin"):
-            with load(spec), overheads_read() as read:
+            with load(spec), profile_reads() as read:
                 trace = pipeline.profile(built)
             timing = trace.metadata["timing"]
             linear = make_plan(trace, "linear")
-            in_pairs = estimate_in_pairs(trace, linear.checkpoints, read)
+            as_leasts = estimate_read_as(trace, linear.checkpoints, read) or 0.0
             where = "alone" if spec == "idle" else "beside one spinning process"
-            estimates.setdefault(f"{where}, leasts", []).append(linear.recompute_ms or 0.0)
-            estimates.setdefault(f"{where}, pairs", []).append(in_pairs)
+            estimates.setdefault(f"{where}, bracketed", []).append(linear.recompute_ms or 0.0)
+            estimates.setdefault(f"{where}, leasts", []).append(as_leasts)
             print(f"| {where} ({k + 1}) | "
                   f"{timing['step_ms']:.1f} | {timing.get('one_segment_overhead_ms', 0.0):.1f} | "
                   f"{timing.get('recompute_to_forward', 1.0):.2f} | {timing['waited_share']:.0%} | "
-                  f"{linear.recompute_ms or 0.0:.1f} | {in_pairs:.1f} |", flush=True)
+                  f"{linear.recompute_ms or 0.0:.1f} | {as_leasts:.1f} |", flush=True)
     print()
     for name, values in estimates.items():
         print(f"linear's recompute, {name}: {min(values):.1f}-{max(values):.1f} ms "
               f"(mean {statistics.mean(values):.1f}, sd {statistics.pstdev(values):.1f})")
-
-
-@contextlib.contextmanager
-def overheads_read() -> Iterator[list[tuple[list[float], list[float]]]]:
-    """The step times of every overhead the profile reads (``step_timing._overhead``), recorded as it reads
-    them: (checkpointed step's rounds, ``none``'s rounds), the one-segment step's first."""
-    read: list[tuple[list[float], list[float]]] = []
-    original = step_timing._overhead
-
-    def recording(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
-        read.append((list(plan_ms), list(none_ms)))
-        return original(plan_ms, none_ms)
-
-    step_timing._overhead = recording
-    try:
-        yield read
-    finally:
-        step_timing._overhead = original
-
-
-def estimate_in_pairs(trace: Trace, checkpoints: Sequence[int],
-                      read: Sequence[tuple[list[float], list[float]]]) -> float:
-    """The plan's recompute estimate had the profile read both overheads of its rounds in pairs: the profiler's
-    calibration (``step_timing.calibrate``) and the plan's estimate (``recompute_time.recompute_ms``) on them."""
-    (one_ms, none_ms), (all_ms, _) = read
-    forward = [s.forward_ms or 0.0 for s in trace.stages]
-    recompute, checkpoint_ms, _ = step_timing.calibrate(forward, paired_overhead(one_ms, none_ms),
-                                                        paired_overhead(all_ms, none_ms))
-    stages = tuple(dataclasses.replace(s, recompute_ms=r) for s, r in zip(trace.stages, recompute, strict=True))
-    repriced = dataclasses.replace(trace, stages=stages, metadata={**trace.metadata, "checkpoint_ms": checkpoint_ms})
-    return recompute_ms(repriced, checkpoints) or 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -53,9 +54,10 @@ from remat.client.planning.plans import frontier_plans, make_budget_plan, make_p
 from remat.client.planning.recompute_time import recompute_ms
 from remat.client.precision import autocast_context
 from remat.client.request import ModelRequest
+from remat.client.trace import Trace
 from remat.worker import pipeline
 from remat.worker.measure import gradient_check, measure_step, time_plans_rounds
-from remat.worker.profilers import run_queue
+from remat.worker.profilers import run_queue, step_timing
 
 TOLERANCE = 0.25
 SMALL_OVERHEAD_MS = 12.0
@@ -286,6 +288,47 @@ def bracketed_overhead(plan_rounds: Sequence[float], before_rounds: Sequence[flo
     return statistics.median(diffs) if diffs else 0.0
 
 
+@contextlib.contextmanager
+def profile_reads() -> Iterator[list[tuple[list[float], list[float], list[float]]]]:
+    """The step times of every overhead a profile reads (``step_timing._overhead``), recorded as it reads them:
+    (the checkpointed step's rounds, the ``none`` steps' just before, just after), the one-segment step's first."""
+    read: list[tuple[list[float], list[float], list[float]]] = []
+    original = step_timing._overhead
+
+    def recording(plan_ms: Sequence[float], before_ms: Sequence[float], after_ms: Sequence[float]) -> float:
+        read.append((list(plan_ms), list(before_ms), list(after_ms)))
+        return original(plan_ms, before_ms, after_ms)
+
+    step_timing._overhead = recording
+    try:
+        yield read
+    finally:
+        step_timing._overhead = original
+
+
+def leasts_overhead(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:
+    """The overhead as the profiler read it before it bracketed its steps: the difference of the two leasts."""
+    return min(plan_ms) - min(none_ms)
+
+
+def estimate_read_as(trace: Trace, checkpoints: Sequence[int],
+                     read: Sequence[tuple[list[float], list[float], list[float]]],
+                     overhead: Callable[[Sequence[float], Sequence[float]], float] = leasts_overhead) -> float | None:
+    """The plan's recompute estimate had the profile read its two overheads from the same rounds by ``overhead``
+    (of the checkpointed step's rounds and every ``none`` step of the profile): the profiler's calibration
+    (``step_timing.calibrate``) and the plan's estimate (``recompute_time.recompute_ms``) on them."""
+    if not read:
+        return None
+    none_ms = [ms for _, before, after in read for ms in (*before, *after)]
+    one = overhead(read[0][0], none_ms)
+    every = overhead(read[1][0], none_ms) if len(read) > 1 else None
+    forward = [s.forward_ms or 0.0 for s in trace.stages]
+    recompute, checkpoint_ms, _ = step_timing.calibrate(forward, one, every)
+    stages = tuple(dataclasses.replace(s, recompute_ms=r) for s, r in zip(trace.stages, recompute, strict=True))
+    repriced = dataclasses.replace(trace, stages=stages, metadata={**trace.metadata, "checkpoint_ms": checkpoint_ms})
+    return recompute_ms(repriced, checkpoints) or 0.0
+
+
 def in_target(estimate: float, measured: float) -> bool:
     if measured < SMALL_OVERHEAD_MS:
         return abs(estimate - measured) <= SMALL_TOLERANCE_MS
@@ -362,7 +405,8 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
                            grads=args.grads, device=args.device, dtype=args.dtype)
     built = built_model.build(request)
     started = time.perf_counter()
-    idle = pipeline.profile(built)
+    with profile_reads() as idle_read:
+        idle = pipeline.profile(built)
     profile_s = time.perf_counter() - started
     noisy_wall = None
     if args.skip_noisy:
@@ -423,6 +467,7 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
         applied, handwritten = times[applied_at[k]], times[hand_at[k]]
         overhead = applied[0] - none[0]
         est_a = plan.recompute_ms or 0.0
+        est_leasts = estimate_read_as(idle, plan.checkpoints, idle_read)
         est_b = recompute_ms(noisy, plan.checkpoints) or 0.0
         est_wall = (recompute_ms(noisy_wall, plan.checkpoints) or 0.0) if noisy_wall is not None else None
         rows.append({"plan": names.get(plan.checkpoints, plan.label), "k": len(plan.checkpoints),
@@ -443,7 +488,12 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
                         in_target_noisy_paired=in_target(est_b, paired),
                         bracketed_overhead=bracketed, in_target_bracketed=in_target(est_a, bracketed),
                         in_target_noisy_bracketed=in_target(est_b, bracketed),
-                        hand_bracketed=bracketed_overhead(rounds[j], rounds[j - 1], rounds[j + 1]))
+                        hand_bracketed=bracketed_overhead(rounds[j], rounds[j - 1], rounds[j + 1]),
+                        estimate_leasts=est_leasts,
+                        in_target_leasts_bracketed=est_leasts is not None and in_target(est_leasts, bracketed))
+        # The measurement's own repeatability: the same segments checkpointed by hand, read the same way, held to
+        # the same tolerance (two measurements of one recompute).
+        rows[-1]["hand_agrees"] = in_target(rows[-1]["hand_bracketed"], bracketed)
         if noisy_rounds is not None:
             noisy_times = [least_and_spread(r) for r in noisy_rounds]
             noisy_overhead = noisy_times[i][0] - noisy_times[1][0]
@@ -502,7 +552,8 @@ def print_result(r: dict[str, Any]) -> None:
           f"± {r['none'][1]:.1f}; Spearman idle vs noisy estimates {r['spearman']:.3f}; same frontier: "
           f"{'yes' if r['same_frontier'] else 'no'}\n")
     has_wall = any(row["estimate_noisy_wall"] is not None for row in r["rows"])
-    print("| plan | checkpoints | last | predicted peak MiB | estimate idle ms | estimate noisy ms | "
+    print("| plan | checkpoints | last | predicted peak MiB | estimate idle ms (its rounds read as leasts) "
+          "| estimate noisy ms | "
           + ("estimate noisy, wall clock ms | " if has_wall else "")
           + "measured overhead ms (spread) | paired ms | bracketed ms | in target idle / noisy (paired; bracketed) "
             "| hand-written overhead ms (bracketed) | applied / hand |")
@@ -512,13 +563,23 @@ def print_result(r: dict[str, Any]) -> None:
               + " |" * 10)
     for row in r["rows"]:
         wall_cell = f"{row['estimate_noisy_wall']:.1f} | " if has_wall else ""
-        print(f"| {row['plan']} | {row['k']} | {row['last']} | {row['peak_mib']:.1f} | {row['estimate_idle']:.1f} | "
+        leasts = f" ({row['estimate_leasts']:.1f})" if row["estimate_leasts"] is not None else ""
+        print(f"| {row['plan']} | {row['k']} | {row['last']} | {row['peak_mib']:.1f} | {row['estimate_idle']:.1f}"
+              f"{leasts} | "
               f"{row['estimate_noisy']:.1f} | {wall_cell}{row['overhead']:.1f} ({row['spread']:.1f}) | "
               f"{row['paired_overhead']:.1f} | {row['bracketed_overhead']:.1f} | {_yes(row['in_target'])} / "
               f"{_yes(row['in_target_noisy'])} ({_yes(row['in_target_paired'])} / "
               f"{_yes(row['in_target_noisy_paired'])}; {_yes(row['in_target_bracketed'])} / "
               f"{_yes(row['in_target_noisy_bracketed'])}) | "
               f"{row['hand_overhead']:.1f} ({row['hand_bracketed']:.1f}) | {row['applied_vs_hand']:.3f} |")
+    if r["rows"]:
+        def count(flag: str) -> str:
+            return f"{sum(bool(row[flag]) for row in r['rows'])} of {len(r['rows'])}"
+
+        print(f"\nIn target against the bracketed overhead: idle profile {count('in_target_bracketed')}, the same "
+              f"rounds read as leasts {count('in_target_leasts_bracketed')}, the profile beside the neighbour "
+              f"{count('in_target_noisy_bracketed')}; hand-written checkpointing of the same segments "
+              f"{count('hand_agrees')} (the measurement's own repeatability).")
     if r["rows"] and "noisy_overhead" in r["rows"][0]:
         print("\nBeside the neighbour, the noisy profile's estimate against the overhead measured there too:\n")
         print("| plan | estimate noisy ms | overhead measured beside the neighbour ms (spread) | paired ms | "
