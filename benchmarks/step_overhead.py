@@ -58,6 +58,7 @@ from remat.client.trace import Trace
 from remat.worker import pipeline
 from remat.worker.measure import gradient_check, measure_step, time_plans_rounds
 from remat.worker.profilers import run_queue, step_timing
+from remat.worker.profilers.step_timing import bracketed_overhead
 
 TOLERANCE = 0.25
 SMALL_OVERHEAD_MS = 12.0
@@ -276,34 +277,22 @@ def paired_overhead(plan_rounds: Sequence[float], none_rounds: Sequence[float]) 
     return (statistics.median(ratios) - 1.0) * min(none_rounds) if ratios else 0.0
 
 
-def bracketed_overhead(plan_rounds: Sequence[float], before_rounds: Sequence[float],
-                       after_rounds: Sequence[float]) -> float:
-    """The overhead read against the ``none`` steps run just before and just after the plan's in each round: the
-    median over the rounds of the plan's step less the mean of the two. This VM's speed moves within seconds, and
-    not only upwards (on 2026-12-03 the least of 21 rounds read overheads of -12 to +17 ms for plans whose
-    hand-written checkpointing of the same segments cost -9 to +50 ms): a difference of two leasts, taken in two
-    rounds, keeps that drift; a round's ratio against its ``none`` step a dozen steps away keeps part of it; the
-    steps on either side of the plan's share its seconds."""
-    diffs = [p - (b + a) / 2 for p, b, a in zip(plan_rounds, before_rounds, after_rounds, strict=True)]
-    return statistics.median(diffs) if diffs else 0.0
-
-
 @contextlib.contextmanager
 def profile_reads() -> Iterator[list[tuple[list[float], list[float], list[float]]]]:
-    """The step times of every overhead a profile reads (``step_timing._overhead``), recorded as it reads them:
+    """The step times of every overhead a profile reads (``step_timing.bracketed_overhead``), recorded as it reads them:
     (the checkpointed step's rounds, the ``none`` steps' just before, just after), the one-segment step's first."""
     read: list[tuple[list[float], list[float], list[float]]] = []
-    original = step_timing._overhead
+    original = step_timing.bracketed_overhead
 
     def recording(plan_ms: Sequence[float], before_ms: Sequence[float], after_ms: Sequence[float]) -> float:
         read.append((list(plan_ms), list(before_ms), list(after_ms)))
         return original(plan_ms, before_ms, after_ms)
 
-    step_timing._overhead = recording
+    step_timing.bracketed_overhead = recording
     try:
         yield read
     finally:
-        step_timing._overhead = original
+        step_timing.bracketed_overhead = original
 
 
 def leasts_overhead(plan_ms: Sequence[float], none_ms: Sequence[float]) -> float:

@@ -205,9 +205,9 @@ def print_model_table(report: Any, source: str | None = None) -> None:
                       saving, step)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
-               "the step time's change against none is the recompute overhead (the least of interleaved rounds; "
-               "within noise: no larger than the rounds' spread; none's step: a plan that keeps everything, "
-               "measured as none).")
+               "the step time's change against none is the recompute overhead (each plan's step read against the "
+               "none steps run just before and after it, the median of interleaved rounds; within noise: no larger "
+               "than the rounds' spread; none's step: a plan that keeps everything, measured as none).")
     bounded = [row.plan for row in report.rows if row.plan.lower_bound_bytes is not None]
     if bounded:
         best = min(bounded, key=lambda p: p.predicted_peak_bytes)

@@ -40,6 +40,7 @@ from remat.client.precision import autocast_context, normalize_precision, precis
 from remat.client.trace import GRAD_CONVENTIONS, Trace
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
+from remat.worker.profilers.step_timing import bracketed_overhead
 
 __all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "step_loss", "time_plans",
            "time_plans_rounds", "time_plans_spread"]
@@ -254,7 +255,7 @@ def measure_step(model: nn.Module, example_input: torch.Tensor, checkpoints: Seq
     if base is not None and interleaved:  # the two steps' times from the same interleaved rounds
         (plan["step_ms"], spread), (base["step_ms"], base_spread) = time_plans_spread(
             model, x, [checkpoints, ()], grads=grads, device=device, chain=chain, train=train,
-            rounds=timing_repeats, loss_fn=loss_fn, precision=precision)
+            rounds=timing_repeats, loss_fn=loss_fn, precision=precision, baseline=1)
         spreads = (spread, base_spread)
     extra: dict[str, Any] = {}
     if "timeline" in plan:
@@ -356,7 +357,7 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
                       grads: str = "none", device: torch.device | str = "cpu", chain: StageChainLike | None = None,
                       train: bool = True, rounds: int = 3, loss_fn: LossFn | None = None,
                       precision: str | None = None, runners: Sequence[StageChainLike] | None = None,
-                      budget_s: float = ROUNDS_BUDGET_S) -> list[tuple[float, float]]:
+                      budget_s: float = ROUNDS_BUDGET_S, baseline: int | None = None) -> list[tuple[float, float]]:
     """(step time, spread) of several plans, interleaved: up to ``rounds`` rounds each run every plan once.
     ``runners`` as for :func:`gradient_check`.
 
@@ -365,18 +366,46 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
     process on the core, the host) only adds time, so the least of the rounds is the step's own time, and the
     median of the rounds above it says how noisy they were (the spread; 0 for one round). Measured on a
     2-core VM, ResNet-152 at batch 1, 64², five copies of the same plan in 9 rounds: least 126–131 ms, medians
-    136–166 ms. Each round runs the plans in the given order after one warm-up step each; no round starts past
+    136–166 ms. Each round runs the plans in the given order after one warm-up step of each distinct one; no round
+    starts past
     ``budget_s`` once two have run.
+
+    ``baseline``: the index of the plan every other one is read against (the no-checkpoint step). Each round
+    then runs the baseline between every two plans and at both ends, and a plan's time is the baseline's least
+    plus the median over the rounds of its step less the mean of the baseline's steps just before and after it
+    (``step_timing.bracketed_overhead``, NOTE [ timing a plan ]); its spread is how far that median sits above
+    the least of those differences. Read so because the machine's speed also moves within a round, in both
+    directions: two leasts taken in different rounds keep that drift (ResNet-152 at batch 4, 128² on this
+    project's VM on 2026-12-07, 21 rounds: ``linear``'s overhead read as leasts 15 ms, bracketed 106 ms, the
+    same segments checkpointed by hand 95 ms). The baseline's own time is its least, as without one.
 
     Returns:
         (milliseconds, spread in milliseconds) per plan, in the order given.
     """
     import statistics
 
-    times = time_plans_rounds(model, example_input, plans, grads=grads, device=device, chain=chain, train=train,
-                              rounds=rounds, loss_fn=loss_fn, precision=precision, runners=runners,
-                              budget_s=budget_s)
-    return [(min(t), statistics.median(t) - min(t)) for t in times]
+    if baseline is None or len(plans) < 2:
+        times = time_plans_rounds(model, example_input, plans, grads=grads, device=device, chain=chain, train=train,
+                                  rounds=rounds, loss_fn=loss_fn, precision=precision, runners=runners,
+                                  budget_s=budget_s)
+        return [(min(t), statistics.median(t) - min(t)) for t in times]
+    run_by = list(runners) if runners is not None else [chain] * len(plans)
+    others = [k for k in range(len(plans)) if k != baseline]
+    order = [baseline]
+    for k in others:
+        order += [k, baseline]
+    times = time_plans_rounds(model, example_input, [plans[k] for k in order], grads=grads, device=device,
+                              chain=chain, train=train, rounds=rounds, loss_fn=loss_fn, precision=precision,
+                              runners=[run_by[k] for k in order], budget_s=budget_s)
+    base_ms = [ms for k, t in zip(order, times, strict=True) if k == baseline for ms in t]
+    base_least = min(base_ms)
+    out = [(base_least, statistics.median(base_ms) - base_least)] * len(plans)
+    for i, k in enumerate(order):
+        if k != baseline:
+            differences = [p - (b + a) / 2 for p, b, a in zip(times[i], times[i - 1], times[i + 1], strict=True)]
+            overhead = bracketed_overhead(times[i], times[i - 1], times[i + 1])
+            out[k] = (base_least + overhead, overhead - min(differences))
+    return out
 
 
 def time_plans_rounds(model: nn.Module, example_input: torch.Tensor, plans: Sequence[Sequence[int]], *,
@@ -399,7 +428,11 @@ def time_plans_rounds(model: nn.Module, example_input: torch.Tensor, plans: Sequ
         if loss_fn is None:
             loss_fn = _default_loss(chain, x, precision)
         run_by = list(runners) if runners is not None else [chain] * len(plans)
+        warmed: set[tuple[int, tuple[int, ...]]] = set()
         for checkpoints, runner in zip(plans, run_by, strict=True):
+            if (id(runner), tuple(checkpoints)) in warmed:  # a step given twice (a baseline between plans)
+                continue
+            warmed.add((id(runner), tuple(checkpoints)))
             set_grad_convention(model, grads)
             _step(runner, x, loss_fn, tuple(checkpoints), precision)
         started = time.perf_counter()

@@ -210,8 +210,10 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
              check_gradients: bool = True) -> dict[str, Measurement]:
     """A real training step per plan: measured peak beside the prediction, step time, gradient check.
 
-    Step times come from interleaved rounds (every plan once per round, fastest kept): timing the plans one
-    after another put a busy minute of the machine on whichever plan ran then (overheads of +3000% seen).
+    Step times come from interleaved rounds (every plan once per round): timing the plans one after another put
+    a busy minute of the machine on whichever plan ran then (overheads of +3000% seen). With ``none`` among the
+    plans, each round runs it between every two plans, and a plan's time is ``none``'s least plus its step read
+    against the ``none`` steps beside it (``measure.time_plans_spread``'s ``baseline``).
     Each measurement's baseline fields are those of the ``none`` plan when it is among ``plans``. Keyed by
     :attr:`Plan.label <remat.client.plan.Plan.label>` (the algorithm, and the budget of a frontier plan).
     """
@@ -225,6 +227,8 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
     steps = len(runs) + 2
     raw: list[Measurement] = []
     runners, cut_points = [r.runner for r in runs], [r.cut_points for r in runs]
+    run_of = {plan.label: k for k, run in enumerate(runs) for plan in run.plans}
+    base_k = run_of.get("none")
     try:
         for k, run in enumerate(runs):
             plan = run.plans[0]
@@ -239,12 +243,10 @@ def validate(built: BuiltModel, trace: Trace, plans: Sequence[Plan], *, progress
             checks = gradient_check(built.model, built.example, cut_points, runners=runners, **common)
         say("timing every plan", start + (end - start) * (len(runs) + 1) / steps)
         times = time_plans_spread(built.model, built.example, cut_points, rounds=timing_rounds, runners=runners,
-                                  **common)
+                                  baseline=base_k, **common)
     except RuntimeError as exc:
         guard_memory(request, exc)
         raise
-    run_of = {plan.label: k for k, run in enumerate(runs) for plan in run.plans}
-    base_k = run_of.get("none")
     out: dict[str, Measurement] = {}
     for plan in plans:
         k = run_of[plan.label]

@@ -172,7 +172,8 @@ def test_measure_command_json(capsys) -> None:
                   "baseline_step_ms", "step_spread_ms", "baseline_step_spread_ms", "grads"):
         assert field in result
     assert result["algorithm"] == "linear" and result["grads"] == "none"
-    # Timed in interleaved rounds: the least, with the median's distance above it.
+    # Timed in interleaved rounds, each with a spread: a median's distance above the least (of the baseline's steps,
+    # of the plan's differences from the baseline steps beside it).
     assert result["step_spread_ms"] >= 0 and result["baseline_step_spread_ms"] >= 0
     assert result["measured_peak_bytes"] <= result["baseline_measured_peak_bytes"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -75,6 +77,38 @@ def test_time_plans_interleaved(resnet) -> None:
     times = time_plans(model, x, [(), (2, 4)], grads="kept", chain=chain, rounds=2)
     assert len(times) == 2 and all(t > 0 for t in times)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_plans_are_read_against_the_baseline_steps_beside_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a baseline, every plan runs between two baseline steps and is read against them: on a machine whose
+    speed falls through each round, each plan's change against the baseline stays its overhead at the speed of
+    its moment, where the difference of two leasts (the baseline's at the round's start, the plan's at its end)
+    adds the drift. The rounds are the oracle: the order asked for, the reading of the times given back."""
+    from remat.worker import measure
+
+    step = {(): 100.0, (2,): 120.0, (4,): 150.0}
+    asked: list[tuple[int, ...]] = []
+
+    def rounds_of(model: Any, x: Any, plans: Any, *, rounds: int, runners: Any, **kwargs: Any) -> list[list[float]]:
+        asked.extend(tuple(p) for p in plans)
+        # Position j of a round runs at 1 + 0.05 j of the machine's time; every other round is slower still.
+        return [[step[tuple(p)] * (1 + 0.05 * j) * (1.3 if r % 2 else 1.0) for r in range(rounds)]
+                for j, p in enumerate(plans)]
+
+    monkeypatch.setattr(measure, "time_plans_rounds", rounds_of)
+    times = measure.time_plans_spread(torch.nn.Identity(), torch.zeros(1), [(), (2,), (4,)], rounds=3,
+                                      runners=[None] * 3, baseline=0)
+    assert asked == [(), (2,), (), (4,), ()]
+    (none_ms, none_spread), (two_ms, _), (four_ms, _) = times
+    assert none_ms == 100.0 and none_spread > 0
+    assert two_ms - none_ms == pytest.approx(20.0 * 1.05)  # its overhead at its moment's speed
+    assert four_ms - none_ms == pytest.approx(50.0 * 1.15)
+    # Without a baseline, the leasts: the plan at the round's end against the baseline at its start.
+    asked.clear()
+    leasts = measure.time_plans_spread(torch.nn.Identity(), torch.zeros(1), [(), (2,), (4,)], rounds=3,
+                                       runners=[None] * 3)
+    assert asked == [(), (2,), (4,)]
+    assert leasts[2][0] - leasts[0][0] == pytest.approx(150.0 * 1.10 - 100.0)
 
 
 def test_bad_grads_convention() -> None:

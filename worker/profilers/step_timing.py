@@ -65,7 +65,8 @@ from typing import Any
 from remat.client.host_memory import host_malloc
 from remat.worker.profilers.run_queue import Timed
 
-__all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "ROUNDS_LIMIT_S", "StageTimes", "calibrate", "time_stages"]
+__all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "ROUNDS_LIMIT_S", "StageTimes", "bracketed_overhead",
+           "calibrate", "time_stages"]
 
 MIN_ROUNDS = 3
 """Rounds run unless they pass :data:`ROUNDS_LIMIT_S`: the least of three is what the spread of a busy 2-core
@@ -166,7 +167,7 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
     }
     if n < 2:
         return StageTimes(forward_ms, None, None, summary)
-    overheads = {name: _overhead(step_ms[k], step_ms[k - 1], step_ms[k + 1])
+    overheads = {name: bracketed_overhead(step_ms[k], step_ms[k - 1], step_ms[k + 1])
                  for k, name in enumerate(order) if name != "none"}
     one = overheads["one"]
     summary["one_segment_overhead_ms"] = one
@@ -193,10 +194,12 @@ def calibrate(forward_ms: Sequence[float], one_ms: float,
     return [f * ratio for f in forward_ms], checkpoint_ms, ratio
 
 
-def _overhead(plan_ms: Sequence[float], before_ms: Sequence[float], after_ms: Sequence[float]) -> float:
+def bracketed_overhead(plan_ms: Sequence[float], before_ms: Sequence[float], after_ms: Sequence[float]) -> float:
     """What a checkpointed step adds to ``none``'s, read against the ``none`` steps run just before and just after
     it in each round: the median over the rounds of the step less the mean of the two (NOTE [ timing a plan ]).
-    One function, so that ``benchmarks/busy_clock.py`` can read a profile's rounds and compare other readings."""
+    The one reading of an overhead: the profile's calibration, validation's measured steps
+    (``measure.time_plans_spread``) and ``benchmarks/step_overhead.py`` (which also records what a profile reads
+    through this name)."""
     return statistics.median(p - (b + a) / 2 for p, b, a in zip(plan_ms, before_ms, after_ms, strict=True))
 
 
