@@ -367,8 +367,7 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
     median of the rounds above it says how noisy they were (the spread; 0 for one round). Measured on a
     2-core VM, ResNet-152 at batch 1, 64², five copies of the same plan in 9 rounds: least 126–131 ms, medians
     136–166 ms. Each round runs the plans in the given order after one warm-up step of each distinct one; no round
-    starts past
-    ``budget_s`` once two have run.
+    starts past ``budget_s`` once two have run.
 
     ``baseline``: the index of the plan every other one is read against (the no-checkpoint step). Each round
     then runs the baseline between every two plans and at both ends, and a plan's time is the baseline's least

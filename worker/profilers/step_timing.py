@@ -69,8 +69,8 @@ __all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "ROUNDS_LIMIT_S", "Sta
            "calibrate", "time_stages"]
 
 MIN_ROUNDS = 3
-"""Rounds run unless they pass :data:`ROUNDS_LIMIT_S`: the least of three is what the spread of a busy 2-core
-machine needs at least."""
+"""Rounds run unless they pass :data:`ROUNDS_LIMIT_S`: three are what a busy 2-core machine needs at least, for
+the least of the steps and for a median that leaves out a round hit alone."""
 MAX_ROUNDS = 7
 """Rounds run while they fit :data:`ROUNDS_BUDGET_S`."""
 ROUNDS_BUDGET_S = 30.0
