@@ -44,14 +44,15 @@ class Measurement:
     requested_peak_bytes: int | None = None
     """CUDA: the peak of bytes requested above the pre-step baseline, before the allocator rounds them."""
     step_ms: float | None = None
-    """The step's time, from interleaved rounds of every plan measured with it. The no-checkpoint step's is its
-    least over the rounds (noise on a shared machine mostly adds time); a plan measured beside it is that least
-    plus the median over the rounds of the plan's step less the mean of the no-checkpoint steps run just before
-    and after it (NOTE [ timing a plan ]), so its change against the baseline is its overhead as measured."""
+    """The step's time, from interleaved rounds of every plan measured with it. The no-checkpoint step's is the
+    least over the rounds (noise on a shared machine mostly adds time) of each round's median no-checkpoint step;
+    a plan measured beside it is that time plus the median over the rounds of the plan's step less the mean of
+    the no-checkpoint steps run just before and after it (NOTE [ timing a plan ]), so its change against the
+    baseline is its overhead as measured."""
     baseline_step_ms: float | None = None
     step_spread_ms: float | None = None
-    """How far the median over those rounds sits above their least: of the no-checkpoint step's times, or of a
-    plan's differences from the steps beside it. A difference between two plans' times smaller than their
+    """How far the median over those rounds sits above their least: of the no-checkpoint step's round medians, or
+    of a plan's differences from the steps beside it. A difference between two plans' times smaller than their
     spreads is within noise. None when timed once."""
     baseline_step_spread_ms: float | None = None
     device_name: str | None = None

@@ -40,7 +40,7 @@ from remat.client.precision import autocast_context, normalize_precision, precis
 from remat.client.trace import GRAD_CONVENTIONS, Trace
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
-from remat.worker.profilers.step_timing import bracketed_overhead
+from remat.worker.profilers.step_timing import baseline_step, bracketed_overhead
 
 __all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "step_loss", "time_plans",
            "time_plans_rounds", "time_plans_spread"]
@@ -376,7 +376,8 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
     the least of those differences. Read so because the machine's speed also moves within a round, in both
     directions: two leasts taken in different rounds keep that drift (ResNet-152 at batch 4, 128² on this
     project's VM on 2026-12-07, 21 rounds: ``linear``'s overhead read as leasts 15 ms, bracketed 106 ms, the
-    same segments checkpointed by hand 95 ms). The baseline's own time is its least, as without one.
+    same segments checkpointed by hand 95 ms). The baseline's own time is the least over the rounds of each
+    round's median baseline step (``step_timing.baseline_step``).
 
     Returns:
         (milliseconds, spread in milliseconds) per plan, in the order given.
@@ -396,9 +397,8 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
     times = time_plans_rounds(model, example_input, [plans[k] for k in order], grads=grads, device=device,
                               chain=chain, train=train, rounds=rounds, loss_fn=loss_fn, precision=precision,
                               runners=[run_by[k] for k in order], budget_s=budget_s)
-    base_ms = [ms for k, t in zip(order, times, strict=True) if k == baseline for ms in t]
-    base_least = min(base_ms)
-    out = [(base_least, statistics.median(base_ms) - base_least)] * len(plans)
+    base_least, base_spread = baseline_step([t for k, t in zip(order, times, strict=True) if k == baseline])
+    out = [(base_least, base_spread)] * len(plans)
     for i, k in enumerate(order):
         if k != baseline:
             differences = [p - (b + a) / 2 for p, b, a in zip(times[i], times[i - 1], times[i + 1], strict=True)]
