@@ -40,7 +40,7 @@ from remat.client.precision import autocast_context, normalize_precision, precis
 from remat.client.trace import GRAD_CONVENTIONS, Trace
 from remat.worker.profilers import backend_for, build_chain
 from remat.worker.profilers.common import Backend, StageChainLike, preserved_state, set_grad_convention
-from remat.worker.profilers.step_timing import baseline_step, bracketed_overhead
+from remat.worker.profilers.step_timing import baseline_step, bracketed_differences, bracketed_order
 
 __all__ = ["GRADIENT_RTOL", "gradient_check", "make_loss", "measure_plan", "measure_step", "step_loss", "time_plans",
            "time_plans_rounds", "time_plans_spread"]
@@ -370,7 +370,7 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
     starts past ``budget_s`` once two have run.
 
     ``baseline``: the index of the plan every other one is read against (the no-checkpoint step). Each round
-    then runs the baseline between every two plans and at both ends, and a plan's time is the baseline's least
+    then runs the baseline between every two plans and at both ends, and a plan's time is the baseline's time
     plus the median over the rounds of its step less the mean of the baseline's steps just before and after it
     (``step_timing.bracketed_overhead``, NOTE [ timing a plan ]); its spread is how far that median sits above
     the least of those differences. Read so because the machine's speed also moves within a round, in both
@@ -390,10 +390,7 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
                                   budget_s=budget_s)
         return [(min(t), statistics.median(t) - min(t)) for t in times]
     run_by = list(runners) if runners is not None else [chain] * len(plans)
-    others = [k for k in range(len(plans)) if k != baseline]
-    order = [baseline]
-    for k in others:
-        order += [k, baseline]
+    order = bracketed_order(baseline, [k for k in range(len(plans)) if k != baseline])
     times = time_plans_rounds(model, example_input, [plans[k] for k in order], grads=grads, device=device,
                               chain=chain, train=train, rounds=rounds, loss_fn=loss_fn, precision=precision,
                               runners=[run_by[k] for k in order], budget_s=budget_s)
@@ -401,8 +398,8 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
     out = [(base_least, base_spread)] * len(plans)
     for i, k in enumerate(order):
         if k != baseline:
-            differences = [p - (b + a) / 2 for p, b, a in zip(times[i], times[i - 1], times[i + 1], strict=True)]
-            overhead = bracketed_overhead(times[i], times[i - 1], times[i + 1])
+            differences = bracketed_differences(times[i], times[i - 1], times[i + 1])
+            overhead = statistics.median(differences)  # bracketed_overhead, with the differences kept for the spread
             out[k] = (base_least + overhead, overhead - min(differences))
     return out
 

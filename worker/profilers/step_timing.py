@@ -62,13 +62,15 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any
+from typing import Any, TypeVar
 
 from remat.client.host_memory import host_malloc
 from remat.worker.profilers.run_queue import Timed
 
 __all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "ROUNDS_BUDGET_S", "ROUNDS_LIMIT_S", "StageTimes", "baseline_step",
-           "bracketed_overhead", "calibrate", "time_stages"]
+           "bracketed_differences", "bracketed_order", "bracketed_overhead", "calibrate", "time_stages"]
+
+T = TypeVar("T")
 
 MIN_ROUNDS = 3
 """Rounds run unless they pass :data:`ROUNDS_LIMIT_S`: three are what a busy 2-core machine needs at least, for
@@ -117,10 +119,7 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
     if n >= 3:
         plans["all"] = tuple(range(1, n))
     # Each checkpointed step between two ``none`` steps of its round: none, one, none, all, none.
-    order = ["none"]
-    for name in plans:
-        if name != "none":
-            order += [name, "none"]
+    order = bracketed_order("none", [name for name in plans if name != "none"])
     for checkpoints in plans.values():  # first calls (allocations, lazy initialisation) are not timed
         step(checkpoints)
     per_stage: list[list[Timed]] = [[] for _ in range(n)]
@@ -157,8 +156,8 @@ def time_stages(stages: Sequence[Callable[[Any], Any]], x0: Any, step: Callable[
     wall = sum(t.wall_ms for t in everything)
     summary: dict[str, Any] = {
         "rounds": rounds,
-        "statistic": "step: least of interleaved rounds; overheads: median over the rounds of the step less the "
-                     "mean of the none steps either side",
+        "statistic": "step: least over interleaved rounds of each round's median none step; overheads: median over "
+                     "the rounds of the step less the mean of the none steps either side",
         "step_ms": base_ms,
         "step_spread_ms": base_spread,
         "forward_ms": sum(forward_ms),
@@ -202,7 +201,21 @@ def bracketed_overhead(plan_ms: Sequence[float], before_ms: Sequence[float], aft
     The one reading of an overhead: the profile's calibration, validation's measured steps
     (``measure.time_plans_spread``) and ``benchmarks/step_overhead.py`` (which also records what a profile reads
     through this name)."""
-    return statistics.median(p - (b + a) / 2 for p, b, a in zip(plan_ms, before_ms, after_ms, strict=True))
+    return statistics.median(bracketed_differences(plan_ms, before_ms, after_ms))
+
+
+def bracketed_differences(plan_ms: Sequence[float], before_ms: Sequence[float],
+                          after_ms: Sequence[float]) -> list[float]:
+    """Per round, the checkpointed step less the mean of the ``none`` steps just before and after it."""
+    return [p - (b + a) / 2 for p, b, a in zip(plan_ms, before_ms, after_ms, strict=True)]
+
+
+def bracketed_order(baseline: T, others: Sequence[T]) -> list[T]:
+    """A round's order: ``baseline`` first, last and between every two of ``others``."""
+    order = [baseline]
+    for other in others:
+        order += [other, baseline]
+    return order
 
 
 def baseline_step(rounds_at: Sequence[Sequence[float]]) -> tuple[float, float]:
