@@ -451,6 +451,11 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
         return measure_step(built.model, built.example, cps, chain=runner, baseline=False,
                             **common).measured_peak_bytes / 2**20
 
+    # The machine's speed at the measurement against the profile's: the no-checkpoint step read as the profile
+    # reads it (step_timing.baseline_step over every ``none`` step of the rounds) over the profiled step.
+    profiled_step = idle.metadata.get("timing", {}).get("step_ms") or 0.0
+    measured_step, _ = step_timing.baseline_step([rounds[i] for i in range(1, 2 + 4 * count, 2)])
+    speed = measured_step / profiled_step if profiled_step > 0 else 1.0
     rows = []
     for k, plan in enumerate(plans):
         applied, handwritten = times[applied_at[k]], times[hand_at[k]]
@@ -483,6 +488,11 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
         # The measurement's own repeatability: the same segments checkpointed by hand, read the same way, held to
         # the same tolerance (two measurements of one recompute).
         rows[-1]["hand_agrees"] = in_target(rows[-1]["hand_bracketed"], bracketed)
+        # The estimate at the speed the machine ran the measurement at: scaled by the measured ``none`` step over
+        # the profiled one. Not what the target holds (a plan's estimate is made before its training runs); what
+        # it says is how much of a miss is the machine's speed between the profile and the measurement.
+        at_speed = est_a * speed
+        rows[-1].update(estimate_at_speed=at_speed, in_target_at_speed=in_target(at_speed, bracketed))
         if noisy_rounds is not None:
             noisy_times = [least_and_spread(r) for r in noisy_rounds]
             noisy_overhead = noisy_times[i][0] - noisy_times[1][0]
@@ -517,7 +527,8 @@ def run_one(name: str, batch: int, hw: int, args: argparse.Namespace) -> dict[st
             "compiled": compiled, "variants": variant_rows, "variant_checks": variant_checks,
             "linear_predicted_mib": linear.predicted_peak_bytes / 2**20, "profiled": profiled, "dtype": args.dtype,
             "none_mib": peak_mib(chain, ()) if cuda else None, "none_predicted_mib": none_peak / 2**20,
-            "unmodified": unmodified, "none": none, "rows": rows, "spearman": rho, "same_frontier": same_frontier,
+            "unmodified": unmodified, "none": none, "speed": speed, "rows": rows, "spearman": rho,
+            "same_frontier": same_frontier,
             "checkpoint_ms": (idle.checkpoint_ms, noisy.checkpoint_ms),
             "step_idle": idle.metadata.get("timing", {}).get("step_ms"),
             "step_noisy": noisy.metadata.get("timing", {}).get("step_ms"),
@@ -568,7 +579,8 @@ def print_result(r: dict[str, Any]) -> None:
         print(f"\nIn target against the bracketed overhead: idle profile {count('in_target_bracketed')}, the same "
               f"rounds read as leasts {count('in_target_leasts_bracketed')}, the profile beside the neighbour "
               f"{count('in_target_noisy_bracketed')}; hand-written checkpointing of the same segments "
-              f"{count('hand_agrees')} (the measurement's own repeatability).")
+              f"{count('hand_agrees')} (the measurement's own repeatability); the idle profile's estimates "
+              f"scaled by the measured over the profiled step ({r['speed']:.2f}) {count('in_target_at_speed')}.")
     if r["rows"] and "noisy_overhead" in r["rows"][0]:
         print("\nBeside the neighbour, the noisy profile's estimate against the overhead measured there too:\n")
         print("| plan | estimate noisy ms | overhead measured beside the neighbour ms (spread) | paired ms | "
