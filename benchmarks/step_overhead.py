@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -114,6 +115,40 @@ class WithoutRestore:
             return self.chain.run(x, checkpoints)
         finally:
             stage_chain.recompute_contexts = original
+
+
+class CompiledSegments:
+    """remat's chain with each run of stages between two checkpoints, checkpointed or the last, run as one
+    ``torch.compile``d function (inductor's defaults) inside the eager checkpoint: tried on 2026-12-07 and not
+    adopted (docs/benchmarks.md, "torch.compile of an applied model"). Each segment gets a code object of its
+    own: dynamo keeps compiled code per code object, and one shared by every segment passed its recompile limit
+    (8), which sent the remaining segments back to eager without a word."""
+
+    def __init__(self, chain: Any) -> None:
+        self.chain = chain
+        self.compiled: dict[tuple[int, int], Callable[..., Any]] = {}
+        chain._run_handed = self._run_handed  # this chain's own, for every run (the applied model's forward)
+
+    def _run_handed(self, lo: int, hi: int, handed: list[Any], env: dict[str, Any]) -> Any:
+        if not torch.is_grad_enabled():
+            return type(self.chain)._run_handed(self.chain, lo, hi, handed, env)
+        fn = self.compiled.get((lo, hi))
+        if fn is None:
+            fn = self.compiled[(lo, hi)] = torch.compile(self._segment_function(lo, hi))
+        x, new = fn(handed.pop(), env)
+        env.update(new)
+        return x
+
+    def _segment_function(self, lo: int, hi: int) -> Callable[..., Any]:
+        chain, stages = self.chain, type(self.chain)._run_handed  # the class's: the stages one after another
+
+        def segment(x: Any, env: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            local = dict(env)
+            x = stages(chain, lo, hi, [x], local)
+            return x, {k: v for k, v in local.items() if k not in env}
+
+        code = segment.__code__.replace(co_name=f"segment_{lo}_{hi}")
+        return types.FunctionType(code, segment.__globals__, code.co_name, None, segment.__closure__)
 
 
 class Unmodified:
@@ -216,52 +251,71 @@ def cuda_peak_mib(fn: Any) -> float:
     return (torch.cuda.max_memory_allocated() - start) / 2**20
 
 
-def compiled_rows(built: Any, plan: Plan, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
-    """(allocator peak MiB, least step ms of ``args.rounds``) eager and compiled, unmodified and with ``plan``
-    applied; gradients kept allocated (zeroed in place) so that the peak is the step's activations. With
-    ``--compiled applied`` the compiled unmodified model (minutes of inductor on a deep model) is left out."""
+def compiled_rows(built: Any, plan: Plan, args: argparse.Namespace) -> dict[str, tuple[float, float, float, float]]:
+    """(allocator peak MiB, least and median step ms over ``args.rounds`` interleaved rounds, the first step's
+    seconds) eager and compiled, unmodified and with ``plan`` applied. With ``--grads kept`` the gradients stay
+    allocated (zeroed in place), so that the peak is the step's activations; with ``none`` they are set to None
+    before each step (the peak holds the gradients born in backward, as the ``none`` prediction does). With
+    ``--compiled applied`` the compiled unmodified model (minutes of inductor on a deep model) is left out;
+    ``--compiled segments`` times the eager rows beside the plan with each segment compiled
+    (``CompiledSegments``). Every variant is built and warmed first, then timed in rounds, one step of each per
+    round: this VM's speed moves within a minute, and one variant's steps after another's read that too."""
     import copy
 
-    from remat.client.apply_plan import apply
+    from remat.client.apply_plan import applied_chain, apply
 
     x = built.example
     cuda = x.device.type == "cuda"
-    out: dict[str, tuple[float, float]] = {}
     modes = [("eager none", False, False), ("eager linear", True, False), ("compiled none", False, True),
              ("compiled linear", True, True)]
     if args.compiled == "applied":
         modes = [m for m in modes if m[0] != "compiled none"]
+    if args.compiled == "segments":
+        modes = [m for m in modes if not m[2]] + [("compiled segments linear", True, False)]
+    kept = args.grads == "kept"
+    torch._dynamo.reset()
+    steps: dict[str, Callable[[], None]] = {}
+    found: dict[str, tuple[float, float]] = {}
     for label, applied, compiled in modes:
-        torch._dynamo.reset()
         model = copy.deepcopy(built.model).train()
         for p in model.parameters():
-            p.grad = torch.zeros_like(p)
+            p.grad = torch.zeros_like(p) if kept else None
         if applied:
             apply(model, plan, key=built.key, strict=False)
+        if label == "compiled segments linear":
+            CompiledSegments(applied_chain(model))
         run = torch.compile(model) if compiled else model
 
         def step(model: torch.nn.Module = model, run: Any = run) -> None:
             for p in model.parameters():
-                p.grad.zero_()  # type: ignore[union-attr]
+                if kept:
+                    p.grad.zero_()  # type: ignore[union-attr]
+                else:
+                    p.grad = None
             with autocast_context(args.dtype, x.device.type):
                 loss = run(x).float().sum()
             loss.backward()
 
+        started = time.perf_counter()
+        step()  # the compiler's work, where it compiles
+        if cuda:
+            torch.cuda.synchronize()
+        first_s = time.perf_counter() - started
         step()
-        step()
-        peak = cuda_peak_mib(step) if cuda else allocator_peak_mib(step)
-        times = []
-        for _ in range(args.rounds):
+        found[label] = (cuda_peak_mib(step) if cuda else allocator_peak_mib(step), first_s)
+        steps[label] = step
+    times: dict[str, list[float]] = {label: [] for label in steps}
+    for _ in range(args.rounds):
+        for label, step in steps.items():
             if cuda:
                 torch.cuda.synchronize()
             started = time.perf_counter()
             step()
             if cuda:
                 torch.cuda.synchronize()
-            times.append((time.perf_counter() - started) * 1e3)
-        out[label] = (peak, min(times))
-        del model, run
-    return out
+            times[label].append((time.perf_counter() - started) * 1e3)
+    return {label: (found[label][0], min(times[label]), statistics.median(times[label]), found[label][1])
+            for label in steps}
 
 
 def least_and_spread(rounds: Sequence[float]) -> tuple[float, float]:
@@ -620,8 +674,10 @@ def print_result(r: dict[str, Any]) -> None:
             print(f"| {label} | {v['wall_ms']:.1f} | {v['device_busy_ms']:.1f} | {v['device_ops']:.0f} | "
                   f"{v['launches']:.0f} | {v['aten_ops']:.0f} | {v['syncs']:.0f} ({v['sync_ms']:.1f}) |")
     if r["compiled"]:
-        print("\ntorch.compile, linear plan: allocator peak above the step's start / step time — "
-              + ", ".join(f"{label} {peak:.1f} MiB / {ms:.1f} ms" for label, (peak, ms) in r["compiled"].items()))
+        print("\ntorch.compile, linear plan: allocator peak above the step's start / least, median step of the "
+              "interleaved rounds (first step) — "
+              + ", ".join(f"{label} {peak:.1f} MiB / {least:.1f}, {median:.1f} ms ({first:.1f} s)"
+                          for label, (peak, least, median, first) in r["compiled"].items()))
     sys.stdout.flush()
 
 
@@ -635,9 +691,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--grads", choices=("none", "kept"), default="none")
     parser.add_argument("--noisy-measure", action="store_true",
                         help="also time the plans beside the neighbour (the noisy profile's own conditions)")
-    parser.add_argument("--compiled", nargs="?", const="all", choices=("all", "applied"),
+    parser.add_argument("--compiled", nargs="?", const="all", choices=("all", "applied", "segments"),
                         help="torch.compile rows for the linear plan: step time and allocator peak (applied: "
-                             "leave out compiling the unmodified model)")
+                             "leave out compiling the unmodified model; segments: eager rows and the plan with "
+                             "each segment compiled, CompiledSegments)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32",
                         help="the step's precision(s), comma-separated, e.g. float32,autocast_bfloat16")
