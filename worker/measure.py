@@ -389,11 +389,11 @@ def time_plans_spread(model: nn.Module, example_input: torch.Tensor, plans: Sequ
                                   rounds=rounds, loss_fn=loss_fn, precision=precision, runners=runners,
                                   budget_s=budget_s)
         return [(min(t), statistics.median(t) - min(t)) for t in times]
-    run_by = list(runners) if runners is not None else [chain] * len(plans)
     order = bracketed_order(baseline, [k for k in range(len(plans)) if k != baseline])
     times = time_plans_rounds(model, example_input, [plans[k] for k in order], grads=grads, device=device,
                               chain=chain, train=train, rounds=rounds, loss_fn=loss_fn, precision=precision,
-                              runners=[run_by[k] for k in order], budget_s=budget_s)
+                              runners=[runners[k] for k in order] if runners is not None else None,
+                              budget_s=budget_s)
     base_least, base_spread = baseline_step([t for k, t in zip(order, times, strict=True) if k == baseline])
     out = [(base_least, base_spread)] * len(plans)
     for i, k in enumerate(order):
