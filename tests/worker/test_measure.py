@@ -112,6 +112,15 @@ def test_plans_are_read_against_the_baseline_steps_beside_them(monkeypatch: pyte
     assert leasts[2][0] - leasts[0][0] == pytest.approx(150.0 * 1.10 - 100.0)
 
 
+def test_a_bracketed_timing_without_runners_or_a_chain_builds_its_chain() -> None:
+    """``time_plans_spread(..., baseline=)`` with neither runners nor a chain times the model's own chain."""
+    from remat.worker import measure
+
+    model, x = mlp(), torch.randn(4, 8)
+    times = measure.time_plans_spread(model, x, [(), (1,)], rounds=2, baseline=0)
+    assert len(times) == 2 and all(ms > 0 for ms, _ in times)
+
+
 def test_bad_grads_convention() -> None:
     model = mlp()
     with pytest.raises(ValueError, match="grads must be one of"):
