@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA figures of docs/benchmarks.md for step time (issue 29), max-batch (issue 27), the Hugging Face peer
-# and batches without padding (issue 26), in one short device session: a lent GPU machine has torch, torchvision and transformers but not
-# remat's service-side dependencies, so they travel as wheels in .whl/ (with remat's own wheel, `uv build --wheel
-# -o .whl`; docs/benchmarks.md says which), and every section has its own time limit so that one slow section
-# cannot take the others' time. Run from the repository root:
+# and batches without padding (issue 26), in one short device session: a lent GPU machine has torch, torchvision and
+# transformers but not remat's other dependencies, so they travel as wheels in .whl/ with remat's own wheel
+# (`bash benchmarks/cuda_wheels.sh` fills it here; carry ".whl"), and every section has its own time limit so that
+# one slow section cannot take the others' time. Run from the repository root:
 #
 #     OUT=out bash benchmarks/cuda_session.sh
 #
