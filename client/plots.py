@@ -75,14 +75,14 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
     memory.grid(alpha=0.3)
 
     none_ms = base.step_ms
-    for row in report.rows:
-        if row.measured_peak_bytes is None or row.step_ms is None or not none_ms:
-            continue
-        overhead = 100 * (row.step_ms / none_ms - 1)
-        trade.scatter(row.measured_peak_bytes / MIB, overhead, s=40,
-                      color="tab:blue" if row.plan.algorithm == algorithm else "tab:gray")
-        trade.annotate(row.plan.algorithm, (row.measured_peak_bytes / MIB, overhead), textcoords="offset points",
-                       xytext=(5, 4), fontsize=8)
+    for (peak, step_ms), names in _plans_by_point(report).items():
+        if not none_ms:
+            break
+        overhead = 100 * (step_ms / none_ms - 1)
+        trade.scatter(peak / MIB, overhead, s=40, color="tab:blue" if algorithm in names else "tab:gray")
+        trade.annotate(", ".join(names), (peak / MIB, overhead), textcoords="offset points", xytext=(5, 4),
+                       fontsize=8)
+    trade.margins(x=0.12, y=0.12)  # room for the labels of the outermost points inside the panel
     if report.frontier and none_ms:
         est_x = [r.plan.predicted_peak_bytes / MIB for r in report.frontier if r.plan.recompute_ms is not None]
         est_y = [100 * r.plan.recompute_ms / none_ms for r in report.frontier if r.plan.recompute_ms is not None]
@@ -94,7 +94,8 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
             trade.scatter([r.measured_peak_bytes / MIB for r in measured],
                           [100 * (r.step_ms / none_ms - 1) for r in measured], s=60, facecolors="none",
                           edgecolors="tab:green", label="budget frontier: measured")
-        trade.legend(loc="upper right", fontsize=7)
+        # Under the panel: inside it, the legend covered the labels of the plans in its corner.
+        trade.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7, frameon=False)
     trade.set_xlabel("activation peak (MiB)")
     trade.set_ylabel("step-time overhead vs no checkpointing (%)")
     trade.set_title("what each plan trades")
@@ -104,3 +105,14 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _plans_by_point(report: ModelReport) -> dict[tuple[int, float], list[str]]:
+    """Every measured plan's (peak, step time), with the algorithms measured there: plans that are one step are
+    measured once and share their figures (``linear`` and ``nested`` often), and one label naming them all
+    reads where two drawn on top of each other did not."""
+    points: dict[tuple[int, float], list[str]] = {}
+    for row in report.rows:
+        if row.measured_peak_bytes is not None and row.step_ms is not None:
+            points.setdefault((row.measured_peak_bytes, row.step_ms), []).append(row.plan.algorithm)
+    return points

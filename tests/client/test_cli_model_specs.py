@@ -233,6 +233,34 @@ def test_a_cuda_timeline_is_drawn_as_allocator_events_in_requested_bytes(capsys,
     assert "allocator events" in memory.get_xlabel() and "requested" in memory.get_ylabel()
 
 
+def test_plans_measured_at_one_point_share_one_label_and_no_label_is_hidden(capsys, project: Path,
+                                                                           monkeypatch) -> None:
+    import matplotlib.pyplot as plt
+
+    def linear_and_nested_one_step(row: Any) -> None:
+        if row.plan.algorithm in ("linear", "nested"):  # one step measured once, as validation stores it
+            row.measured_peak_bytes, row.step_ms = 3 * 2**20, 1000.0
+
+    _plan_then_change_stored_rows(capsys, monkeypatch, linear_and_nested_one_step)
+    figures: list = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    code, _, err = run_cli(capsys, "show", *SMALL_MLP, "--plot", str(project / "trade.png"))
+    assert code == 0, err
+    figure = figures[0]
+    trade = figure.axes[1]
+    labels = [t for t in trade.texts if t.get_text()]
+    assert [t.get_text() for t in labels if "linear" in t.get_text() or "nested" in t.get_text()] \
+        == ["linear, nested"]
+    renderer = figure.canvas.get_renderer()
+    inside = figure.bbox
+    legend = trade.get_legend()
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, \
+            label.get_text()
+        assert legend is None or not box.overlaps(legend.get_window_extent(renderer)), label.get_text()
+
+
 def test_show_plot_without_a_timeline_says_how_to_get_one(capsys, project: Path, monkeypatch) -> None:
     def without_timeline(row: Any) -> None:
         row.timeline = None  # as stored before timelines were recorded
