@@ -122,11 +122,17 @@ def frontier_picture(plans: Sequence[PlanRecord], frontier: Sequence[PlanRecord]
     if frontier_measured:
         figure.points([x for x, _ in frontier_measured], [y for _, y in frontier_measured], colour=FRONTIER_COLOUR,
                       hollow=True, radius=5.5, label="frontier: measured")
-    others = [(n, x, y) for n, x, y in measured if n != chosen]
+    # Plans that are one step are measured once and share their figures (linear and nested often): one point,
+    # one label naming them all, where two labels drawn on top of each other read as neither.
+    by_point: dict[tuple[float, float], list[str]] = {}
+    for name, x, y in measured:
+        by_point.setdefault((x, y), []).append(name)
+    points = [(", ".join(names), x, y, chosen in names) for (x, y), names in by_point.items()]
+    others = [(n, x, y) for n, x, y, is_chosen in points if not is_chosen]
     if others:
         figure.points([x for _, x, _ in others], [y for *_, y in others], colour=OTHER_COLOUR,
                       names=[n for n, *_ in others], label="plans: measured")
-    mine = [(n, x, y) for n, x, y in measured if n == chosen]
+    mine = [(n, x, y) for n, x, y, is_chosen in points if is_chosen]
     if mine:
         figure.points([x for _, x, _ in mine], [y for *_, y in mine], colour=PLAN_COLOUR,
                       names=[n for n, *_ in mine], label=f"{chosen}: measured")

@@ -255,3 +255,30 @@ def test_a_server_that_requires_the_read_token_is_read_with_it(browser: Any, scr
         assert 'os.environ["REMAT_READ_TOKEN"]' in watched.page.locator("#fetch").inner_text()
         context.close()
         assert not watched.problems, "\n".join(watched.problems)
+
+
+def test_names_of_close_plans_on_a_picture_cover_no_other_name_and_stay_in_the_plot(watched: Watched) -> None:
+    from remat.service.ui.svg import Figure
+
+    # Six planners a few pixels apart, as ResNet-18's trade picture had them, and one name at the plot's corner.
+    figure = Figure(title="close plans", x_label="activation peak (MiB)", y_label="overhead (%)",
+                    x_range=(0.0, 17.0), y_range=(0.0, 35.0))
+    plans = {"chen-greedy": (5.8, 30.0), "uniform": (6.2, 25.5), "chen-sqrt": (6.35, 26.0), "cubic": (7.0, 24.0),
+             "acg": (6.7, 23.0), "linear, nested": (6.35, 25.0), "a-very-long-planner-name": (16.9, 34.9)}
+    figure.points([x for x, _ in plans.values()], [y for _, y in plans.values()], colour="#888",
+                  names=list(plans))
+    page = watched.page
+    page.set_content(f"<!doctype html><html><body style='margin:0'>{figure.svg()}</body></html>")
+    # The browser's own measure of every text drawn (its font, not the builder's estimate of it).
+    boxes = page.eval_on_selector_all("svg text", """texts => texts.map(t => {
+        const b = t.getBBox(); return [t.textContent, b.x, b.y, b.x + b.width, b.y + b.height]; })""")
+    names = {name: box for name, *box in boxes if name in plans}
+    assert set(names) == set(plans), boxes
+    plot = (figure.left, figure.top, figure.width - figure.right, figure.height - figure.bottom)
+    for name, (x0, y0, x1, y1) in names.items():
+        assert plot[0] <= x0 and x1 <= plot[2] and plot[1] <= y0 and y1 <= plot[3], (name, (x0, y0, x1, y1), plot)
+    for first, a in names.items():
+        for second, b in names.items():
+            if first < second:
+                assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (first, a, second, b)
+    watched.shot("close-plans")

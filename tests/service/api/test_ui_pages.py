@@ -264,6 +264,19 @@ def test_the_pictures_are_svg_drawn_once_per_version_of_the_keys_rows(fresh: Sto
     assert after.status_code == 200 and after.headers["etag"] != before
 
 
+def test_plans_measured_at_one_point_share_one_label_in_the_trade_picture(fresh: Store) -> None:
+    key = seed_keys(fresh.db, 1, stages=(12,)).keys[0]
+    with fresh.db.write_session() as session:  # one step, measured once: both plans carry its figures
+        for algorithm in ("linear", "nested"):
+            repository.store_measurement(session=session, key=key, algorithm=algorithm,
+                                         measurement=Measurement(measured_peak_bytes=5 * 2**20, step_ms=900.0))
+    for chosen in ("linear", "cubic"):
+        picture = ET.fromstring(fresh.client().get(key_url(key, "/frontier.svg", algorithm=chosen)).content)
+        labels = ["".join(t.itertext()) for t in picture.iter("{http://www.w3.org/2000/svg}text")]
+        assert "linear, nested" in labels, labels
+        assert "linear" not in labels and "nested" not in labels, labels
+
+
 def test_a_picture_without_a_timeline_says_why(fresh: Store) -> None:
     key = seed_keys(fresh.db, 1, stages=(12,)).keys[0]
     client = fresh.client()
