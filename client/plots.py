@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from remat.client.errors import RematError
+from remat.client.label_places import place_labels
 from remat.client.report import ModelReport
 
 __all__ = ["plot_report"]
 
 MIB = 1024 * 1024
+LABEL_POINTS = 8
+"""Font size of the plans' names on the trade panel."""
 
 
 def _pyplot() -> Any:
@@ -75,13 +78,13 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
     memory.grid(alpha=0.3)
 
     none_ms = base.step_ms
+    named: list[tuple[float, float, str]] = []
     for (peak, step_ms), names in _plans_by_point(report).items():
         if not none_ms:
             break
         overhead = 100 * (step_ms / none_ms - 1)
         trade.scatter(peak / MIB, overhead, s=40, color="tab:blue" if algorithm in names else "tab:gray")
-        trade.annotate(", ".join(names), (peak / MIB, overhead), textcoords="offset points", xytext=(5, 4),
-                       fontsize=8)
+        named.append((peak / MIB, overhead, ", ".join(names)))
     trade.margins(x=0.12, y=0.12)  # room for the labels of the outermost points inside the panel
     if report.frontier and none_ms:
         est_x = [r.plan.predicted_peak_bytes / MIB for r in report.frontier if r.plan.recompute_ms is not None]
@@ -101,10 +104,34 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
     trade.set_title("what each plan trades")
     trade.grid(alpha=0.3)
     fig.tight_layout()
+    _name_points(fig, trade, named)  # after the layout: the places are worked out in its pixels
     out = Path(path)
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _name_points(fig: Any, axes: Any, named: list[tuple[float, float, str]]) -> None:
+    """Write each point's name where it covers no other name or marker and stays inside the panel
+    (:func:`remat.client.label_places.place_labels`, with the names' widths as the renderer measures them), with a
+    thin line back to the point where the name had to go further away."""
+    if not named:
+        return
+    from matplotlib.font_manager import FontProperties
+
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=LABEL_POINTS)
+    top = fig.bbox.height  # display coordinates count y up; the placement counts it down
+    pixels = [(px, top - py) for px, py in axes.transData.transform([(x, y) for x, y, _ in named])]
+    widths = [renderer.get_text_width_height_descent(name, font, ismath=False)[0] for *_, name in named]
+    _, height, descent = renderer.get_text_width_height_descent("Ag", font, ismath=False)
+    box = axes.bbox
+    places = place_labels(pixels, widths, area=(box.x0, top - box.y1, box.x1, top - box.y0), height=height + descent)
+    points_per_pixel = 72 / fig.dpi  # offsets in points keep their place when savefig draws at another dpi
+    for (x, y, name), (px, py), place in zip(named, pixels, places, strict=True):
+        axes.annotate(name, (x, y), textcoords="offset points", fontsize=LABEL_POINTS,
+                      xytext=((place.x - px) * points_per_pixel, (py - place.y) * points_per_pixel),
+                      arrowprops={"arrowstyle": "-", "color": "0.6", "linewidth": 0.6} if place.away else None)
 
 
 def _plans_by_point(report: ModelReport) -> dict[tuple[int, float], list[str]]:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+from remat.client.label_places import place_labels
+
 __all__ = ["Figure", "empty_figure", "nice_ticks"]
 
 FONT = "system-ui, -apple-system, 'Segoe UI', sans-serif"
@@ -139,33 +141,17 @@ class Figure:
     # --- the document -------------------------------------------------------------------------------------
 
     def _name_marks(self) -> list[str]:
-        """Each marker's name beside it, where it covers no other name, no marker and stays inside the plot.
-
-        Plans close on the trade picture (``uniform`` and ``chen-sqrt`` a few pixels apart) wrote their names over
-        each other when every name went up and to the right of its marker. Names are placed top to bottom, each
-        at the first free place: above right, below right, above left, below left, then further up or down with a
-        thin line back to its marker; where none is free, above right. Widths are estimated (6.2 px a character
-        at 11 px), as the legend does.
-        """
-        inside = (float(self.left), float(self.top), float(self.width - self.right), float(self.height - self.bottom))
-        markers = [(x - 5, y - 5, x + 5, y + 5) for x, y, _ in self._names]
-        placed: list[tuple[float, float, float, float]] = []
+        """Each marker's name beside it, where it covers no other name or marker and stays inside the plot
+        (:func:`remat.client.label_places.place_labels`; widths estimated at 6.2 px a character of 11 px, as the
+        legend does), with a thin line back to its marker where it had to go further away."""
+        area = (float(self.left), float(self.top), float(self.width - self.right), float(self.height - self.bottom))
+        places = place_labels([(x, y) for x, y, _ in self._names], [6.2 * len(n) for *_, n in self._names], area=area)
         out = []
-        for x, y, name in sorted(self._names, key=lambda n: (n[1], n[0])):
-            width, height = 6.2 * len(name), 12.0
-            spots = [(x + 6, y - 6), (x + 6, y + 14), (x - 6 - width, y - 6), (x - 6 - width, y + 14)]
-            spots += [(x + 6, y + dy) for k in range(1, 5) for dy in (-6 - 12 * k, 14 + 12 * k)]
-            boxes = [(tx, ty - height + 2, tx + width, ty + 2) for tx, ty in spots]
-            own = (x - 5, y - 5, x + 5, y + 5)
-            taken = placed + [m for m in markers if m != own]
-            number = next((k for k, box in enumerate(boxes) if _within(box, inside)
-                           and not any(_overlap(box, other) for other in taken)), 0)
-            (tx, ty), box = spots[number], boxes[number]
-            placed.append(box)
-            if number >= 4:  # away from its marker: a line says whose name it is
-                out.append(f'<line x1="{_n(x)}" y1="{_n(y)}" x2="{_n(tx)}" y2="{_n(ty - 4)}" stroke="#999" '
-                           f'stroke-width="0.8"/>')
-            out.append(f'<text x="{_n(tx)}" y="{_n(ty)}" font-size="11" fill="#333">{escape(name)}</text>')
+        for (x, y, name), place in zip(self._names, places, strict=True):
+            if place.away:
+                out.append(f'<line x1="{_n(x)}" y1="{_n(y)}" x2="{_n(place.x)}" y2="{_n(place.y - 4)}" '
+                           f'stroke="#999" stroke-width="0.8"/>')
+            out.append(f'<text x="{_n(place.x)}" y="{_n(place.y)}" font-size="11" fill="#333">{escape(name)}</text>')
         return out
 
     def _axes(self) -> list[str]:
@@ -221,16 +207,6 @@ class Figure:
                 f'<rect width="{self.width}" height="{self.height}" fill="#fff"/>'
                 + "".join(self._axes()) + "".join(self._body) + "".join(self._name_marks())
                 + "".join(self._legend_marks()) + "</svg>")
-
-
-def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
-    """Whether two boxes (left, top, right, bottom) share any area."""
-    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
-def _within(box: tuple[float, float, float, float], area: tuple[float, float, float, float]) -> bool:
-    """Whether ``box`` lies wholly inside ``area`` (both left, top, right, bottom)."""
-    return area[0] <= box[0] and box[2] <= area[2] and area[1] <= box[1] and box[3] <= area[3]
 
 
 def empty_figure(title: str, message: str) -> str:
