@@ -40,7 +40,7 @@ def _within(box: Box, area: Box) -> bool:
 
 
 def place_labels(points: Sequence[tuple[float, float]], widths: Sequence[float], *, area: Box,
-                 height: float = 12.0, gap: float = 6.0, marker: float = 5.0) -> list[LabelPlace]:
+                 height: float = 12.0, gap: float = 6.0, marker: float = 8.0) -> list[LabelPlace]:
     """A place for each point's name (``widths[i]`` pixels wide, ``height`` tall), in the order given.
 
     Names are placed top to bottom, each at the first spot whose box stays inside ``area`` and covers no name
