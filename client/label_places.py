@@ -9,10 +9,13 @@ coordinates are flipped by the caller).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-__all__ = ["Box", "LabelPlace", "place_labels"]
+__all__ = ["Box", "LabelPlace", "names_by_point", "place_labels"]
+
+Point = TypeVar("Point", bound=Hashable)
 
 Box = tuple[float, float, float, float]
 """left, top, right, bottom, in pixels, y pointing down."""
@@ -29,6 +32,16 @@ class LabelPlace:
     x: float
     y: float
     away: bool
+
+
+def names_by_point(named: Iterable[tuple[str, Point]]) -> dict[Point, list[str]]:
+    """The names drawn at each point, in the order given: plans that are one step are measured once and share
+    their figures (``linear`` and ``nested`` often), and one label naming them all reads where two drawn on top
+    of each other did not."""
+    points: dict[Point, list[str]] = {}
+    for name, point in named:
+        points.setdefault(point, []).append(name)
+    return points
 
 
 def _overlap(a: Box, b: Box) -> bool:

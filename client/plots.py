@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from remat.client.errors import RematError
-from remat.client.label_places import place_labels
+from remat.client.label_places import names_by_point, place_labels
 from remat.client.report import ModelReport
 
 __all__ = ["plot_report"]
@@ -79,9 +79,9 @@ def plot_report(report: ModelReport, path: str | Path, *, algorithm: str = "line
 
     none_ms = base.step_ms
     named: list[tuple[float, float, str]] = []
-    for (peak, step_ms), names in _plans_by_point(report).items():
-        if not none_ms:
-            break
+    measured = names_by_point((row.plan.algorithm, (row.measured_peak_bytes, row.step_ms)) for row in report.rows
+                              if row.measured_peak_bytes is not None and row.step_ms is not None)
+    for (peak, step_ms), names in (measured.items() if none_ms else ()):
         overhead = 100 * (step_ms / none_ms - 1)
         trade.scatter(peak / MIB, overhead, s=40, color="tab:blue" if algorithm in names else "tab:gray")
         named.append((peak / MIB, overhead, ", ".join(names)))
@@ -132,14 +132,3 @@ def _name_points(fig: Any, axes: Any, named: list[tuple[float, float, str]]) -> 
         axes.annotate(name, (x, y), textcoords="offset points", fontsize=LABEL_POINTS,
                       xytext=((place.x - px) * points_per_pixel, (py - place.y) * points_per_pixel),
                       arrowprops={"arrowstyle": "-", "color": "0.6", "linewidth": 0.6} if place.away else None)
-
-
-def _plans_by_point(report: ModelReport) -> dict[tuple[int, float], list[str]]:
-    """Every measured plan's (peak, step time), with the algorithms measured there: plans that are one step are
-    measured once and share their figures (``linear`` and ``nested`` often), and one label naming them all
-    reads where two drawn on top of each other did not."""
-    points: dict[tuple[int, float], list[str]] = {}
-    for row in report.rows:
-        if row.measured_peak_bytes is not None and row.step_ms is not None:
-            points.setdefault((row.measured_peak_bytes, row.step_ms), []).append(row.plan.algorithm)
-    return points

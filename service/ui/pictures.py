@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from remat.client.label_places import names_by_point
 from remat.client.report import BASELINE_ALGORITHM
 from remat.service.lru import LruCache
 from remat.service.records import PlanRecord
@@ -122,11 +123,7 @@ def frontier_picture(plans: Sequence[PlanRecord], frontier: Sequence[PlanRecord]
     if frontier_measured:
         figure.points([x for x, _ in frontier_measured], [y for _, y in frontier_measured], colour=FRONTIER_COLOUR,
                       hollow=True, radius=5.5, label="frontier: measured")
-    # Plans that are one step are measured once and share their figures (linear and nested often): one point,
-    # one label naming them all, where two labels drawn on top of each other read as neither.
-    by_point: dict[tuple[float, float], list[str]] = {}
-    for name, x, y in measured:
-        by_point.setdefault((x, y), []).append(name)
+    by_point = names_by_point((name, (x, y)) for name, x, y in measured)
     points = [(", ".join(names), x, y, chosen in names) for (x, y), names in by_point.items()]
     others = [(n, x, y) for n, x, y, is_chosen in points if not is_chosen]
     if others:
