@@ -25,6 +25,8 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 FIT_MARGIN = 0.05
 """Share of the device's total memory ``fit`` leaves free: the caching allocator's rounding and
 fragmentation (0–3% above the requested bytes on the H100, docs/cost-model.md) and the CUDA context."""
+FIT_OFF_CUDA = "fit needs a CUDA device (use --device cuda), or give bytes or a percentage"
+"""Why ``fit`` has no meaning on the CPU, where memory is no fixed pool a plan must fit."""
 _PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*|%)\s*$")
 
 
@@ -54,6 +56,13 @@ class BudgetSpec:
     fraction: float | None = None
     fit: bool = False
 
+    def check_device(self, device: str) -> None:
+        """Refuse ``fit`` off CUDA before anything is spent on the request: its room is a CUDA device's memory,
+        and the commands that resolve it only after profiling (``plan --budget``, ``max-batch --memory``) used to
+        profile and measure a model for minutes, then say so."""
+        if self.fit and device != "cuda":
+            raise BudgetError(f"budget: {FIT_OFF_CUDA}")
+
     def resolve(self, *, baseline_peak_bytes: int, fit_bytes: int | None = None) -> int:
         """The budget in bytes, given the plan's no-checkpoint peak and (for ``fit``) the device's room."""
         if self.bytes is not None:
@@ -61,7 +70,7 @@ class BudgetSpec:
         if self.fraction is not None:
             return max(1, int(baseline_peak_bytes * self.fraction))
         if fit_bytes is None:
-            raise BudgetError("budget: fit needs a CUDA device (use --device cuda), or give bytes or a percentage")
+            raise BudgetError(f"budget: {FIT_OFF_CUDA}")
         if fit_bytes <= 0:
             raise BudgetError("budget: fit leaves no room for activations on this device: the static memory "
                               "(weights, gradients, optimizer state, batch) already fills it")

@@ -69,6 +69,24 @@ def test_refusals_are_one_line_and_exit_2(capsys, budget: str, message: str) -> 
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("where", [[], ["--server", "http://127.0.0.1:9"]])
+def test_fit_on_the_cpu_is_refused_before_the_model_is_profiled(capsys, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               where: list[str]) -> None:
+    """``fit`` is a CUDA device's room: the refusal comes first, not after minutes of profiling, and with
+    ``--server`` before the service is asked (nothing listens there: a request would exit 1, not 2)."""
+    from tests.service.factories import TOKEN
+
+    monkeypatch.setenv("REMAT_DATABASE_URL", f"sqlite:///{tmp_path / 'plans.sqlite'}")
+    monkeypatch.setenv("REMAT_API_TOKEN", TOKEN)
+    code, out, err = run_cli(capsys, "plan", "resnet18", "--batch-size", "2", "--input-shape", "3,16,16",
+                             "--budget", "fit", *where)
+    assert code == 2 and out == "", err
+    assert err.startswith("remat-client: error: --budget: fit needs a CUDA device") and err.count("\n") == 1
+    code, _, err = run_cli(capsys, "show", "resnet18", "--batch-size", "2", "--input-shape", "3,16,16")
+    assert code == 1, "a profile was stored: the model was profiled before the refusal"
+
+
 def test_budget_with_algorithm_is_refused(capsys) -> None:
     code, _, err = run_cli(capsys, "plan", "--trace", str(TOY), "--budget", "50%", "--algorithm", "cubic")
     assert code == 2 and "drop --algorithm" in err

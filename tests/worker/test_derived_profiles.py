@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,16 @@ def test_max_batch_refuses_bad_input_in_one_line(tmp_path: Path, monkeypatch: py
     assert code == 2, (out, err)
     assert err.startswith(f"remat-client: error: {message}"), err
     assert err.count("\n") == 1
+    store = tmp_path / "store.sqlite"
+    if "not even batch 1" not in message:  # refused from its arguments alone: nothing was profiled first
+        assert not store.exists() or _stored_traces(store) == 0, "profiled before the refusal"
+
+
+def _stored_traces(path: Path) -> int:
+    import sqlite3
+
+    with closing(sqlite3.connect(path)) as db:
+        return db.execute("SELECT count(*) FROM traces").fetchone()[0]
 
 
 @pytest.mark.slow
