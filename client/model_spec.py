@@ -27,7 +27,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from remat.client.errors import ModelError
@@ -154,7 +154,7 @@ def build_model(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn.Module
     source = source_of(canonical)
     name = canonical.partition(":")[2]
     if source == "torchvision":
-        return resolve_model(canonical, **kwargs)
+        return _built_with(canonical, kwargs, lambda: resolve_model(canonical, **kwargs))
     if source == "hf":
         from remat.client.hf_models import build_hf_model
 
@@ -167,9 +167,9 @@ def build_model(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn.Module
         if kwargs.get("pretrained"):
             raise ModelError("--model-kwargs: remat builds models without pretrained weights (plans do not "
                              "depend on them)")
-        kwargs["pretrained"] = False
         try:
-            model = timm.create_model(name, **kwargs)
+            model = _built_with(canonical, kwargs,
+                                lambda: timm.create_model(name, **{**kwargs, "pretrained": False}))
         except RuntimeError as exc:  # timm's "Unknown model (...)"
             raise ModelError(f"model {canonical}: {(str(exc).splitlines() or [''])[0]}") from None
     else:
@@ -182,6 +182,21 @@ def build_model(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn.Module
     if not isinstance(model, nn.Module):
         raise ModelError(f"model {canonical}: returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def _built_with(canonical: str, kwargs: Mapping[str, Any], build: Callable[[], Any]) -> Any:
+    """A library's builder called with the user's ``--model-kwargs``: a failure they cause (an argument the
+    model has no parameter for, a value it cannot take) is bad input, one line naming them (exit 2), as for a
+    user's own builder; a failure without any is remat's to report (exit 1)."""
+    try:
+        return build()
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the arguments make the builder raise is reported
+        if not kwargs:
+            raise
+        raise ModelError(f"model {canonical}: building it with --model-kwargs {json.dumps(dict(kwargs))} failed: "
+                         f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}") from None
 
 
 def default_sample_shape(spec: str) -> tuple[int, ...] | None:

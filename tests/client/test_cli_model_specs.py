@@ -119,6 +119,12 @@ def test_a_nested_attribute_callable_traces(capsys, project: Path, monkeypatch: 
      "--model-kwargs: depth: NaN is not a number remat accepts"),
     (["usernets:mlp", "--input-shape", "32", "--model-kwargs", "[" * 100_000], "--model-kwargs: nested more than"),
     (["usernets:mlp", "--input-shape", "32", "--model-kwargs", "[1]"], "--model-kwargs: must be a JSON object"),
+    (["resnet18", "--input-shape", "3,16,16", "--model-kwargs", '{"nope": 1}'],
+     "model torchvision:resnet18: building it with --model-kwargs {\"nope\": 1} failed: TypeError: "),
+    (["resnet18", "--input-shape", "3,16,16", "--model-kwargs", '{"num_classes": -3}'],
+     "building it with --model-kwargs {\"num_classes\": -3} failed: RuntimeError: "),
+    (["timm:resnet18", "--input-shape", "3,16,16", "--model-kwargs", '{"nope": 1}'],
+     "model timm:resnet18: building it with --model-kwargs {\"nope\": 1} failed: TypeError: "),
     (["pkg.mod", "--input-shape", "32"], "is not a torchvision name"),
     (["custom:UserNet", "--input-shape", "32"], "remat.client.checkpoint(model, example_input) plans it there"),
 ])
