@@ -49,7 +49,8 @@ def show_command(target: str, batch_size: int | None, input_shape: str | None, s
 
     from remat.client.local_planner import local_planner
 
-    if re.fullmatch(r"[0-9a-f]+", target) and len(target) >= MIN_HASH_PREFIX:
+    by_hash = bool(re.fullmatch(r"[0-9a-f]+", target)) and len(target) >= MIN_HASH_PREFIX
+    if by_hash:
         if any(v is not None for v in (batch_size, input_shape, seq_len, model_kwargs)):
             fail_input("a HASH names every stored input of an architecture: --batch-size, --input-shape, "
                        "--seq-len and --model-kwargs apply to MODEL")
@@ -60,8 +61,10 @@ def show_command(target: str, batch_size: int | None, input_shape: str | None, s
         what = f"{request.name} at input {list(request.input_shape)} {request.dtype}, {request.device}, " \
                f"grads={request.grads}"
     if not reports:
-        raise click.ClickException(f"the local plan store has nothing for {what}; `remat-client plan "
-                                   f"{target}` profiles and plans it")
+        if not by_hash:
+            _check_model_name(target)
+        hint = "" if by_hash else f"; `remat-client plan {target}` profiles and plans it"
+        raise click.ClickException(f"the local plan store has nothing for {what}{hint}")
     if plot_path is not None:
         from remat.client.plots import plot_report
 
@@ -75,6 +78,21 @@ def show_command(target: str, batch_size: int | None, input_shape: str | None, s
         return
     for report in reports:
         print_model_table(report, "stored")
+
+
+def _check_model_name(target: str) -> None:
+    """A torchvision name nothing is stored for is checked here, and only here (the check imports
+    torchvision): an unknown one is bad input naming close matches, not a hint to plan it."""
+    from remat.client.errors import UnknownModelError
+    from remat.client.model_spec import canonical_spec, source_of
+    from remat.client.zoo import canonical_name
+
+    spec = canonical_spec(target)
+    if source_of(spec) == "torchvision":
+        try:
+            canonical_name(spec)
+        except UnknownModelError as exc:
+            fail_input(str(exc))
 
 
 @click.group("config")

@@ -177,7 +177,10 @@ def test_show_prints_what_is_stored_by_model_or_by_hash(capsys, project: Path) -
     code, _, err = run_cli(capsys, "show", prefix, "--batch-size", "3")
     assert code == 2 and "apply to MODEL" in err
     code, _, err = run_cli(capsys, "show", "0123456789abcdef")
-    assert code == 1 and "nothing for model_hash 0123456789abcdef" in err
+    assert code == 1 and "nothing for model_hash 0123456789abcdef" in err and "remat-client plan" not in err
+    # A name that is no model is bad input naming close matches, not a hint to plan it.
+    code, _, err = run_cli(capsys, "show", "resnt18", "--batch-size", "2")
+    assert code == 2 and "unknown model 'resnt18'; close matches: resnet18" in err and err.count("\n") == 1, err
 
 
 def test_every_command_has_help_with_an_example(capsys) -> None:
