@@ -155,6 +155,18 @@ def default_timeout(default: float = DEFAULT_TIMEOUT_S) -> float:
     return value
 
 
+def _is_http_url(text: str) -> bool:
+    """Whether ``text`` is an http(s) URL with a host: what a remat service can be reached at."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        _ = parts.port  # read to be checked: a port that is no number or out of range raises
+    except ValueError:  # that, or an unbalanced [IPv6] bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 class PlanServiceClient:
     """A synchronous client of one remat service; reuses its connections until closed.
 
@@ -172,7 +184,7 @@ class PlanServiceClient:
                  transport: httpx.BaseTransport | None = None) -> None:
         timeout = default_timeout() if timeout is None else timeout
         text = str(base_url).strip()
-        if "://" not in text:
+        if not _is_http_url(text):  # ftp://x, http:// and plain words are input, named before any request
             raise ServiceError(f"server URL {text!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
         self.base_url = text.rstrip("/")
         self.timeout = timeout

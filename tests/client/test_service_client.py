@@ -304,11 +304,25 @@ def test_cli_unreachable_server_exits_1_with_one_line(capsys) -> None:
 
 @pytest.mark.parametrize("args, message", [
     (["--server", "localhost:8000"], "server URL"),
+    (["--server", "ftp://127.0.0.1:8000"], "server URL 'ftp://127.0.0.1:8000': expected http://HOST"),
+    (["--server", "http://"], "server URL 'http://': expected"),
+    (["--server", "http://127.0.0.1:99999"], "server URL 'http://127.0.0.1:99999': expected"),
+    (["--server", "http://[::1:8000"], "server URL"),
     (["--server", "http://127.0.0.1:1", "--refresh"], "REMAT_API_TOKEN"),
 ])
 def test_cli_bad_server_arguments_exit_2(capsys, args: list[str], message: str) -> None:
     code, _, err = run_cli(capsys, "plan", *SMALL, *args)
-    assert code == 2 and message in err and err.count("\n") == 1
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", [["status", "0b6d2c5e-1111-2222-3333-444455556666"], ["submit", "resnet18"],
+                                     ["zoo", "torchvision", "--filter", "resnet18"]])
+def test_every_command_names_a_server_url_it_cannot_use_as_input(capsys, monkeypatch: pytest.MonkeyPatch,
+                                                                 command: list[str]) -> None:
+    """Not an http(s) URL with a host: exit 2 before any request, not exit 1 as a failed request."""
+    monkeypatch.setenv("REMAT_API_TOKEN", TOKEN)
+    code, _, err = run_cli(capsys, *command, "--server", "ftp://127.0.0.1:8000")
+    assert code == 2 and "server URL 'ftp://127.0.0.1:8000': expected http://HOST" in err, err
 
 
 def test_cli_server_with_a_trace_file_exits_2(capsys, tmp_path: Path) -> None:
