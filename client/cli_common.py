@@ -26,9 +26,9 @@ from remat.client.request import DEFAULT_CPU_BATCH, DEFAULT_CPU_RESOLUTION, DEFA
 if TYPE_CHECKING:
     from remat.client.plan import Plan
 
-__all__ = ["ENVIRONMENT_BEFORE_CONFIG", "InputError", "emit_json", "fail_input", "format_bytes", "format_checkpoints",
-           "format_kept", "model_kwargs_option", "model_options", "model_request", "parse_shape", "print_model_table",
-           "run_with_progress", "server_or_fail"]
+__all__ = ["ENVIRONMENT_BEFORE_CONFIG", "InputError", "OutputFile", "emit_json", "fail_input", "format_bytes",
+           "format_checkpoints", "format_kept", "model_kwargs_option", "model_options", "model_request", "parse_shape",
+           "print_model_table", "run_with_progress", "server_or_fail"]
 
 ENVIRONMENT_BEFORE_CONFIG: dict[str, str] = {}
 """The environment as ``main()`` found it, before the config file fed the ``REMAT_*`` layer: ``config show``
@@ -40,6 +40,40 @@ class InputError(click.ClickException):
     """Bad user input: reported on one line with exit code 2."""
 
     exit_code = 2
+
+
+class OutputFile(click.ParamType):
+    """A file a command writes once its work is done (``trace --out``, ``show --plot``, ``zoo --csv``).
+
+    Checked when the command line is read: a directory that does not exist or cannot be written, or a
+    picture format that cannot be drawn, used to surface as a traceback's last line (exit 1) after the
+    profile or the whole zoo run it was to hold. ``-`` is standard output where ``stdout`` allows it.
+    """
+
+    name = "file"
+
+    def __init__(self, *, stdout: bool = False, suffixes: Sequence[str] | None = None) -> None:
+        self.stdout = stdout
+        self.suffixes = tuple(suffixes) if suffixes is not None else None
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        import os
+        from pathlib import Path
+
+        text = str(value)
+        if self.stdout and text == "-":
+            return text
+        path = Path(text).expanduser()
+        if self.suffixes is not None and path.suffix.lower().lstrip(".") not in self.suffixes:
+            self.fail(f"{text!r} must end in {', '.join('.' + s for s in self.suffixes)}", param, ctx)
+        if path.is_dir():
+            self.fail(f"{text!r} is a directory", param, ctx)
+        folder = path.parent
+        if not folder.is_dir():
+            self.fail(f"{text!r}: no directory {str(folder)!r} to write it in", param, ctx)
+        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            self.fail(f"{text!r} cannot be written here (permissions)", param, ctx)
+        return str(path)
 
 
 def fail_input(message: str) -> NoReturn:

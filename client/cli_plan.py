@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from remat.client.cli_common import (
+    OutputFile,
     emit_json,
     fail_input,
     format_bytes,
@@ -263,7 +264,7 @@ def _plan_model_from_server(request: Any, server: str, *, refresh: bool, as_json
 @click.argument("model")
 @model_options
 @model_kwargs_option
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True,
+@click.option("--out", type=OutputFile(stdout=True), default="-", show_default=True,
               help="Where to write the remat-trace/1 JSON ('-' for stdout).")
 @click.option("--json", "as_json", is_flag=True,
               help="With --out FILE: print {out, model, num_stages, model_hash} instead of a line on stderr.")

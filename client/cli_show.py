@@ -11,6 +11,7 @@ import click
 
 from remat.client.cli_common import (
     ENVIRONMENT_BEFORE_CONFIG,
+    OutputFile,
     emit_json,
     fail_input,
     model_kwargs_option,
@@ -19,6 +20,7 @@ from remat.client.cli_common import (
     print_model_table,
 )
 from remat.client.errors import RematError
+from remat.client.plots import PLOT_FORMATS
 
 __all__ = ["config_group", "show_command"]
 
@@ -30,7 +32,7 @@ MIN_HASH_PREFIX = 8
 @click.argument("target", metavar="MODEL|HASH")
 @model_options
 @model_kwargs_option
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--plot", "plot_path", type=OutputFile(suffixes=PLOT_FORMATS), default=None,
               metavar="FILE.png", help="Also draw memory over one step (none and linear) and overhead vs peak.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: a list of reports.")
 def show_command(target: str, batch_size: int | None, input_shape: str | None, seq_len: int | None, device: str,

@@ -26,6 +26,8 @@ from remat.client.report import ModelReport
 __all__ = ["plot_report"]
 
 MIB = 1024 * 1024
+PLOT_FORMATS = ("png", "svg", "pdf")
+"""The picture formats :func:`plot_report` writes, chosen by the file's suffix."""
 LABEL_POINTS = 8
 """Font size of the plans' names on the trade panel."""
 

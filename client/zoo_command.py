@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from remat.client.cli_common import (
+    OutputFile,
     emit_json,
     fail_input,
     format_bytes,
@@ -222,7 +223,7 @@ def _run_on_server(body: dict[str, Any], server: str, *, as_json: bool, csv_path
               help="Run on a remat service's workers (needs REMAT_API_TOKEN); default: here, one after another.")
 @click.option("--queue", default=None, metavar="QUEUE", help="With --server: the workers' queue (default: --device).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: every model's row.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--csv", "csv_path", type=OutputFile(), default=None,
               help="Also write the rows to this CSV file.")
 def zoo_command(zoo: str, pattern: str | None, batch_size: int | None, input_shape: str | None,
                 seq_len: int | None, device: str, grads: str, dtype: str, refresh: bool, server: str | None,

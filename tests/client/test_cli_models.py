@@ -188,11 +188,18 @@ def test_measure_command_json(capsys) -> None:
     (["measure", "resnet18", "--algorithm", "all"], "measure takes one planner name"),
     (["trace", "resnet18", "--grads", "sometimes"], "'sometimes' is not one of"),
     (["trace", "resnet18", "--dtype", "int8"], "'int8' is not one of"),
+    # Files written after the work are checked before it: a bad one used to cost the profile (or the zoo run),
+    # then exit 1 with the OSError.
+    (["trace", *SMALL, "--out", "no/such/dir/t.json"], "'--out': 'no/such/dir/t.json': no directory 'no/such/dir'"),
+    (["trace", *SMALL, "--out", "."], "'--out': '.' is a directory"),
+    (["show", *SMALL, "--plot", "no/such/dir/p.png"], "'--plot': 'no/such/dir/p.png': no directory"),
+    (["show", *SMALL, "--plot", "memory.txt"], "'--plot': 'memory.txt' must end in .png, .svg, .pdf"),
+    (["zoo", "torchvision", "--filter", "resnet18", "--csv", "no/such/dir/z.csv"], "'--csv': 'no/such/dir/z.csv'"),
 ])
 def test_bad_model_input_exits_2_with_one_line(capsys, store_url: str, args: list[str], message: str) -> None:
     code, out, err = run_cli(capsys, *args)
-    assert code == 2
-    assert message in err
+    assert code == 2, err
+    assert message in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
