@@ -180,7 +180,7 @@ def _plan_model_for_budget(request: Any, budget: Any, *, refresh: bool, as_json:
     from remat.client.local_planner import local_planner
 
     try:
-        budget.check_device(request.device)  # before the service's health is asked, or the model profiled
+        budget.check_device(request.device)  # before the service is asked or the model profiled, on both paths
         if server:
             report = _budget_report_from_server(request, budget, server, refresh=refresh, as_json=as_json)
         else:

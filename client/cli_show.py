@@ -63,9 +63,10 @@ def show_command(target: str, batch_size: int | None, input_shape: str | None, s
         what = f"{request.name} at input {list(request.input_shape)} {request.dtype}, {request.device}, " \
                f"grads={request.grads}"
     if not reports:
+        hint = ""
         if not by_hash:
             _check_model_name(target)
-        hint = "" if by_hash else f"; `remat-client plan {target}` profiles and plans it"
+            hint = f"; `remat-client plan {target}` profiles and plans it"
         raise click.ClickException(f"the local plan store has nothing for {what}{hint}")
     if plot_path is not None:
         from remat.client.plots import plot_report

@@ -120,7 +120,6 @@ def budget_report(request: ModelRequest, budget: BudgetSpec, progress: ProgressF
     from remat.client.planning.plans import frontier_plans
     from remat.worker import pipeline
 
-    budget.check_device(request.device)
     report = None if refresh else cached_report(request)
     if report is None:
         report = profile_and_plan(request, progress, refresh=refresh)
@@ -212,9 +211,6 @@ def _release_device_memory(device: str) -> None:
     backend_for(device).empty_cache()
 
 
-_FIT_OFF_CUDA = "memory: fit is the CUDA device's free memory; on the CPU give a byte limit (8GiB)"
-
-
 def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | None = None,
               profile_batches: Sequence[int] = DEFAULT_PROFILE_BATCHES,
               progress: ProgressFn | None = None) -> MaxBatchReport:
@@ -237,7 +233,7 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
     if memory.fraction is not None:
         raise BudgetError(f"memory: {memory.text} is a share of a batch's peak; max-batch needs bytes (6GiB) or fit")
     if memory.fit and request.device != "cuda":  # before the profiles, not after them
-        raise BudgetError(_FIT_OFF_CUDA)
+        raise BudgetError("memory: fit is the CUDA device's free memory; on the CPU give a byte limit (8GiB)")
     profiles = []
     with open_store() as store:
         for k, batch in enumerate(sorted(set(profile_batches))):
@@ -257,8 +253,7 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
     smallest = min(fit.sizes)
     if memory.fit:
         room = fit_bytes_for(replaced(request, batch_size=smallest))
-        if room is None:
-            raise BudgetError(_FIT_OFF_CUDA)
+        assert room is not None  # None only off CUDA, refused above
         base_input = fit.trace_at(smallest).input_bytes
 
         def limit_at(batch: int) -> int:
