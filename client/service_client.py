@@ -167,6 +167,15 @@ def _is_http_url(text: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
+def checked_server_url(base_url: object) -> str:
+    """``base_url`` stripped, or a ServiceError naming it: ftp://x, http:// and plain words are input, named
+    before any request (and, by a command that checks it first, before any work)."""
+    text = str(base_url).strip()
+    if not _is_http_url(text):
+        raise ServiceError(f"server URL {text!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+    return text
+
+
 class PlanServiceClient:
     """A synchronous client of one remat service; reuses its connections until closed.
 
@@ -183,10 +192,7 @@ class PlanServiceClient:
     def __init__(self, base_url: str, *, token: str | None = None, timeout: float | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
         timeout = default_timeout() if timeout is None else timeout
-        text = str(base_url).strip()
-        if not _is_http_url(text):  # ftp://x, http:// and plain words are input, named before any request
-            raise ServiceError(f"server URL {text!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
-        self.base_url = text.rstrip("/")
+        self.base_url = checked_server_url(base_url).rstrip("/")
         self.timeout = timeout
         # identity: the size cap counts the bytes that arrive, and no compressed answer inflates past it.
         headers = {"Accept": "application/json", "Accept-Encoding": "identity", "User-Agent": "remat-client"}

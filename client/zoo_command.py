@@ -167,14 +167,22 @@ def _run_embedded(requests: list[Any], *, refresh: bool, as_json: bool, csv_path
     _finish(rows, title=title, as_json=as_json, csv_path=csv_path, total=len(requests))
 
 
-def _run_on_server(body: dict[str, Any], server: str, *, as_json: bool, csv_path: str | None, title: str,
-                   sleep: Callable[[float], None] = time.sleep) -> None:
-    from remat.client.errors import ServiceError
-    from remat.client.service_client import PlanServiceClient
+def _server_and_token(server: str | None) -> tuple[str, str]:
+    """The service's URL and write token for ``zoo --server``, or exit 2 naming what is missing or malformed."""
+    from remat.client.service_client import checked_server_url
 
+    server = checked_server_url(server_or_fail(server))
     token = os.environ.get("REMAT_API_TOKEN") or None
     if token is None:
         fail_input("zoo --server submits jobs: set REMAT_API_TOKEN to the service's write token")
+    return server, token
+
+
+def _run_on_server(body: dict[str, Any], server: str, token: str, *, as_json: bool, csv_path: str | None,
+                   title: str, sleep: Callable[[float], None] = time.sleep) -> None:
+    from remat.client.errors import ServiceError
+    from remat.client.service_client import PlanServiceClient
+
     with PlanServiceClient(server, token=token) as client:
         try:
             client.health()
@@ -242,17 +250,19 @@ def zoo_command(zoo: str, pattern: str | None, batch_size: int | None, input_sha
     """
     from remat.client.zoo_batch import select_zoo_models, zoo_requests
 
+    token = None
+    if server is not None or queue is not None:  # a job that cannot be sent is refused before the zoo's names
+        server, token = _server_and_token(server)  # are read: that imports torchvision (seconds)
     models = select_zoo_models(zoo, pattern)
     shape = parse_shape(input_shape)
     title = (f"{zoo}{f' {pattern}' if pattern else ''}: {len(models)} models, {device}, grads={grads}, {dtype}"
              f"{f', batch {batch_size}' if batch_size else ''}{f', {seq_len} tokens' if seq_len else ''}")
-    if server is not None or queue is not None:  # the service builds and checks the requests
-        server = server_or_fail(server)
+    if server is not None and token is not None:  # the service builds and checks the requests
         body = {"zoo": zoo, "filter": pattern, "batch_size": batch_size, "input_shape": list(shape) if shape else None,
                 "device": device, "grads": grads, "dtype": dtype, "queue": queue, "refresh": refresh}
         if seq_len is not None:
             body["seq_len"] = seq_len  # only when given: a service without hf models knows no such field
-        _run_on_server(body, server, as_json=as_json, csv_path=csv_path, title=title)
+        _run_on_server(body, server, token, as_json=as_json, csv_path=csv_path, title=title)
         return
     try:
         requests = zoo_requests(models, batch_size=batch_size, sample_shape=shape, seq_len=seq_len, device=device,

@@ -165,3 +165,26 @@ def test_zoo_cli_bad_input_is_one_line_exit_2(capsys, store_url: str, monkeypatc
     monkeypatch.delenv("REMAT_API_TOKEN", raising=False)
     code, out, err = run_cli(capsys, *args)
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args, token, message", [
+    (["--queue", "cuda"], "t", "--server URL (or REMAT_SERVER) is needed"),
+    (["--server", "ftp://127.0.0.1"], "t", "server URL 'ftp://127.0.0.1': expected http://HOST"),
+    (["--server", "http://127.0.0.1:9"], None, "set REMAT_API_TOKEN"),
+])
+def test_zoo_jobs_that_cannot_be_sent_are_refused_before_the_zoo_is_read(
+        capsys, store_url: str, monkeypatch: pytest.MonkeyPatch, args: list[str], token: str | None,
+        message: str) -> None:
+    """Reading the zoo's names imports torchvision (seconds): a missing server or token is named before it."""
+    import remat.client.zoo_batch as zoo_batch
+
+    def must_not_run(*_: object) -> list[str]:
+        raise AssertionError("the zoo was read before the service's settings were checked")
+
+    monkeypatch.setattr(zoo_batch, "select_zoo_models", must_not_run)
+    if token is None:
+        monkeypatch.delenv("REMAT_API_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("REMAT_API_TOKEN", token)
+    code, out, err = run_cli(capsys, "zoo", "torchvision", *args)
+    assert code == 2 and message in err and err.count("\n") == 1 and out == "", err
