@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from remat.client.errors import ModelError, RematError
 from remat.client.plan_key import PlanKey
 from remat.client.precision import autocast_dtype
-from remat.client.request import ModelRequest
+from remat.client.request import ModelRequest, check_fixed_size
 
 if TYPE_CHECKING:
     import torch
@@ -109,6 +109,8 @@ def build(request: ModelRequest, *, probe_batch: int | None = None) -> BuiltMode
     unavailable = unavailable_reason(request.device)
     if unavailable is not None:
         raise ModelError(f"--device {request.device}: {unavailable} on this machine")
+    if request.source in ("torchvision", "timm"):
+        check_fixed_size(request.spec, request.sample_shape, request.model_kwargs)
     torch.manual_seed(0)
     # An autocast precision trains float32 weights on float32 inputs; a plain one runs everything in it.
     dtype = getattr(torch, "float32" if autocast_dtype(request.dtype) else request.dtype)

@@ -91,12 +91,30 @@ def trace_model(model: nn.Module, *, train: bool = True, call: ModelCall | None 
     return export_model(model, call, train=train, cache_dir=cache_dir)
 
 
+def call_defaults(model: nn.Module) -> dict[str, Any]:
+    """The parameters of ``model.forward`` after its first that have defaults, with them: what a call with one
+    tensor leaves to the model (timm's ViT: ``attn_mask=None``, ``is_causal=False``).
+
+    fx traces such a parameter as a proxy, on which the forward's ``if attn_mask is not None`` takes the branch
+    no one-tensor call takes. Traced as ``concrete_args`` they hold their defaults: the graph keeps each as a
+    placeholder with that default (and an assertion of it), which the chain is handed as a constant input.
+    """
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a signature: traced as it is
+        return {}
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name: p.default for p in parameters[1:] if p.kind in kinds and p.default is not inspect.Parameter.empty}
+
+
 def _fx_trace(model: nn.Module, train: bool) -> torch.fx.GraphModule:
     root = copy.copy(model)
     with training_mode(model, train):
         root.training = train
         try:
-            graph = _Tracer().trace(root)
+            graph = _Tracer().trace(root, concrete_args=call_defaults(model) or None)
         except Exception as exc:  # noqa: BLE001 - any failure of user code under tracing means "not traceable"
             raise ModelError(f"torch.fx cannot trace {type(model).__name__}: {one_line(exc)}") from exc
     gm = torch.fx.GraphModule(root, graph, class_name=type(model).__name__)

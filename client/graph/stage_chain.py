@@ -109,6 +109,8 @@ class StageChain:
     graph's flat outputs fold back into the model's output (a ``ModelOutput``); None for fx traces."""
     _extra_inputs: dict[str, Any] = field(default_factory=dict, repr=False)
     """The build-time call's inputs other than ``x``, by placeholder name, for ``stage(i)``."""
+    _defaults: dict[str, Any] | None = field(default=None, repr=False)
+    """``_defaulted_inputs``, read from the graph once."""
 
     @property
     def num_stages(self) -> int:
@@ -181,12 +183,21 @@ class StageChain:
         """A call's (``x`` for stage 1, the other graph inputs by name); ``call``: a tensor or a ``ModelCall``
         with the signature the chain was built for."""
         if isinstance(call, torch.Tensor) or self.pytree_specs is None:
-            return (call if isinstance(call, torch.Tensor) else call.main), {}
+            return (call if isinstance(call, torch.Tensor) else call.main), self._defaulted_inputs()
         leaves = call.inputs_for(self.pytree_specs[0])
         if leaves is None or len(leaves) != len(self.input_names):
             raise PlanError("this call's inputs are not those the chain was built for (names or structure differ)")
         named = dict(zip(self.input_names, leaves, strict=True))
         return named.pop(self.main_input), named
+
+    def _defaulted_inputs(self) -> dict[str, Any]:
+        """An fx graph's inputs besides ``x``: the forward's parameters left at their defaults by a one-tensor
+        call, which the trace kept as placeholders holding them (``fx_trace.call_defaults``)."""
+        if self._defaults is None:
+            nodes = self.graph_module.graph.nodes if self.graph_module is not None and self.pytree_specs is None else ()
+            self._defaults = {n.name: n.args[0] for n in nodes
+                              if n.op == "placeholder" and n.name != self.main_input and n.args}
+        return dict(self._defaults)
 
     def fold_output(self, flat: Any) -> Any:
         """The model's output from the last stage's: an exported model's flat leaves folded back."""
@@ -257,7 +268,7 @@ class StageChain:
             isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= n - 1 for c in cps
         ):
             raise PlanError(f"checkpoints {list(checkpoints)} must be distinct boundaries in 1..{n - 1}")
-        env: dict[str, Any] = dict(extra) if extra else {}
+        env: dict[str, Any] = {**self._defaulted_inputs(), **extra} if extra else self._defaulted_inputs()
         if self.main_handed:  # later stages read x by name (NOTE [ token ids are held ] in stage_graph)
             env[self.main_input] = x
         if not torch.is_grad_enabled():

@@ -220,11 +220,16 @@ def side_values(nodes: list[torch.fx.Node], lists: dict[str, dict[str, int]], ha
 
 
 def _flat_inputs(gm: torch.fx.GraphModule, example: torch.Tensor | ModelCall) -> list[Any]:
-    """The values of ``gm``'s placeholders for ``example``: the tensor, or the call's flat pytree leaves."""
-    if isinstance(example, torch.Tensor):
-        return [example]
+    """The values of ``gm``'s placeholders for ``example``: the tensor (and the defaults of the forward's other
+    parameters, which an fx trace keeps as placeholders: ``fx_trace.call_defaults``), or the call's flat pytree
+    leaves."""
     if gm.meta.get("remat_tracer") != "export":
-        return [example.single_tensor if example.single_tensor is not None else example.main]
+        tensor = example if isinstance(example, torch.Tensor) else (
+            example.single_tensor if example.single_tensor is not None else example.main)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        return [tensor, *(n.args[0] for n in placeholders[1:] if n.args)]
+    if isinstance(example, torch.Tensor):  # a one-tensor model fx could not follow, exported
+        return [example]
     leaves, spec = pytree.tree_flatten((tuple(example.args), dict(example.kwargs)))
     in_spec = gm.meta["remat_pytree"][0]
     if spec != in_spec:
