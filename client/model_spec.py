@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["MAX_SPEC_LENGTH", "SOURCES", "build_model", "canonical_spec", "default_sample_shape",
-           "parse_model_kwargs", "source_of"]
+           "fixed_sample_shape", "parse_model_kwargs", "size_argument", "source_of"]
 
 SOURCES = ("torchvision", "timm", "hf", "python", "custom")
 MAX_SPEC_LENGTH = 200
@@ -197,6 +197,73 @@ def _built_with(canonical: str, kwargs: Mapping[str, Any], build: Callable[[], A
             raise
         raise ModelError(f"model {canonical}: building it with --model-kwargs {json.dumps(dict(kwargs))} failed: "
                          f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}") from None
+
+
+#: The ``--model-kwargs`` field that sets the image size a fixed-size model is built for, by source and name.
+_SIZE_ARGUMENTS = {("torchvision", "vit_"): "image_size", ("torchvision", "maxvit_"): "input_size",
+                   ("timm", ""): "img_size"}
+
+
+def size_argument(spec: str) -> str | None:
+    """The builder argument that sets a fixed-size model's image size (``image_size`` for torchvision's ViT,
+    ``input_size`` for its MaxViT, ``img_size`` for timm), None where remat knows of none."""
+    canonical = canonical_spec(spec)
+    source, _, name = canonical.partition(":")
+    return next((arg for (src, prefix), arg in _SIZE_ARGUMENTS.items()
+                 if src == source and name.startswith(prefix)), None)
+
+
+def _side_lengths(value: object) -> tuple[int, int] | None:
+    """An image size as a builder takes it (``224`` or ``[224, 224]``) as (height, width); None if it is neither."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    if (isinstance(value, (list, tuple)) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        return int(value[0]), int(value[1])
+    return None
+
+
+def fixed_sample_shape(spec: str, model_kwargs: Mapping[str, Any] | None = None) -> tuple[int, ...] | None:
+    """The one sample shape a model built with ``model_kwargs`` trains on, for a model whose input size is part
+    of its architecture (a vision transformer's position table, MaxViT's attention grids), else None.
+
+    Such a model cannot be profiled on smaller CPU images, and any other ``--input-shape`` fails inside its
+    forward after seconds of building; knowing the shape, remat defaults to it and refuses another one up front,
+    naming the argument that builds the model for it. torchvision's ViT and MaxViT take ``image_size`` and
+    ``input_size``; a timm model says so in its pretrained configuration (``fixed_input_size``) and takes
+    ``img_size`` (and ``in_chans``); an ``hf:`` vision model takes its configuration's ``image_size`` (its
+    requests check their shapes themselves: ``remat.client.request``). A size argument of another type is
+    left to the builder to refuse.
+    """
+    canonical = canonical_spec(spec)
+    source, _, name = canonical.partition(":")
+    kwargs = model_kwargs or {}
+    if source == "hf":
+        from remat.client.hf_models import hf_image_shape, input_kind
+
+        return hf_image_shape(canonical, kwargs) if input_kind(canonical) == "image" else None
+    argument = size_argument(canonical)
+    if source == "torchvision" and argument is not None:
+        from remat.client.zoo import default_input_shape
+
+        channels, *native = default_input_shape(canonical, check_known=False)
+        sides = _side_lengths(kwargs[argument]) if argument in kwargs else (native[0], native[1])
+        return None if sides is None else (channels, *sides)
+    if source == "timm":
+        try:
+            cfg = _timm().models.get_pretrained_cfg(name)
+        except ModelError:
+            raise
+        except Exception:  # noqa: BLE001 - no configuration: nothing known of its input
+            return None
+        if cfg is None or not getattr(cfg, "fixed_input_size", False) or len(cfg.input_size) != 3:
+            return None
+        sides = _side_lengths(kwargs["img_size"]) if "img_size" in kwargs else tuple(cfg.input_size[1:])
+        channels = kwargs.get("in_chans", cfg.input_size[0])
+        if sides is None or not isinstance(channels, int) or isinstance(channels, bool):
+            return None
+        return (channels, *sides)
+    return None
 
 
 def default_sample_shape(spec: str) -> tuple[int, ...] | None:

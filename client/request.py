@@ -16,13 +16,13 @@ from typing import Any
 from remat.client.devices import DEVICES
 from remat.client.errors import ModelError, PlanError
 from remat.client.hf_models import MAX_SEQ_LEN
-from remat.client.model_spec import canonical_spec, default_sample_shape, source_of
+from remat.client.model_spec import canonical_spec, default_sample_shape, fixed_sample_shape, size_argument, source_of
 from remat.client.plan_key import MAX_DIM, MAX_DIMS, MAX_NUMEL
 from remat.client.precision import normalize_precision
 from remat.client.trace import GRAD_CONVENTIONS, MODES
 
 __all__ = ["DEFAULT_CPU_BATCH", "DEFAULT_CPU_RESOLUTION", "DEFAULT_CUDA_BATCH", "ModelRequest", "ProgressFn",
-           "default_request"]
+           "check_fixed_size", "default_request"]
 
 DEFAULT_CPU_BATCH = 4
 DEFAULT_CPU_RESOLUTION = 128
@@ -162,6 +162,10 @@ def default_request(spec: str, *, batch_size: int | None, sample_shape: Sequence
         kind = "images" if source_of(spec) in ("torchvision", "timm") else "the input --input-shape gives"
         raise ModelError(f"--seq-len: {canonical_spec(spec)} takes {kind}, not token sequences; --seq-len applies "
                          f"to hf: token models")
+    if sample_shape is not None and source_of(spec) == "torchvision":
+        check_fixed_size(spec, sample_shape, model_kwargs)  # timm's is checked where the model is built: it
+    elif sample_shape is None and source_of(spec) != "hf":  # imports torch, which a stored plan's answer does not
+        sample_shape = fixed_sample_shape(spec, model_kwargs)
     if sample_shape is None:
         from remat.client.zoo import fixed_resolution
 
@@ -177,6 +181,33 @@ def default_request(spec: str, *, batch_size: int | None, sample_shape: Sequence
         batch_size = DEFAULT_CPU_BATCH if device == "cpu" else DEFAULT_CUDA_BATCH
     return ModelRequest(spec=spec, batch_size=batch_size, sample_shape=tuple(sample_shape), device=device,
                         grads=grads, dtype=dtype, model_kwargs=dict(model_kwargs or {}), seq_len=seq_len)
+
+
+def check_fixed_size(spec: str, sample_shape: Sequence[int], model_kwargs: Mapping[str, Any] | None) -> None:
+    """Refuse a sample shape that a model built with ``model_kwargs`` cannot take (``fixed_sample_shape``), naming
+    the shape it takes and the argument that builds it for the one given, before seconds of building and
+    tracing end inside its forward.
+
+    Raises:
+        ModelError: the model takes one input size and ``sample_shape`` is not it.
+    """
+    fixed = fixed_sample_shape(spec, model_kwargs)
+    given = tuple(sample_shape)
+    if fixed is None or given == fixed:
+        return
+
+    def dims(shape: tuple[int, ...]) -> str:
+        return ",".join(str(d) for d in shape)
+
+    canonical = canonical_spec(spec)
+    text = f"--input-shape {dims(given)}: {canonical} is built for {dims(fixed)} images only"
+    argument = size_argument(canonical)
+    if argument is None or len(given) != 3 or given[0] != fixed[0]:
+        raise ModelError(f"{text}: use --input-shape {dims(fixed)}")
+    size: object = given[1] if given[1] == given[2] and argument != "input_size" else [given[1], given[2]]
+    kwargs = json.dumps({**(model_kwargs or {}), argument: size})
+    raise ModelError(f"{text}: use --input-shape {dims(fixed)}, or build it for {given[1]}x{given[2]} with "
+                     f"--model-kwargs '{kwargs}'")
 
 
 def _hf_input(spec: str, sample_shape: Sequence[int] | None, seq_len: int | None, device: str,

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from remat.client.errors import ModelError, PlanError, UnknownModelError
 from remat.client.hf_models import text_positions
 from remat.client.job_state import JobState
+from remat.client.model_spec import fixed_sample_shape
 from remat.client.report import BASELINE_ALGORITHM, ModelReport, Trade
 from remat.client.request import ModelRequest, default_request
 
@@ -98,7 +99,9 @@ def zoo_requests(models: Sequence[ZooModel], *, batch_size: int | None, sample_s
     """One request per model, sharing everything else: ``seq_len`` applies to the token models and
     ``sample_shape`` to the others (an hf zoo holds both kinds); each model's default where not given. A
     two-tower model's captions stop at its text tower's positions (CLIP: 77 tokens), as its default does: a
-    zoo asked for longer sequences still plans it, at the longest caption it takes (its key says which).
+    zoo asked for longer sequences still plans it, at the longest caption it takes (its key says which). So a
+    model built for one image size (ViT, MaxViT: ``fixed_sample_shape``) is planned at that size whatever
+    ``sample_shape`` the zoo was given; its row's input shape says which.
 
     Raises:
         ModelError: ``seq_len`` (or ``input_shape``) given while no selected model takes it; a request error
@@ -110,15 +113,21 @@ def zoo_requests(models: Sequence[ZooModel], *, batch_size: int | None, sample_s
                          "models)")
     if sample_shape is not None and tokens and all(tokens):
         raise ModelError("input_shape: every selected model takes token ids; give seq_len (--seq-len) instead")
+    fixed = [not token and fixed_sample_shape(model.spec, model.model_kwargs) is not None
+             for model, token in zip(models, tokens, strict=True)]
+    if sample_shape is not None and all(a or b for a, b in zip(tokens, fixed, strict=True)):
+        one_size = [model.spec.rsplit(":", 1)[-1] for model, f in zip(models, fixed, strict=True) if f]
+        raise ModelError(f"input_shape: every selected model that takes images is built for one size "
+                         f"({', '.join(one_size[:4])}{', …' if len(one_size) > 4 else ''}) and is planned at it")
     out = []
-    for model, token in zip(models, tokens, strict=True):
+    for model, token, one in zip(models, tokens, fixed, strict=True):
         length = seq_len if token else None
         limit = text_positions(model.spec, model.model_kwargs) if length is not None else None
         if limit is not None:
             length = min(length, limit)
+        shape = None if token or one else sample_shape
         try:
-            out.append(default_request(model.spec, batch_size=batch_size,
-                                       sample_shape=None if token else sample_shape,
+            out.append(default_request(model.spec, batch_size=batch_size, sample_shape=shape,
                                        seq_len=length, device=device, grads=grads, dtype=dtype,
                                        model_kwargs=dict(model.model_kwargs)))
         except (ModelError, PlanError) as exc:

@@ -239,8 +239,8 @@ def zoo_command(zoo: str, pattern: str | None, batch_size: int | None, input_sha
     """Plan every classification model of ZOO (or those --filter selects) and tabulate what checkpointing saves.
 
     ZOO is torchvision (its classification models) or hf (small Hugging Face architectures: GPT-2, a Llama-style
-    decoder, Mixtral, BERT, T5, ViT, CLIP); there --seq-len applies to the token models and CLIP, --input-shape to
-    ViT.
+    decoder, Mixtral, BERT, T5, ViT, CLIP); there --seq-len applies to the token models and CLIP. A model built
+    for one image size (torchvision's ViT and MaxViT, hf's ViT) is planned at it, whatever --input-shape says.
 
     \b
     Examples:
