@@ -256,13 +256,15 @@ def store_plans(*, session: Session, trace_id: int, plans: Sequence[Plan]) -> St
                "recompute_ms": p.recompute_ms, "step_ms": p.step_ms, "extra": dict(p.extra) or None,
                "created_at": now, "updated_at": now}
               for (algorithm, budget), p in sorted(by_key.items())]
-    stmt = _insert(session, PlanRow.__table__).values(values)
+    # One statement for any number of plans, its parameters a list: SQLAlchemy caches its compiled form and
+    # sends the rows as one multi-row INSERT ("insertmanyvalues"), where .values(rows) compiled anew per count.
+    stmt = _insert(session, PlanRow.__table__)
     replaced = ("trace_id", "cost_model", "checkpoints", "num_stages", "dropped_vertices", "num_vertices",
                 "predicted_peak_bytes",
                 "baseline_peak_bytes", "recompute_ms", "step_ms", "extra", "updated_at")
     stmt = stmt.on_conflict_do_update(index_elements=_PLAN_KEY_COLUMNS,
                                       set_={c: stmt.excluded[c] for c in replaced})
-    session.execute(stmt)
+    session.execute(stmt, values)
     if any(budget != NO_BUDGET for _, budget in by_key):  # a new frontier: the older curves' points go
         session.execute(delete(PlanRow).where(
             PlanRow.architecture_id == trace.architecture_id, PlanRow.trace_id != trace_id,
