@@ -11,7 +11,7 @@ stages and checkpoints with its predicted peak against the no-checkpoint peak, a
 ``checkpoint()`` took; or the one-line refusal, or ``no cut`` when the model trains without checkpoints (a
 warning says why). Each model runs in its own process, with a time limit, from an empty plan cache and store.
 
-    uv run python benchmarks/timm_breadth.py                  # every family (about 15 minutes on 2 cores)
+    uv run python benchmarks/timm_breadth.py                  # every family (about an hour on 2 cores)
     uv run python benchmarks/timm_breadth.py --only vit,swin_transformer,resnet
     uv run python benchmarks/timm_breadth.py --json rows.json
 """
