@@ -596,7 +596,9 @@ def build_stage_chain(model: nn.Module, example_input: torch.Tensor | ModelCall,
         call: ModelCall | None = example_input
         single = example_input.single_tensor
     elif isinstance(example_input, torch.Tensor):
-        call, single = None, example_input
+        # A one-tensor call (its signature "", so keys stay those of a bare tensor): a model fx cannot follow is
+        # exported, as checkpoint() exports it (timm's CrossViT), before its top-level children are tried.
+        call, single = ModelCall(args=(example_input,), kwargs={}), example_input
     else:
         raise ModelError(f"example_input must be a tensor or a ModelCall, got {type(example_input).__name__}")
     run_error = None

@@ -66,11 +66,12 @@ class FunctionalNorm(nn.Module):
 
 
 class UntraceableChain(nn.Sequential):
-    """A Sequential whose forward branches on a traced value: fx fails, the children are a chain."""
+    """A Sequential whose forward branches on a value of its input: fx and torch.export both fail, the
+    children are a chain."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4:
-            raise ValueError("expects NCHW")
+        if bool(x.isnan().any()):
+            raise ValueError("NaN in the input")
         for module in self:
             x = module(x)
         return x
@@ -83,9 +84,20 @@ class UntraceableBranches(nn.Module):
         self.b = nn.Conv2d(3, 3, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.isnan().any()):
+            raise ValueError("NaN in the input")
+        return self.a(x) + self.b(x)
+
+
+class ShapeCheckedChain(nn.Sequential):
+    """A Sequential whose forward branches on its input's shape: fx fails, torch.export follows it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:
             raise ValueError("expects NCHW")
-        return self.a(x) + self.b(x)
+        for module in self:
+            x = module(x)
+        return x
 
 
 def _untraceable_chain() -> UntraceableChain:
@@ -207,13 +219,34 @@ def test_untraceable_chain_falls_back_to_children() -> None:
     assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers(), strict=True))
 
 
+def test_a_one_tensor_model_fx_cannot_follow_is_exported_and_cut() -> None:
+    """As checkpoint() does for such a model, the CLI's bare tensor is exported before the children are tried:
+    the graph's boundaries, not the top-level children (timm's CrossViT: no chain of children at all)."""
+    torch.manual_seed(0)
+    model = ShapeCheckedChain(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.Tanh(),
+                              nn.Conv2d(4, 2, 1))
+    with pytest.raises(ModelError):
+        trace_model(model)
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8)
+    chain = build_stage_chain(model, x)
+    assert chain.source != "children" and chain.graph_module.meta["remat_tracer"] == "export"
+    assert chain.num_stages >= 4
+    loss = chain.run_call(x, checkpoints=tuple(range(1, chain.num_stages))).square().sum()
+    loss.backward()
+    ref_loss = ref(x).square().sum()
+    ref_loss.backward()
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+
+
 def test_neither_traceable_nor_a_chain_is_a_clear_one_line_error() -> None:
     with pytest.raises(ModelError) as info:
         build_stage_chain(UntraceableBranches(), torch.randn(2, 3, 8, 8))
     message = str(info.value)
     assert "\n" not in message
     assert "cannot cut UntraceableBranches into stages" in message
-    assert "torch.fx cannot trace" in message
+    assert "torch.export cannot trace UntraceableBranches" in message  # tried after fx
     assert "child 'b' does not take the previous output" in message
 
 
