@@ -261,7 +261,6 @@ def budget_report_from_service(request: ModelRequest, client: PlanServiceClient,
         BudgetError: ``fit`` without a CUDA device, or the service refused the budget as infeasible.
         PlanNotFoundError, ServiceError: as :func:`report_from_service`.
     """
-
     full = report_from_service(request, client, upload=upload, progress=progress)
     none_row, linear_row = full.row("none"), full.row("linear")
     key = PlanKey.from_dict(full.key)

@@ -183,7 +183,7 @@ class StageChain:
         """A call's (``x`` for stage 1, the other graph inputs by name); ``call``: a tensor or a ``ModelCall``
         with the signature the chain was built for."""
         if isinstance(call, torch.Tensor) or self.pytree_specs is None:
-            return (call if isinstance(call, torch.Tensor) else call.main), self._defaulted_inputs()
+            return (call if isinstance(call, torch.Tensor) else call.main), dict(self._defaulted_inputs())
         leaves = call.inputs_for(self.pytree_specs[0])
         if leaves is None or len(leaves) != len(self.input_names):
             raise PlanError("this call's inputs are not those the chain was built for (names or structure differ)")
@@ -192,12 +192,13 @@ class StageChain:
 
     def _defaulted_inputs(self) -> dict[str, Any]:
         """An fx graph's inputs besides ``x``: the forward's parameters left at their defaults by a one-tensor
-        call, which the trace kept as placeholders holding them (``fx_trace.call_defaults``)."""
+        call, which the trace kept as placeholders holding them (``fx_trace.call_defaults``). Read from the graph
+        once; the mapping is the chain's own, copied by whoever changes what it holds."""
         if self._defaults is None:
             nodes = self.graph_module.graph.nodes if self.graph_module is not None and self.pytree_specs is None else ()
             self._defaults = {n.name: n.args[0] for n in nodes
                               if n.op == "placeholder" and n.name != self.main_input and n.args}
-        return dict(self._defaults)
+        return self._defaults
 
     def fold_output(self, flat: Any) -> Any:
         """The model's output from the last stage's: an exported model's flat leaves folded back."""
@@ -268,7 +269,7 @@ class StageChain:
             isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= n - 1 for c in cps
         ):
             raise PlanError(f"checkpoints {list(checkpoints)} must be distinct boundaries in 1..{n - 1}")
-        env: dict[str, Any] = {**self._defaulted_inputs(), **extra} if extra else self._defaulted_inputs()
+        env: dict[str, Any] = {**self._defaulted_inputs(), **(extra or {})}
         if self.main_handed:  # later stages read x by name (NOTE [ token ids are held ] in stage_graph)
             env[self.main_input] = x
         if not torch.is_grad_enabled():
