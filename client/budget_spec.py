@@ -39,12 +39,20 @@ class BudgetInfeasibleError(BudgetError):
     """No plan's predicted peak fits the budget; carries the smallest feasible peak (a BudgetError: the
     input cannot be met, exit 2 on the CLI)."""
 
-    def __init__(self, budget_bytes: int, min_peak_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, min_peak_bytes: int, whose: str = "the linear plan's") -> None:
         self.budget_bytes = budget_bytes
         self.min_peak_bytes = min_peak_bytes
         super().__init__(f"budget: {budget_bytes} bytes is below the smallest feasible peak, {min_peak_bytes} "
-                         f"bytes ({min_peak_bytes / 2**20:.2f} MiB, the linear plan's); raise the budget or "
+                         f"bytes ({min_peak_bytes / 2**20:.2f} MiB, {whose}); raise the budget or "
                          f"shrink the batch")
+
+
+def whose_peak(plan: Plan) -> str:
+    """Words for the plan holding a frontier's least peak: the ``linear`` plan's, unless a nested or graph plan
+    reaches below every chain plan (NOTE [ budgets below the chains ] in remat.client.planning.plans)."""
+    kind = plan.runs_as[0]
+    return {"graph": "a graph plan's, recomputing inside stages", "nested": "a nested plan's"}.get(
+        kind, "the linear plan's")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +118,12 @@ def parse_budget(text: str) -> BudgetSpec:
 T = TypeVar("T")
 
 
-def pick_for_budget(frontier: Sequence[T], budget_bytes: int, peak: Callable[[T], int]) -> T:
+def pick_for_budget(frontier: Sequence[T], budget_bytes: int, peak: Callable[[T], int],
+                    plan: Callable[[T], Plan] | None = None) -> T:
     """The frontier point a budget gets: the one with the largest peak that fits, which on a frontier (peaks
     ascending, recompute falling) is the fastest plan that fits. ``peak`` reads a point's peak, so planner
-    points, plans, report rows and stored records are picked by this one rule.
+    points, plans, report rows and stored records are picked by this one rule; ``plan`` reads its Plan, for
+    the error to say whose the least peak is (the ``linear`` plan's without it: a chain frontier's).
 
     Raises:
         ValueError: the frontier is empty.
@@ -123,7 +133,8 @@ def pick_for_budget(frontier: Sequence[T], budget_bytes: int, peak: Callable[[T]
         raise ValueError("pick_for_budget: the frontier is empty")
     fitting = [p for p in frontier if peak(p) <= budget_bytes]
     if not fitting:
-        raise BudgetInfeasibleError(budget_bytes, peak(frontier[0]))
+        raise BudgetInfeasibleError(budget_bytes, peak(frontier[0]),
+                                    *([whose_peak(plan(frontier[0]))] if plan is not None else []))
     return fitting[-1]
 
 
@@ -135,7 +146,7 @@ def pick_from_frontier(frontier: Sequence[Plan], budget: BudgetSpec) -> Plan:
     """
     ordered = sorted(frontier, key=lambda p: p.predicted_peak_bytes)
     budget_bytes = budget.resolve(baseline_peak_bytes=ordered[-1].baseline_peak_bytes)
-    return pick_for_budget(ordered, budget_bytes, peak=lambda p: p.predicted_peak_bytes)
+    return pick_for_budget(ordered, budget_bytes, peak=lambda p: p.predicted_peak_bytes, plan=lambda p: p)
 
 
 def fit_bytes(device_total_bytes: int, static_bytes: int, margin: float = FIT_MARGIN) -> int:

@@ -113,6 +113,16 @@ class Plan:
         return self.dropped_vertices is not None
 
     @property
+    def runs_as(self) -> tuple[str, tuple[int, ...]]:
+        """The training step this plan is, whatever its name: a graph plan's dropped vertices, a nested plan's
+        or a chain plan's checkpoints. Two plans with the same ``runs_as`` are one step, measured once (NOTE
+        [ one step, one measurement ] in remat.worker.pipeline); a chain plan and a graph plan never are, even
+        where both keep everything."""
+        if self.dropped_vertices is not None:
+            return "graph", self.dropped_vertices
+        return ("nested" if self.nested else "chain"), self.checkpoints
+
+    @property
     def saving(self) -> float:
         """Fraction of the no-checkpoint peak that the plan saves (0.0 when the baseline is 0)."""
         if self.baseline_peak_bytes == 0:

@@ -136,10 +136,13 @@ def budget_report(request: ModelRequest, budget: BudgetSpec, progress: ProgressF
             plans = frontier_plans(trace)
             store.save_profile(trace, plans, {})
             frontier = [PlanRow.from_measurement(p, None) for p in plans]
-        row = pick_for_budget(frontier, budget_bytes, peak=lambda r: r.plan.predicted_peak_bytes)
+        row = pick_for_budget(frontier, budget_bytes, peak=lambda r: r.plan.predicted_peak_bytes,
+                              plan=lambda r: r.plan)
         if row.measured_peak_bytes is None:
             trace = trace or _stored_trace(store, key)
             built = build(request)
+            if row.plan.is_graph_plan:  # a point below the chains, stored unmeasured: it runs on the op graph
+                built.op_graph = pipeline.op_graph(built)
             measured = pipeline.validate(built, trace, [none_row.plan, row.plan], progress=progress,
                                          timing_rounds=1)[row.plan.label]
             store.save_measurement(key, measured, algorithm=BUDGET_ALGORITHM, budget_bytes=row.plan.budget_bytes)

@@ -162,10 +162,11 @@ def plans_for(built: BuiltModel, trace: Trace, *, algorithms: Sequence[str] | No
               frontier: bool | None = None, certify_s: float = 0.0) -> tuple[Plan, ...]:
     """Every planner's plan for a profiled model (``planning.plans_to_store``), graph plans searched under the
     predictor where the profile allows (:func:`graph_planned`): what ``run`` and the one-call path store."""
-    from remat.client.planning.plans import plans_to_store
+    from remat.client.planning.plans import plans_to_store, with_points_below_chains
 
-    return tuple(graph_planned(built, trace, p, certify_s=certify_s)
-                 for p in plans_to_store(trace, algorithms=algorithms, frontier=frontier))
+    planned = [graph_planned(built, trace, p, certify_s=certify_s)
+               for p in plans_to_store(trace, algorithms=algorithms, frontier=frontier)]
+    return tuple(with_points_below_chains(planned))  # the graph plan's searched peak may reach below the chains
 
 
 def _as_graph_measurement(m: Measurement, plan: Plan) -> Measurement:
@@ -347,11 +348,10 @@ def run(request: ModelRequest, *, progress: ProgressFn | None = None, **options:
 
 
 def _shared_measurements(plans: Sequence[Plan], measurements: Mapping[str, Measurement]) -> dict[str, Measurement]:
-    """Frontier plans whose checkpoints a measured chain plan has get that measurement too: the same step."""
-    by_checkpoints = {p.checkpoints: measurements[p.label] for p in plans
-                      if p.label in measurements and not p.is_graph_plan}
-    return {p.label: replace(by_checkpoints[p.checkpoints], algorithm=p.algorithm) for p in plans
-            if p.label not in measurements and p.checkpoints in by_checkpoints}
+    """Frontier plans that are a measured plan's step (``Plan.runs_as``) get that measurement too."""
+    by_step = {p.runs_as: measurements[p.label] for p in plans if p.label in measurements}
+    return {p.label: replace(by_step[p.runs_as], algorithm=p.algorithm) for p in plans
+            if p.label not in measurements and p.runs_as in by_step}
 
 
 def measure_algorithm(request: ModelRequest, algorithm: str, *, progress: ProgressFn | None = None) -> Measurement:

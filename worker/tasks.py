@@ -336,7 +336,7 @@ def plan_trace(task: Task, job_id: str) -> str:
     if claim.outcome != "run" or claim.job is None:
         return claim.outcome
     from remat.client.plan import BUDGET_ALGORITHM
-    from remat.client.planning.plans import STORED_COST_MODEL, frontier_plans, make_plan
+    from remat.client.planning.plans import STORED_COST_MODEL, frontier_plans, make_plan, with_points_below_chains
 
     request = claim.job.request
     with Heartbeat(store, job_id, owner, settings.job_lease_s) as beat:
@@ -353,6 +353,7 @@ def plan_trace(task: Task, job_id: str) -> str:
                     plans.extend(frontier_plans(trace))
                 else:
                     plans.append(make_plan(trace, algorithm, cost_model=STORED_COST_MODEL))
+            plans = with_points_below_chains(plans)  # nested's plan below the chains, when both ran here
         except LeaseLost:
             return "lease lost"
         except DatabaseUnreachable:

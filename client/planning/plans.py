@@ -7,7 +7,9 @@ the CLI, the service and the worker all report the same figures for the same tra
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+from remat.client.budget_spec import pick_for_budget
 from remat.client.plan import BUDGET_ALGORITHM, COST_MODELS, NESTED_KEY, Plan
 from remat.client.planning.cost_models import peak
 from remat.client.planning.planners import PLANNERS, get_planner
@@ -106,15 +108,17 @@ def plan_all(trace: Trace, *, cost_model: str | None = None,
 
 def make_budget_plan(trace: Trace, budget_bytes: int) -> Plan:
     """The least-recompute plan whose ``pytorch`` peak fits ``budget_bytes``: the frontier plan it picks,
-    stored (like every frontier plan) under its own peak, the tightest budget it answers.
+    stored (like every frontier plan) under its own peak, the tightest budget it answers. The nested planners'
+    plans join the frontier where they peak below every chain plan (NOTE [ budgets below the chains ]); a
+    trace's graph plans are priced under ``classic`` without the model's graph profile, so none joins here.
 
     Raises:
-        remat.client.budget_spec.BudgetInfeasibleError: no plan fits; it names the smallest peak.
+        remat.client.budget_spec.BudgetInfeasibleError: no plan fits; it names the smallest peak and whose.
     """
-    from remat.client.planning.planners import budget
-
-    point = budget.pick(budget.pareto_frontier(trace), budget_bytes)
-    return _reported(trace, BUDGET_ALGORITHM, point.checkpoints, STORED_COST_MODEL, point.peak_bytes)
+    nested = [make_plan(trace, name) for name, spec in PLANNERS.items() if spec.nested]
+    points = sorted((p for p in with_points_below_chains([*nested, *frontier_plans(trace)]) if p.budget_bytes),
+                    key=lambda p: p.predicted_peak_bytes)
+    return pick_for_budget(points, budget_bytes, peak=lambda p: p.predicted_peak_bytes, plan=lambda p: p)
 
 
 def frontier_plans(trace: Trace) -> list[Plan]:
@@ -124,6 +128,39 @@ def frontier_plans(trace: Trace) -> list[Plan]:
 
     return [_reported(trace, BUDGET_ALGORITHM, p.checkpoints, STORED_COST_MODEL, p.peak_bytes)
             for p in budget.pareto_frontier(trace)]
+
+
+# NOTE [ budgets below the chains ] The Pareto frontier (planners/budget.py) is exact over chain plans, and a
+# budget used to pick from it alone. But a nested plan, or a graph plan that cuts inside stages, can peak far
+# below every chain plan: timm's CrossViT at batch 2 keeps 81.6 MiB under any chain plan (its stages are two
+# towers that a chain cannot split), acg's graph plan measured 14.8 MiB, and `--budget 40MiB` was refused as
+# "below the smallest feasible peak". Such a plan joins the frontier as a budget point of its own when its peak
+# is below the chains' least, where no chain plan answers anyway: the chain points, exact among themselves,
+# stay as they are. Its peak must be the measured quantity's prediction (the ``pytorch`` model: a graph plan
+# searched under the graph predictor; a ``classic`` graph plan on CUDA does not join). A graph plan has no
+# recompute estimate, so it counts as the slowest: among such points one joins only if no point at or below
+# its peak is known to be faster.
+def with_points_below_chains(plans: Sequence[Plan]) -> list[Plan]:
+    """``plans`` with budget points for the nested and graph plans among them that peak below every chain
+    plan of the frontier (NOTE [ budgets below the chains ]); those points computed earlier are replaced, so
+    calling it again after a graph plan changed is safe. Without chain frontier points, ``plans`` as they are."""
+    chains = [p for p in plans if p.budget_bytes and p.runs_as[0] == "chain"]
+    if not chains:
+        return list(plans)
+    least = min(p.predicted_peak_bytes for p in chains)
+    candidates = sorted((p for p in plans if not p.budget_bytes and p.runs_as[0] != "chain"
+                         and p.cost_model == STORED_COST_MODEL and p.predicted_peak_bytes < least),
+                        key=lambda p: (p.predicted_peak_bytes, _cost(p)))
+    below: list[Plan] = []
+    for plan in candidates:  # tightest first: a point joins if it is faster than every tighter one
+        if plan.runs_as not in {b.runs_as for b in below} and all(_cost(plan) < _cost(b) for b in below):
+            below.append(replace(plan, algorithm=BUDGET_ALGORITHM, budget_bytes=plan.predicted_peak_bytes))
+    return [p for p in plans if not p.budget_bytes or p.runs_as[0] == "chain"] + below
+
+
+def _cost(plan: Plan) -> float:
+    """A plan's recompute estimate for ranking budget points; infinite without one (a graph plan's)."""
+    return plan.recompute_ms if plan.recompute_ms is not None else float("inf")
 
 
 FRONTIER_INLINE_STAGES = 500
@@ -144,21 +181,22 @@ def plans_to_store(trace: Trace, *, algorithms: Sequence[str] | None = None,
     """Every registered planner's plan (or those named) and, unless too large or told not to, the frontier."""
     plans = plan_all(trace, cost_model=STORED_COST_MODEL, algorithms=algorithms)
     if frontier if frontier is not None else trace.num_stages <= FRONTIER_INLINE_STAGES:
-        plans += frontier_plans(trace)
+        plans = with_points_below_chains(plans + frontier_plans(trace))
     return plans
 
 
 def frontier_to_validate(plans: Sequence[Plan]) -> list[Plan]:
     """The frontier plans a profiling run measures: those answering :data:`VALIDATED_SHARES` of the
     no-checkpoint peak, then the point halfway along the frontier — at most ``len(VALIDATED_SHARES)``, each
-    once, leaving out plans whose checkpoints a registered planner's plan has (measured anyway: the ends of
-    the frontier are usually ``none`` and ``linear``)."""
+    once, leaving out plans that are a registered planner's step (``Plan.runs_as``; measured anyway: the ends
+    of the frontier are usually ``none`` and ``linear``, and a point below the chains is a nested or graph
+    plan's)."""
     frontier = sorted((p for p in plans if p.algorithm == BUDGET_ALGORITHM and p.budget_bytes),
                       key=lambda p: p.predicted_peak_bytes)
     if not frontier:
         return []
     base = frontier[-1].baseline_peak_bytes
-    measured_elsewhere = {p.checkpoints for p in plans if not p.budget_bytes}
+    measured_elsewhere = {p.runs_as for p in plans if not p.budget_bytes}
     candidates = []
     for share in VALIDATED_SHARES:
         fitting = [p for p in frontier if p.predicted_peak_bytes <= share * base]
@@ -167,6 +205,6 @@ def frontier_to_validate(plans: Sequence[Plan]) -> list[Plan]:
     candidates.append(frontier[len(frontier) // 2])
     chosen: list[Plan] = []
     for plan in candidates:
-        if plan not in chosen and plan.checkpoints not in measured_elsewhere and len(chosen) < len(VALIDATED_SHARES):
+        if plan not in chosen and plan.runs_as not in measured_elsewhere and len(chosen) < len(VALIDATED_SHARES):
             chosen.append(plan)
     return chosen

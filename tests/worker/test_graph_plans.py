@@ -7,6 +7,7 @@ import pytest
 import torch
 import torchvision
 
+from remat.client.budget_spec import BudgetSpec, pick_from_frontier
 from remat.client.graph.op_graph import build_op_graph
 from remat.client.graph.stage_graph import build_stage_chain
 from remat.client.plan import Plan
@@ -87,6 +88,15 @@ def test_a_profiling_run_plans_measures_and_applies_the_graph_plan() -> None:
     assert measured.predicted_peak_bytes == acg.predicted_peak_bytes
     assert acg.predicted_peak_bytes == pytest.approx(measured.measured_peak_bytes, rel=0.005)
     assert measured.measured_peak_bytes < result.measurements["linear"].measured_peak_bytes
+    # Below every chain plan, the graph plan is the frontier's tightest point (NOTE [ budgets below the chains ]):
+    # a budget between it and the chains gets it, with acg's measurement (one step, measured once).
+    points = sorted((p for p in result.plans if p.budget_bytes), key=lambda p: p.predicted_peak_bytes)
+    assert points[0].dropped_vertices == acg.dropped_vertices and points[0].budget_bytes == acg.predicted_peak_bytes
+    assert all(not p.is_graph_plan for p in points[1:]) and points[1].predicted_peak_bytes > acg.predicted_peak_bytes
+    assert result.measurements[points[0].label].measured_peak_bytes == measured.measured_peak_bytes
+    assert result.measurements[points[0].label].dropped_vertices == acg.dropped_vertices
+    between = BudgetSpec(text="between", bytes=(acg.predicted_peak_bytes + points[1].predicted_peak_bytes) // 2)
+    assert pick_from_frontier(points, between) == points[0]
 
     torch.manual_seed(1)
     model, reference_model = nas_net().train(), nas_net().train()

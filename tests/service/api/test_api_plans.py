@@ -246,6 +246,31 @@ def test_a_budget_is_answered_from_the_stored_frontier(client: TestClient) -> No
     assert missing.status_code == 422 and missing.json()["detail"].startswith("budget: required")
 
 
+def test_a_nested_plan_below_the_chains_answers_the_budgets_they_cannot(client: TestClient) -> None:
+    """Eight equal stages: nesting reaches 5000 bytes, no one-level plan below 6000 (NOTE [ budgets below the
+    chains ] in remat.client.planning.plans). The upload stores nested's point; a budget between is answered
+    with it, run nested, and one below it names the smallest peak."""
+    body = trace_dict(num_stages=8)
+    for stage in body["stages"]:
+        stage.update(output_bytes=1000, saved_bytes=1000)
+    stored = client.post("/v1/traces", json=body, headers=AUTH).json()
+    nested = next(p for p in stored["plans"] if p["algorithm"] == "nested")
+    linear = next(p for p in stored["plans"] if p["algorithm"] == "linear")
+    assert nested["nested"] is True and nested["predicted_peak_bytes"] < linear["predicted_peak_bytes"]
+    points = client.get("/v1/plans/arch-1/frontier", params=QUERY).json()["points"]
+    assert points[0]["plan"]["nested"] is True
+    assert points[0]["plan"]["budget_bytes"] == nested["predicted_peak_bytes"]
+    assert points[1]["plan"]["budget_bytes"] == linear["predicted_peak_bytes"]
+    between = (nested["predicted_peak_bytes"] + linear["predicted_peak_bytes"]) // 2
+    got = client.get("/v1/plans/arch-1", params={**QUERY, "algorithm": "budget", "budget": between})
+    assert got.status_code == 200, got.text
+    assert got.json()["plan"]["checkpoints"] == nested["checkpoints"] and got.json()["plan"]["nested"] is True
+    below = client.get("/v1/plans/arch-1", params={**QUERY, "algorithm": "budget",
+                                                   "budget": nested["predicted_peak_bytes"] - 1})
+    assert below.status_code == 422 and f"smallest feasible peak, {nested['predicted_peak_bytes']}" in \
+        below.json()["detail"]
+
+
 def test_no_frontier_is_a_404_naming_the_key(client: TestClient) -> None:
     response = client.get("/v1/plans/arch-9", params={**QUERY, "algorithm": "budget", "budget": 10**9})
     assert response.status_code == 404 and "no frontier is stored for arch-9" in response.json()["detail"]
