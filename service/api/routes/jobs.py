@@ -46,7 +46,21 @@ def _model_request(body: JobCreate) -> ModelRequest:
         canonical_name(body.model)
     except UnknownModelError as exc:
         raise HTTPException(422, detail=f"model: {exc}") from None
+    _check_fixed_size(body)
     return ModelRequest.from_dict(body.model_dump(exclude={"queue"}))  # PlanError (422) names the field
+
+
+def _check_fixed_size(body: JobCreate) -> None:
+    """A model built for one image size (torchvision's ViT and MaxViT) at another is refused here, in the API's
+    words: the worker would refuse it minutes later in the CLI's (``--input-shape``, ``--model-kwargs``), and a
+    service builds torchvision models with their default arguments, so the size is the only thing to change."""
+    from remat.client.model_spec import canonical_spec, fixed_sample_shape
+
+    fixed = fixed_sample_shape(body.model)
+    if fixed is not None and tuple(body.input_shape) != fixed:
+        raise HTTPException(422, detail=f"input_shape: {canonical_spec(body.model)} is built for {list(fixed)} "
+                                        f"images only (a service builds torchvision models with their default "
+                                        f"arguments), got {body.input_shape}")
 
 
 def _hf_request(body: JobCreate) -> ModelRequest:

@@ -75,6 +75,11 @@ def test_job_is_enqueued_by_name_with_its_id_only(make_client: Callable[..., Tes
     ({"model_kwargs": {"num_classes": 3}}, "model_kwargs: a service's workers build torchvision models with their "
                                            "default arguments"),
     ({"seq_len": 64}, "seq_len: torchvision:resnet152 takes images"),
+    ({"model": "vit_b_16", "input_shape": [3, 64, 64]},  # the worker's refusal named --input-shape, minutes later
+     "input_shape: torchvision:vit_b_16 is built for [3, 224, 224] images only (a service builds torchvision models "
+     "with their default arguments), got [3, 64, 64]"),
+    ({"model": "maxvit_t", "input_shape": [3, 128, 128]}, "input_shape: torchvision:maxvit_t is built for "
+                                                          "[3, 224, 224] images only"),
     ({"seq_len": 0}, "seq_len: Input should be greater than or equal to 1"),
     ({"priority": 1}, "priority: Extra inputs are not permitted"),
 ])
