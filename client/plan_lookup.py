@@ -45,6 +45,8 @@ from remat.client.local_planner import local_planner, local_planner_or_none
 from remat.client.local_plans import LocalPlanCache
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
     from torch import nn
 
@@ -374,6 +376,32 @@ def _warn_service(exc: ServiceError) -> None:
                   stacklevel=6)
 
 
+BELOW_THE_CHAINS_SHARE = 0.75
+"""A nested or graph plan predicted at this share of ``linear``'s peak or less is worth a word to a user who got
+``linear``: it keeps a quarter less memory or more, for recompute a budget can trade."""
+
+
+def _say_if_below_the_chains(plans: Sequence[Plan], chosen: Plan, name: str) -> None:
+    """Announce, once at profiling, a plan far below the ``linear`` plan just applied (NOTE [ budgets below the
+    chains ] in remat.client.planning.plans): timm's CrossViT keeps 81.6 MiB under every chain plan and 14.8
+    MiB under acg's graph plan, and a user of the default would never learn it. A warning, like the profiling
+    announcement, so a script that configures no logging still prints it."""
+    if chosen.algorithm != "linear" or chosen.budget_bytes:
+        return
+    below = [p for p in plans if p.budget_bytes and p.runs_as[0] != "chain"]
+    if not below:
+        return
+    tightest = min(below, key=lambda p: p.predicted_peak_bytes)
+    if tightest.predicted_peak_bytes > BELOW_THE_CHAINS_SHARE * chosen.predicted_peak_bytes:
+        return
+    source = next((p.algorithm for p in plans if not p.budget_bytes and p.runs_as == tightest.runs_as), "acg")
+    kind = "graph plan, recomputing inside stages," if tightest.is_graph_plan else "plan, re-running segments nested,"
+    logger.warning("remat: %s: the linear plan keeps %.1f MiB of activations, and no plan that cuts between stages "
+                   "keeps less; %s's %s is predicted at %.1f MiB: pass algorithm=%r, or a budget, to use it",
+                   name, chosen.predicted_peak_bytes / 2**20, source, kind, tightest.predicted_peak_bytes / 2**20,
+                   source)
+
+
 def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str | None, token: str | None,
                   timeout_s: float | None, *, budget: BudgetSpec | None = None) -> Plan:
     """Step 4, ``on_miss="profile"``: plan here, keep it, share the trace when allowed."""
@@ -398,6 +426,7 @@ def _profile_here(built: Any, algorithm: str, cache: LocalPlanCache, server: str
     if measured is not None and measured.grad_check_passed is False:
         raise RematError(f"remat: the {algorithm} plan for {built.request.name} changed the gradients "
                          f"(max difference {measured.grad_max_abs_diff}); not applying it — please report this")
+    _say_if_below_the_chains(result.plans, plan, built.request.name)
     plan = type(plan).from_dict({**plan.to_dict(), "key": built.key.to_dict()})
     cache.put(built.key, plan, source="profiled here", variant=budget.text if budget is not None else "")
     if server and token:

@@ -434,21 +434,32 @@ def test_a_budget_gets_the_fastest_fitting_plan_that_trains_exactly_like_the_unm
 
 
 def test_a_budget_below_every_chain_plan_gets_the_graph_plan_that_trains_like_the_model(
-        cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cache_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """DARTS-like cells read the two previous cells, so a chain plan saves little (four cells at 16²: every one
-    at 97.8% of none's measured peak or above), and acg's graph plan cuts inside the cells (22%). A 50% budget
-    used to be refused as below the smallest feasible peak (NOTE [ budgets below the chains ] in
-    remat.client.planning.plans)."""
+    at 97.8% of none's measured peak or above), and acg's graph plan cuts inside the cells (22%). The default
+    call says so once, at profiling; a 50% budget, refused before as below the smallest feasible peak, gets
+    the graph plan from the stored frontier (NOTE [ budgets below the chains ] in remat.client.planning.plans)."""
     from remat.client.graph.op_graph import OpGraph
     from tests.utils.nas_cell import nas_net
 
     g = torch.Generator().manual_seed(5)
     batches = [(torch.randn(2, 3, 16, 16, generator=g), torch.randint(0, 10, (2,), generator=g)) for _ in range(3)]
+    default = nas_net(cells=2)
+    with caplog.at_level(logging.WARNING, logger="remat"):
+        remat.client.checkpoint(default, batches[0][0], grads="kept", cache_dir=cache_dir)
+    linear = applied_plan(default)
+    assert linear is not None and linear.algorithm == "linear"
+    hint = [r.getMessage() for r in caplog.records if "no plan that cuts between stages" in r.getMessage()]
+    assert len(hint) == 1 and "acg's graph plan, recomputing inside stages, is predicted at" in hint[0], hint
+    assert hint[0].endswith("pass algorithm='acg', or a budget, to use it")
+
+    monkeypatch.setattr(local, "plan_held_model", lambda *a, **k: pytest.fail("profiled again"))
     reference = nas_net(cells=2)
     planned = copy.deepcopy(reference)
     remat.client.checkpoint(planned, batches[0][0], grads="kept", budget="50%", cache_dir=cache_dir)
     plan = applied_plan(planned)
     assert plan is not None and plan.algorithm == "budget" and plan.is_graph_plan
+    assert plan.predicted_peak_bytes <= 0.75 * linear.predicted_peak_bytes
     assert isinstance(applied_chain(planned), OpGraph)
     frontier = local.stored_frontier(PlanKey.from_dict(plan.extra["key"]))
     assert frontier[0].dropped_vertices == plan.dropped_vertices
@@ -457,9 +468,7 @@ def test_a_budget_below_every_chain_plan_gets_the_graph_plan_that_trains_like_th
         assert torch.equal(a, b), f"step {step}"
     for a, b in zip(reference.state_dict().values(), planned.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-
-    monkeypatch.setattr(local, "plan_held_model", lambda *a, **k: pytest.fail("profiled again"))
-    again = nas_net(cells=2)  # another budget that only the graph plan fits: from the stored frontier, no profiling
+    again = nas_net(cells=2)  # another budget only the graph plan fits, at its very peak
     remat.client.checkpoint(again, batches[0][0], grads="kept", budget=frontier[0].predicted_peak_bytes,
                             cache_dir=cache_dir)
     assert applied_plan(again).dropped_vertices == plan.dropped_vertices
