@@ -35,11 +35,15 @@ class BudgetError(PlanError):
     bad argument, like every other one of ``checkpoint()``."""
 
 
+LINEAR_PEAK = "the linear plan's"
+"""Whose a chain frontier's least peak is: ``linear`` finds the least peak of any chain plan."""
+
+
 class BudgetInfeasibleError(BudgetError):
     """No plan's predicted peak fits the budget; carries the smallest feasible peak (a BudgetError: the
     input cannot be met, exit 2 on the CLI)."""
 
-    def __init__(self, budget_bytes: int, min_peak_bytes: int, whose: str = "the linear plan's") -> None:
+    def __init__(self, budget_bytes: int, min_peak_bytes: int, whose: str = LINEAR_PEAK) -> None:
         self.budget_bytes = budget_bytes
         self.min_peak_bytes = min_peak_bytes
         super().__init__(f"budget: {budget_bytes} bytes is below the smallest feasible peak, {min_peak_bytes} "
@@ -51,8 +55,7 @@ def whose_peak(plan: Plan) -> str:
     """Words for the plan holding a frontier's least peak: the ``linear`` plan's, unless a nested or graph plan
     reaches below every chain plan (NOTE [ budgets below the chains ] in remat.client.planning.plans)."""
     kind = plan.runs_as[0]
-    return {"graph": "a graph plan's, recomputing inside stages", "nested": "a nested plan's"}.get(
-        kind, "the linear plan's")
+    return {"graph": "a graph plan's, recomputing inside stages", "nested": "a nested plan's"}.get(kind, LINEAR_PEAK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +136,8 @@ def pick_for_budget(frontier: Sequence[T], budget_bytes: int, peak: Callable[[T]
         raise ValueError("pick_for_budget: the frontier is empty")
     fitting = [p for p in frontier if peak(p) <= budget_bytes]
     if not fitting:
-        raise BudgetInfeasibleError(budget_bytes, peak(frontier[0]),
-                                    *([whose_peak(plan(frontier[0]))] if plan is not None else []))
+        whose = whose_peak(plan(frontier[0])) if plan is not None else LINEAR_PEAK
+        raise BudgetInfeasibleError(budget_bytes, peak(frontier[0]), whose)
     return fitting[-1]
 
 

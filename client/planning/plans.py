@@ -152,8 +152,8 @@ def with_points_below_chains(plans: Sequence[Plan]) -> list[Plan]:
                          and p.cost_model == STORED_COST_MODEL and p.predicted_peak_bytes < least),
                         key=lambda p: (p.predicted_peak_bytes, _cost(p)))
     below: list[Plan] = []
-    for plan in candidates:  # tightest first: a point joins if it is faster than every tighter one
-        if plan.runs_as not in {b.runs_as for b in below} and all(_cost(plan) < _cost(b) for b in below):
+    for plan in candidates:  # tightest first: a point joins if it is faster than every tighter one (so one per step)
+        if all(_cost(plan) < _cost(b) for b in below):
             below.append(replace(plan, algorithm=BUDGET_ALGORITHM, budget_bytes=plan.predicted_peak_bytes))
     return [p for p in plans if not p.budget_bytes or p.runs_as[0] == "chain"] + below
 
