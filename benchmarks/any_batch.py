@@ -6,7 +6,8 @@ field, peak level and graph vertex; times excluded). Then measure a training ste
 with the derived trace's plans (none, linear, chen-sqrt, uniform, the frontier's middle point) and report the
 largest prediction error. With ``--max-batch BYTES``, also: the largest batch the derived plans say fits,
 against the truth found by measured steps (a binary search in which each probed batch is profiled, its least-
-memory plan planned on that real profile and its step measured).
+memory plan planned on that real profile and its step measured), beside the answer with one-level plans alone
+(``linear``: no ``nested`` plans searched).
 
     uv run python benchmarks/any_batch.py --models resnet50,densenet121 --image-size 64 --at 8,16,32
     uv run python benchmarks/any_batch.py --models resnet50 --image-size 64 --max-batch 200MiB --at ""
@@ -128,7 +129,9 @@ def feasible(model: str, sample: tuple[int, ...], batch: int, limit: int) -> tup
 
 def run_max_batch(model: str, sample: tuple[int, ...], sources: list[int], limit: int) -> None:
     profiles = [pipeline.profile(build(_request(model, b, sample))) for b in sources]
-    answer = largest_batch(fit_batches(profiles), lambda b: limit)
+    fit = fit_batches(profiles)
+    answer = largest_batch(fit, lambda b: limit)
+    one_level = largest_batch(fit, lambda b: limit, nested=False)  # the answer before nested plans were searched
     ok, measured = feasible(model, sample, answer.batch_size, limit)
     low, high, probes = answer.batch_size, None, 1
     if ok:  # search upwards for the truth: the first batch whose measured step is over
@@ -147,9 +150,9 @@ def run_max_batch(model: str, sample: tuple[int, ...], sources: list[int], limit
     truth = low if ok else None
     verdict = ("equal" if truth == answer.batch_size else
                f"answer {truth - answer.batch_size} below" if truth and truth > answer.batch_size else "ABOVE")
-    print(f"| {model} | {list(sample)} | {limit / MIB:.0f} MiB | {answer.batch_size} "
-          f"({answer.plan.predicted_peak_bytes / MIB:.1f} MiB predicted, {measured / MIB:.1f} MiB measured) | "
-          f"{truth} ({probes} measured probes) | {verdict} |")
+    print(f"| {model} | {list(sample)} | {limit / MIB:.0f} MiB | {one_level.batch_size} | {answer.batch_size} "
+          f"(`{answer.plan.algorithm}`, {answer.plan.predicted_peak_bytes / MIB:.1f} MiB predicted, "
+          f"{measured / MIB:.1f} MiB measured) | {truth} ({probes} measured probes) | {verdict} |")
     sys.stdout.flush()
 
 

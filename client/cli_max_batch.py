@@ -64,8 +64,9 @@ def max_batch_command(model: str, batch_size: int | None, input_shape: str | Non
     """The largest batch of MODEL whose best checkpoint plan fits the memory, verified by a training step.
 
     MODEL is profiled at two small batch sizes; the trace at every other batch size is derived from them, the
-    least-memory plan (or the fastest within --overhead) is planned at each candidate, and the largest batch
-    that fits is run once with its plan to measure it. The next batch is shown not to fit, by prediction.
+    least-memory plan (linear's, or nested's where it keeps less; with --overhead the least-memory plan within
+    it) is planned at each candidate, and the largest batch that fits is run once with its plan to measure it.
+    The next batch is shown not to fit, by prediction.
 
     \b
     Example:
