@@ -28,7 +28,7 @@ SCRIPT_LOCATION = "remat.migrations:"
 scripts are data the service runs; their code imports the service's models (to say what they migrate), so
 importing them from here would point the dependency both ways."""
 
-HEAD_REVISION = "0008"
+HEAD_REVISION = "0009"
 """The newest revision in migrations/versions; a test keeps it equal to Alembic's own head."""
 
 

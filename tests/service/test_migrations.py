@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -266,3 +267,67 @@ def test_api_key_and_measurement_schemas_derive_from_the_records() -> None:
     assert key_columns <= {c.name for c in PlanRow.__table__.columns}  # + model_hash via the architecture
     assert set(MeasurementOut.model_fields) == set(Measurement().to_dict())
     assert set(MeasurementCreate.model_fields) == {"key", "algorithm", "budget_bytes", *STORED_FIELDS}
+
+
+def test_0009_adds_the_points_below_the_chains_to_frontiers_stored_without_them(fresh_url: str) -> None:
+    """A frontier stored before 0009 has chain points only. The upgrade adds what the write path stores today
+    (``with_points_below_chains``): a nested plan and a graph plan below every chain point, each a ``budget`` row
+    at its own peak with its source plan's measurement; a frontier that has them is left alone."""
+    from dataclasses import replace
+
+    from sqlalchemy import text
+
+    from remat.client.measurement import Measurement
+    from remat.client.plan import Plan
+    from remat.client.plan_key import PlanKey
+    from remat.client.planning.plans import plans_to_store, with_points_below_chains
+    from remat.service import repository
+    from tests.client.planning.test_max_batch import NESTING_WINS
+    from tests.client.test_derived_trace import profile
+
+    trace = profile(8, NESTING_WINS, torch_version="2.15")
+    plans = plans_to_store(trace)
+    least = min(p.predicted_peak_bytes for p in plans if p.nested)
+    graph = Plan(algorithm="acg", cost_model="pytorch", checkpoints=(), predicted_peak_bytes=least - 4096,
+                 baseline_peak_bytes=plans[0].baseline_peak_bytes, num_stages=trace.num_stages,
+                 dropped_vertices=(1, 2), num_vertices=9)
+    plans = with_points_below_chains([p for p in plans if p.algorithm != "acg"] + [graph])
+    below = [p for p in plans if p.budget_bytes and p.runs_as[0] != "chain"]
+    assert sorted(p.runs_as[0] for p in below) == ["graph", "nested"]
+    sources = {p.runs_as: p for p in plans if not p.budget_bytes}
+    measured = {p.label: Measurement(checkpoints=p.checkpoints, dropped_vertices=p.dropped_vertices,
+                                     measured_peak_bytes=p.predicted_peak_bytes + 8)
+                for p in plans if p.runs_as[0] != "chain" and not (p.budget_bytes and p.runs_as not in sources)}
+    key = PlanKey.from_trace(trace)
+
+    def frontier() -> list[tuple[dict[str, Any], list[int | None]]]:
+        with db.read_session() as session:
+            return [(r.plan.to_dict(), [m.measured_peak_bytes for m in r.measurements])
+                    for r in repository.find_frontier(session=session, key=key)]
+
+    db = Database(fresh_url)
+    try:
+        migrate.upgrade(db)
+        with db.write_session() as session:
+            repository.store_profile(session=session, trace=trace, plans=plans, measurements=measured)
+        expected = frontier()
+        assert [d for d, _ in expected if d.get("nested") or d.get("dropped_vertices")] == [
+            replace(p, algorithm="budget").to_dict() for p in sorted(below, key=lambda p: p.predicted_peak_bytes)]
+        chains = min(p.predicted_peak_bytes for p in plans if p.budget_bytes and p.runs_as[0] == "chain")
+        assert all(m == [d["predicted_peak_bytes"] + 8] for d, m in expected if d["predicted_peak_bytes"] < chains)
+        stale = f"algorithm = 'budget' AND budget_bytes < {chains}"
+        with db.engine.begin() as conn:  # as a store written before 9753cb3 holds it
+            conn.execute(text(f"DELETE FROM measurements WHERE plan_id IN (SELECT id FROM plans WHERE {stale})"))
+            assert conn.execute(text(f"DELETE FROM plans WHERE {stale}")).rowcount == 2
+        assert len(frontier()) == len(expected) - 2
+        migrate.downgrade(db, "0008")
+        migrate.upgrade(db)
+        assert frontier() == expected
+        with db.engine.connect() as conn:  # the nested point's vertices are SQL NULL, as the ORM writes them
+            assert conn.execute(text(f"SELECT COUNT(*) FROM plans WHERE {stale} AND dropped_vertices IS NULL")
+                                ).scalar_one() == 1
+        migrate.downgrade(db, "0008")  # again: a frontier with its points is left as it is
+        migrate.upgrade(db)
+        assert frontier() == expected
+    finally:
+        db.dispose()

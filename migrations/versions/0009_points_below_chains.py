@@ -1,0 +1,96 @@
+"""Budget points below the chain plans, for frontiers stored before they were computed.
+
+Since 9753cb3 a key's stored frontier also holds, below the least peak of its chain plans, the nested and graph
+plans that peak lower: ``budget`` rows whose ``budget_bytes`` is their own peak, measured as their planner's
+plan (NOTE [ budgets below the chains ] in remat.client.planning.plans). A frontier stored before has none, so
+a budget below its chain plans was refused although a stored plan fits it, until the model was profiled again.
+This revision adds them to every frontier that has none, by a frozen copy of the rule
+(``with_points_below_chains``), each with copies of its source plan's measurements of its current step.
+
+Downgrade keeps them: the schema is unchanged, and the code before this revision stores and serves such rows.
+
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-12-07
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0009"
+down_revision: str | None = "0008"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+BUDGET = "budget"
+NO_BUDGET = 0
+STORED_COST_MODEL = "pytorch"
+KEY = ("architecture_id", "input_shape", "inputs", "dtype", "mode", "grads", "device_class", "torch_version")
+
+
+def _is_chain(row: Any) -> bool:
+    """A plan that runs as a chain: no dropped vertices, not nested (frozen copy of ``Plan.runs_as``)."""
+    nested = isinstance(row.extra, dict) and row.extra.get("nested") is True
+    return row.dropped_vertices is None and not nested
+
+
+def _cost(row: Any) -> float:
+    return row.recompute_ms if row.recompute_ms is not None else float("inf")
+
+
+def points_below_chains(rows: Sequence[Any]) -> list[Any]:
+    """The plan rows of one key that become budget points (frozen copy of ``with_points_below_chains`` over the
+    newest frontier's trace): none where that frontier already has a point that is not a chain plan."""
+    points = [r for r in rows if r.algorithm == BUDGET and r.budget_bytes != NO_BUDGET]
+    if not points:
+        return []
+    newest = max(r.trace_id for r in points)  # NOTE [latest profile wins]: the frontier is one trace's
+    frontier = [r for r in points if r.trace_id == newest]
+    if not all(_is_chain(r) for r in frontier):
+        return []
+    least = min(r.predicted_peak_bytes for r in frontier)
+    candidates = sorted((r for r in rows if r.trace_id == newest and r.budget_bytes == NO_BUDGET
+                         and r.algorithm != BUDGET and not _is_chain(r) and r.cost_model == STORED_COST_MODEL
+                         and r.predicted_peak_bytes < least),
+                        key=lambda r: (r.predicted_peak_bytes, _cost(r)))
+    below: list[Any] = []
+    for row in candidates:  # tightest first: one joins if it is faster than every tighter one
+        if all(_cost(row) < _cost(b) for b in below):
+            below.append(row)
+    return below
+
+
+def _copied(row: Any, **changes: Any) -> dict[str, Any]:
+    """A row's values for an insert, less its id; a NULL stays SQL NULL (a reflected JSON column would write
+    ``None`` as JSON ``null``, which ``IS NULL`` does not find)."""
+    values = {k: (sa.null() if v is None else v) for k, v in row._mapping.items() if k != "id"}
+    values.update(changes)
+    return values
+
+
+def upgrade() -> None:
+    conn = op.get_bind()
+    meta = sa.MetaData()
+    plans = sa.Table("plans", meta, autoload_with=conn)
+    measurements = sa.Table("measurements", meta, autoload_with=conn)
+    keyed = sa.select(plans).order_by(*(plans.c[k] for k in KEY), plans.c.id)
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for row in conn.execute(keyed).all():
+        groups.setdefault(tuple(getattr(row, k) for k in KEY), []).append(row)
+    for rows in groups.values():
+        for source in points_below_chains(rows):
+            point = _copied(source, algorithm=BUDGET, budget_bytes=source.predicted_peak_bytes)
+            point_id = conn.execute(plans.insert().values(**point).returning(plans.c.id)).scalar_one()
+            copied = conn.execute(sa.select(measurements).where(measurements.c.plan_id == source.id)).all()
+            for m in copied:
+                ran = (list(m.checkpoints), list(m.dropped_vertices) if m.dropped_vertices is not None else None)
+                if ran != (list(source.checkpoints), source.dropped_vertices):
+                    continue  # a measurement of checkpoints the plan no longer keeps
+                conn.execute(measurements.insert().values(**_copied(m, plan_id=point_id)))
+
+
+def downgrade() -> None:
+    pass  # see the module docstring: the rows are valid, and served, below this revision
