@@ -181,6 +181,11 @@ def format_checkpoints(checkpoints: Sequence[int], limit: int = 12) -> str:
     return shown + (f",… ({len(checkpoints)})" if len(checkpoints) > limit else "")
 
 
+def format_algorithm(plan: Plan) -> str:
+    """The algorithm column: a budget point that is a registered planner's plan says whose (``budget (acg)``)."""
+    return plan.algorithm if plan.planned_by == plan.algorithm else f"{plan.algorithm} ({plan.planned_by})"
+
+
 def format_kept(plan: Plan) -> str:
     """The checkpoints column: a chain plan's boundaries (said to run nested for a nested plan), or what a graph
     plan recomputes."""
@@ -235,8 +240,8 @@ def print_model_table(report: Any, source: str | None = None) -> None:
         predicted = format_bytes(row.plan.predicted_peak_bytes)
         if row.plan.cost_model != "pytorch":  # not the measured quantity: say which model it is
             predicted += f" ({row.plan.cost_model})"
-        table.add_row(row.plan.algorithm, format_kept(row.plan), predicted, format_bytes(row.measured_peak_bytes),
-                      saving, step)
+        table.add_row(format_algorithm(row.plan), format_kept(row.plan), predicted,
+                      format_bytes(row.measured_peak_bytes), saving, step)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo("Peaks are activation memory of one training step (weights and the input batch excluded); "
                "the step time's change against none is the recompute overhead (each plan's step read against the "
@@ -247,11 +252,11 @@ def print_model_table(report: Any, source: str | None = None) -> None:
         best = min(bounded, key=lambda p: p.predicted_peak_bytes)
         click.echo(f"No plan of this step can peak below {format_bytes(best.lower_bound_bytes)}, what the step "
                    f"itself needs ({best.extra.get(LOWER_BOUND_AT_KEY, 'one event')}): none can peak more than "
-                   f"{best.optimality_gap:.0%} below {best.algorithm}'s.")
+                   f"{best.optimality_gap:.0%} below {best.planned_by}'s.")
         if best.certified_bound_bytes is not None:
             click.echo(f"No one-level graph plan can peak below {format_bytes(best.certified_bound_bytes)} "
                        f"({best.extra.get(CERTIFIED_BY_KEY)}): none is more than {best.certified_gap:.0%} below "
-                       f"{best.algorithm}'s.")
+                       f"{best.planned_by}'s.")
     if report.frontier:
         low, high = report.frontier[0].plan.predicted_peak_bytes, report.frontier[-1].plan.predicted_peak_bytes
         measured = sum(1 for r in report.frontier if r.measured_peak_bytes is not None)

@@ -22,6 +22,7 @@ from remat.client.cli_common import (
     OutputFile,
     emit_json,
     fail_input,
+    format_algorithm,
     format_bytes,
     format_checkpoints,
     format_kept,
@@ -52,7 +53,7 @@ def _print_plan_table(plans: Sequence[Plan], title: str) -> None:
         recompute = "-" if p.recompute_ms is None else f"{p.recompute_ms:.1f} ms"
         if overhead is not None:
             recompute += f" (+{overhead:.0%})"
-        table.add_row(p.algorithm, format_kept(p), p.cost_model,
+        table.add_row(format_algorithm(p), format_kept(p), p.cost_model,
                       format_bytes(p.predicted_peak_bytes), f"{p.saving:.1%}", recompute)
     # A pipe gets no terminal width; 80 columns would truncate the checkpoint lists.
     Console(width=None if sys.stdout.isatty() else 140).print(table)

@@ -30,6 +30,10 @@ CERTIFIED_BY_KEY = "certified_by"
 BUDGET_ALGORITHM = "budget"
 """The algorithm of plans chosen for a byte budget: points of a trace's Pareto frontier of (peak, recompute
 time), each stored under its own peak (``budget_bytes``). Not a registered planner: it needs a budget."""
+PLANNED_BY_KEY = "planned_by"
+"""The plan field (in ``Plan.extra``) of a budget point that is another planner's plan: a nested or graph plan
+below every chain plan (NOTE [ budgets below the chains ] in remat.client.planning.plans) names its planner,
+so that a table can say ``budget (acg)``."""
 
 
 def validate_checkpoints(checkpoints: Iterable[int], num_stages: int) -> tuple[int, ...]:
@@ -134,6 +138,13 @@ class Plan:
         """True for a nested plan (``extra["nested"]``): what runs it is the chain with ``nested=True``, and
         its checkpoints name the outer segments."""
         return isinstance(self.extra, Mapping) and self.extra.get(NESTED_KEY) is True
+
+    @property
+    def planned_by(self) -> str:
+        """The planner whose plan this is: ``extra["planned_by"]`` for a budget point taken from a registered
+        planner, else ``algorithm``."""
+        value = self.extra.get(PLANNED_BY_KEY) if isinstance(self.extra, Mapping) else None
+        return value if isinstance(value, str) and value else self.algorithm
 
     @property
     def lower_bound_bytes(self) -> int | None:

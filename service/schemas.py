@@ -133,6 +133,9 @@ class PlanOut(BaseModel):
     """A graph plan's certified bound: no one-level graph plan peaks below it (``Plan.certified_bound_bytes``)."""
     certified_by: str | None = None
     """How that bound was certified."""
+    planned_by: str | None = None
+    """A budget point that is a registered planner's plan (a nested or graph plan below every chain plan): that
+    planner's name."""
 
 
 def _measurement_out() -> type[BaseModel]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from remat.client.budget_spec import pick_for_budget
-from remat.client.plan import BUDGET_ALGORITHM, COST_MODELS, NESTED_KEY, Plan
+from remat.client.plan import BUDGET_ALGORITHM, COST_MODELS, NESTED_KEY, PLANNED_BY_KEY, Plan
 from remat.client.planning.cost_models import peak
 from remat.client.planning.planners import PLANNERS, get_planner
 from remat.client.planning.recompute_time import recompute_ms
@@ -154,7 +154,8 @@ def with_points_below_chains(plans: Sequence[Plan]) -> list[Plan]:
     below: list[Plan] = []
     for plan in candidates:  # tightest first: a point joins if it is faster than every tighter one (so one per step)
         if all(_cost(plan) < _cost(b) for b in below):
-            below.append(replace(plan, algorithm=BUDGET_ALGORITHM, budget_bytes=plan.predicted_peak_bytes))
+            below.append(replace(plan, algorithm=BUDGET_ALGORITHM, budget_bytes=plan.predicted_peak_bytes,
+                                 extra={**plan.extra, PLANNED_BY_KEY: plan.algorithm}))
     return [p for p in plans if not p.budget_bytes or p.runs_as[0] == "chain"] + below
 
 

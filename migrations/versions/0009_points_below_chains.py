@@ -1,8 +1,8 @@
 """Budget points below the chain plans, for frontiers stored before they were computed.
 
 Since 9753cb3 a key's stored frontier also holds, below the least peak of its chain plans, the nested and graph
-plans that peak lower: ``budget`` rows whose ``budget_bytes`` is their own peak, measured as their planner's
-plan (NOTE [ budgets below the chains ] in remat.client.planning.plans). A frontier stored before has none, so
+plans that peak lower: ``budget`` rows whose ``budget_bytes`` is their own peak, naming their planner
+(``planned_by``) and measured as its plan (NOTE [ budgets below the chains ] in remat.client.planning.plans). A frontier stored before has none, so
 a budget below its chain plans was refused although a stored plan fits it, until the model was profiled again.
 This revision adds them to every frontier that has none, by a frozen copy of the rule
 (``with_points_below_chains``), each with copies of its source plan's measurements of its current step.
@@ -82,7 +82,8 @@ def upgrade() -> None:
         groups.setdefault(tuple(getattr(row, k) for k in KEY), []).append(row)
     for rows in groups.values():
         for source in points_below_chains(rows):
-            point = _copied(source, algorithm=BUDGET, budget_bytes=source.predicted_peak_bytes)
+            point = _copied(source, algorithm=BUDGET, budget_bytes=source.predicted_peak_bytes,
+                            extra={**(source.extra or {}), "planned_by": source.algorithm})
             point_id = conn.execute(plans.insert().values(**point).returning(plans.c.id)).scalar_one()
             copied = conn.execute(sa.select(measurements).where(measurements.c.plan_id == source.id)).all()
             for m in copied:

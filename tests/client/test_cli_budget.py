@@ -139,10 +139,12 @@ def test_a_budget_below_every_chain_plan_gets_the_graph_plan_measured(capsys, tm
     assert code == 0, err
     rows = {p["algorithm"]: p for p in json.loads(out)["plans"]}
     chosen, none = rows["budget"], rows["none"]
-    assert chosen["dropped_vertices"] and chosen["checkpoints"] == []
+    assert chosen["dropped_vertices"] and chosen["checkpoints"] == [] and chosen["planned_by"] == "acg"
     assert chosen["measured_peak_bytes"] <= none["measured_peak_bytes"] // 2
     assert chosen["measured_peak_bytes"] == pytest.approx(chosen["predicted_peak_bytes"], rel=0.005)
     assert rows["linear"]["predicted_peak_bytes"] > none["predicted_peak_bytes"] // 2  # no chain plan fits
+    code, out, err = run_cli(capsys, "plan", *nas, "--budget", "50%")  # from the store: the table says whose
+    assert code == 0 and "│ budget (acg) │ graph: recomputes" in out, out
     code, _, err = run_cli(capsys, "plan", *nas, "--budget", str(chosen["predicted_peak_bytes"] - 1))
     assert code == 2
     assert err.strip().endswith(f"smallest feasible peak, {chosen['predicted_peak_bytes']} bytes "

@@ -37,6 +37,7 @@ def test_a_nested_plan_below_every_chain_plan_answers_the_budgets_no_chain_plan_
     points = sorted((p for p in plans if p.budget_bytes), key=lambda p: p.predicted_peak_bytes)
     assert points[0].runs_as == nested.runs_as and points[0].nested
     assert points[0].budget_bytes == points[0].predicted_peak_bytes == nested.predicted_peak_bytes
+    assert points[0].planned_by == "nested" and points[1].planned_by == BUDGET_ALGORITHM  # whose plan it is
     assert points[1].predicted_peak_bytes == chain_least and points[1].runs_as[0] == "chain"
 
     between = (nested.predicted_peak_bytes + chain_least) // 2
