@@ -14,7 +14,7 @@ Revises: 0008
 Create Date: 2026-12-07
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,7 +34,7 @@ KEY = ("architecture_id", "input_shape", "inputs", "dtype", "mode", "grads", "de
 def _is_chain(row: Any) -> bool:
     """A plan that runs as a chain: no dropped vertices, not nested (frozen copy of ``Plan.runs_as``)."""
     nested = isinstance(row.extra, dict) and row.extra.get("nested") is True
-    return row.dropped_vertices is None and not nested
+    return not row.is_graph and not nested
 
 
 def _cost(row: Any) -> float:
@@ -71,26 +71,41 @@ def _copied(row: Any, **changes: Any) -> dict[str, Any]:
     return values
 
 
+def _groups(rows: Iterable[Any]) -> Iterator[list[Any]]:
+    """Consecutive rows of one plan key, from rows ordered by it."""
+    group: list[Any] = []
+    for row in rows:
+        if group and tuple(getattr(row, k) for k in KEY) != tuple(getattr(group[0], k) for k in KEY):
+            yield group
+            group = []
+        group.append(row)
+    if group:
+        yield group
+
+
 def upgrade() -> None:
     conn = op.get_bind()
     meta = sa.MetaData()
     plans = sa.Table("plans", meta, autoload_with=conn)
     measurements = sa.Table("measurements", meta, autoload_with=conn)
-    keyed = sa.select(plans).order_by(*(plans.c[k] for k in KEY), plans.c.id)
-    groups: dict[tuple[Any, ...], list[Any]] = {}
-    for row in conn.execute(keyed).all():
-        groups.setdefault(tuple(getattr(row, k) for k in KEY), []).append(row)
-    for rows in groups.values():
-        for source in points_below_chains(rows):
-            point = _copied(source, algorithm=BUDGET, budget_bytes=source.predicted_peak_bytes,
-                            extra={**(source.extra or {}), "planned_by": source.algorithm})
-            point_id = conn.execute(plans.insert().values(**point).returning(plans.c.id)).scalar_one()
-            copied = conn.execute(sa.select(measurements).where(measurements.c.plan_id == source.id)).all()
-            for m in copied:
-                ran = (list(m.checkpoints), list(m.dropped_vertices) if m.dropped_vertices is not None else None)
-                if ran != (list(source.checkpoints), source.dropped_vertices):
-                    continue  # a measurement of checkpoints the plan no longer keeps
-                conn.execute(measurements.insert().values(**_copied(m, plan_id=point_id)))
+    # What the rule reads, streamed in the order of the plan key's unique index, one key at a time: a cluster's
+    # store is never held in memory at once (a graph plan's vertex list is read only for the points it makes).
+    columns = [plans.c[name] for name in (*KEY, "id", "trace_id", "algorithm", "budget_bytes", "cost_model",
+                                          "extra", "predicted_peak_bytes", "recompute_ms")]
+    light = (sa.select(*columns, plans.c.dropped_vertices.is_not(None).label("is_graph"))
+             .order_by(*(plans.c[k] for k in KEY), plans.c.id))
+    streamed = conn.execute(light.execution_options(stream_results=True, yield_per=1000))
+    sources = [row.id for rows in _groups(streamed) for row in points_below_chains(rows)]
+    for source_id in sources:  # written after the read: no insert while its cursor is open
+        source = conn.execute(sa.select(plans).where(plans.c.id == source_id)).one()
+        point = _copied(source, algorithm=BUDGET, budget_bytes=source.predicted_peak_bytes,
+                        extra={**(source.extra or {}), "planned_by": source.algorithm})
+        point_id = conn.execute(plans.insert().values(**point).returning(plans.c.id)).scalar_one()
+        for m in conn.execute(sa.select(measurements).where(measurements.c.plan_id == source_id)).all():
+            ran = (list(m.checkpoints), list(m.dropped_vertices) if m.dropped_vertices is not None else None)
+            if ran != (list(source.checkpoints), source.dropped_vertices):
+                continue  # a measurement of checkpoints the plan no longer keeps
+            conn.execute(measurements.insert().values(**_copied(m, plan_id=point_id)))
 
 
 def downgrade() -> None:

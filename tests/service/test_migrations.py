@@ -298,19 +298,23 @@ def test_0009_adds_the_points_below_the_chains_to_frontiers_stored_without_them(
     measured = {p.label: Measurement(checkpoints=p.checkpoints, dropped_vertices=p.dropped_vertices,
                                      measured_peak_bytes=p.predicted_peak_bytes + 8)
                 for p in plans if p.runs_as[0] != "chain" and not (p.budget_bytes and p.runs_as not in sources)}
-    key = PlanKey.from_trace(trace)
+    other = profile(8, NESTING_WINS, torch_version="2.15", model_hash="h2")  # a second key, stored the same
+    keys = [PlanKey.from_trace(trace), PlanKey.from_trace(other)]
 
-    def frontier() -> list[tuple[dict[str, Any], list[int | None]]]:
+    def frontier() -> list[list[tuple[dict[str, Any], list[int | None]]]]:
         with db.read_session() as session:
-            return [(r.plan.to_dict(), [m.measured_peak_bytes for m in r.measurements])
-                    for r in repository.find_frontier(session=session, key=key)]
+            return [[(r.plan.to_dict(), [m.measured_peak_bytes for m in r.measurements])
+                     for r in repository.find_frontier(session=session, key=key)] for key in keys]
 
     db = Database(fresh_url)
     try:
         migrate.upgrade(db)
         with db.write_session() as session:
-            repository.store_profile(session=session, trace=trace, plans=plans, measurements=measured)
-        expected = frontier()
+            for profiled in (trace, other):
+                repository.store_profile(session=session, trace=profiled, plans=plans, measurements=measured)
+        both = frontier()
+        assert both[0] == both[1]
+        expected = both[0]
         assert [d for d, _ in expected if d.get("nested") or d.get("dropped_vertices")] == [
             replace(p, algorithm="budget").to_dict() for p in sorted(below, key=lambda p: p.predicted_peak_bytes)]
         chains = min(p.predicted_peak_bytes for p in plans if p.budget_bytes and p.runs_as[0] == "chain")
@@ -318,16 +322,16 @@ def test_0009_adds_the_points_below_the_chains_to_frontiers_stored_without_them(
         stale = f"algorithm = 'budget' AND budget_bytes < {chains}"
         with db.engine.begin() as conn:  # as a store written before 9753cb3 holds it
             conn.execute(text(f"DELETE FROM measurements WHERE plan_id IN (SELECT id FROM plans WHERE {stale})"))
-            assert conn.execute(text(f"DELETE FROM plans WHERE {stale}")).rowcount == 2
-        assert len(frontier()) == len(expected) - 2
+            assert conn.execute(text(f"DELETE FROM plans WHERE {stale}")).rowcount == 4
+        assert [len(f) for f in frontier()] == [len(expected) - 2] * 2
         migrate.downgrade(db, "0008")
         migrate.upgrade(db)
-        assert frontier() == expected
-        with db.engine.connect() as conn:  # the nested point's vertices are SQL NULL, as the ORM writes them
+        assert frontier() == [expected, expected]
+        with db.engine.connect() as conn:  # the nested points' vertices are SQL NULL, as the ORM writes them
             assert conn.execute(text(f"SELECT COUNT(*) FROM plans WHERE {stale} AND dropped_vertices IS NULL")
-                                ).scalar_one() == 1
+                                ).scalar_one() == 2
         migrate.downgrade(db, "0008")  # again: a frontier with its points is left as it is
         migrate.upgrade(db)
-        assert frontier() == expected
+        assert frontier() == [expected, expected]
     finally:
         db.dispose()
