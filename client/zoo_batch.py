@@ -160,6 +160,13 @@ class ZooRow:
     """(predicted - measured) / measured for the ``linear`` plan."""
     grad_check_passed: bool | None = None
     """Whether every validated plan's gradients equal the unmodified step's."""
+    least_algorithm: str | None = None
+    """The planner whose plan measured the least activation peak (``linear`` on a tie with it): ``nested`` or
+    ``acg`` where re-runs inside re-runs or cuts inside stages keep less than every chain plan."""
+    least_peak_bytes: int | None = None
+    """That plan's measured activation peak."""
+    least_saving: float | None = None
+    """1 - least / none, measured."""
     reason: str | None = None
     """Why it failed (one line), for ``failed`` rows."""
 
@@ -170,12 +177,18 @@ class ZooRow:
         trade = Trade.of(base, ref)
         checks = [r.grad_check_passed for r in report.rows]
         grad_ok = None if any(c is None for c in checks) or not checks else all(checks)
+        measured = [r for r in report.rows if r is not base and r.measured_peak_bytes is not None]
+        least = min(measured, key=lambda r: (r.measured_peak_bytes, r is not ref), default=None)
+        least_trade = Trade.of(base, least) if least is not None else None
         return cls(model=report.request.name, status="stored" if report.from_store else "planned",
                    input_shape=tuple(report.request.input_shape), num_stages=report.num_stages,
                    none_peak_bytes=base.measured_peak_bytes if base else None,
                    linear_peak_bytes=ref.measured_peak_bytes if ref else None, saving=trade.saving,
                    overhead=trade.overhead, overhead_within_noise=trade.within_noise,
-                   prediction_error=trade.prediction_error, grad_check_passed=grad_ok)
+                   prediction_error=trade.prediction_error, grad_check_passed=grad_ok,
+                   least_algorithm=least.plan.planned_by if least is not None else None,
+                   least_peak_bytes=least.measured_peak_bytes if least is not None else None,
+                   least_saving=least_trade.saving if least_trade is not None else None)
 
     @classmethod
     def failed(cls, model: str, reason: str, input_shape: Sequence[int] | None = None) -> ZooRow:

@@ -39,7 +39,9 @@ def test_filters_select_classifiers_in_registry_order() -> None:
         select_models("timm")
 
 
-def _report(name: str, *, from_store: bool = False, linear_ms: float = 25.0, spread_ms: float = 0.0) -> ModelReport:
+def _report(name: str, *, from_store: bool = False, linear_ms: float = 25.0, spread_ms: float = 0.0,
+            others: dict[str, int] | None = None) -> ModelReport:
+    """``none`` at 80 MiB and ``linear`` at 32 MiB measured; ``others``: more planners' measured peaks."""
     request = ModelRequest(spec=name, batch_size=2, sample_shape=(3, 32, 32))
 
     def row(algorithm: str, predicted: int, measured: int, ms: float) -> PlanRow:
@@ -48,8 +50,9 @@ def _report(name: str, *, from_store: bool = False, linear_ms: float = 25.0, spr
         return PlanRow(plan=plan, measured_peak_bytes=measured, step_ms=ms, step_spread_ms=spread_ms,
                        grad_check_passed=True)
 
-    return ModelReport(request=request, key={}, num_stages=9, from_store=from_store,
-                       rows=[row("none", 80 * MIB, 80 * MIB, 20.0), row("linear", 30 * MIB, 32 * MIB, linear_ms)])
+    rows = [row("none", 80 * MIB, 80 * MIB, 20.0), row("linear", 30 * MIB, 32 * MIB, linear_ms)]
+    rows += [row(algorithm, peak, peak, 30.0) for algorithm, peak in (others or {}).items()]
+    return ModelReport(request=request, key={}, num_stages=9, from_store=from_store, rows=rows)
 
 
 def test_a_report_becomes_one_row_and_survives_json() -> None:
@@ -61,6 +64,24 @@ def test_a_report_becomes_one_row_and_survives_json() -> None:
     assert ZooRow.from_report(_report("resnet18", from_store=True)).status == "stored"
     failed = ZooRow.failed("torchvision:x", "line one\nline two")
     assert failed.reason == "line one line two" and failed.saving is None
+
+
+def test_the_least_peak_is_any_planners_and_linears_on_a_tie(capsys: pytest.CaptureFixture[str]) -> None:
+    """A model whose graph plan keeps far less than every chain plan (CrossViT: 14.8 against 81.2 MiB) shows it
+    in its row, not only linear's saving; where nothing beats linear, linear is the least."""
+    from remat.client import zoo_command
+
+    below = ZooRow.from_report(_report("resnet18", others={"nested": 40 * MIB, "acg": 16 * MIB}))
+    assert (below.least_algorithm, below.least_peak_bytes) == ("acg", 16 * MIB)
+    assert below.least_saving == pytest.approx(0.8) and below.saving == pytest.approx(0.6)
+    assert ZooRow.from_dict(json.loads(json.dumps(below.to_dict()))) == below
+    tie = ZooRow.from_report(_report("resnet34", others={"cubic": 32 * MIB, "uniform": 50 * MIB}))
+    assert (tie.least_algorithm, tie.least_peak_bytes) == ("linear", 32 * MIB)
+    assert "; acg 16.0 MiB (80.0%))" in zoo_command._line(below) and "least" not in zoo_command._line(tie)
+    assert "acg" not in zoo_command._line(tie)
+    zoo_command._print_table([below, tie], "zoo")
+    table = capsys.readouterr().out
+    assert "acg 16.0 MiB (80.0%)" in table and "linear 32.0 MiB (60.0%)" in table
 
 
 def test_a_checkpointed_step_faster_than_none_within_the_spread_reads_within_noise(
@@ -113,6 +134,7 @@ def test_zoo_cli_plans_stores_resumes_and_refreshes(capsys, store_url: str, tmp_
     assert result["total"] == 1 and row["model"] == "torchvision:squeezenet1_1" and row["status"] == "planned"
     assert row["input_shape"] == [2, 3, 32, 32] and row["num_stages"] > 10 and row["grad_check_passed"] is True
     assert 0 < row["linear_peak_bytes"] < row["none_peak_bytes"]  # grads kept: activations dominate
+    assert 0 < row["least_peak_bytes"] <= row["linear_peak_bytes"] and row["least_algorithm"]
     assert abs(row["prediction_error"]) < 0.005
     assert "✓ squeezenet1_1: " in err
     with out_csv.open() as f:

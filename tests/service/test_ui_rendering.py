@@ -74,7 +74,8 @@ def test_a_zoo_batch_row_within_noise_says_so_instead_of_a_percentage() -> None:
     def entry(model: str, overhead: float, within: bool) -> dict[str, object]:
         row = ZooRow(model=model, status="planned", num_stages=9, none_peak_bytes=80 << 20,
                      linear_peak_bytes=30 << 20, saving=0.625, overhead=overhead, overhead_within_noise=within,
-                     prediction_error=0.01, grad_check_passed=True)
+                     prediction_error=0.01, grad_check_passed=True, least_algorithm="acg",
+                     least_peak_bytes=20 << 20, least_saving=0.75)
         return {"model": model, "job_id": "0" * 36, "state": "succeeded", "progress": 1.0, "row": row,
                 "message": None}
 
@@ -83,3 +84,4 @@ def test_a_zoo_batch_row_within_noise_says_so_instead_of_a_percentage() -> None:
                "models": [entry("torchvision:resnet18", -0.04, True), entry("torchvision:resnet34", 0.25, False)]}
     html = render("zoo_batch.html", nav="zoo", batch=batch, summary=summary)
     assert "within noise" in html and "-4.0%" not in html and "+25.0%" in html
+    assert "Least peak" in html and "acg 20.0 MiB (75.0%)" in html  # the least peak, whose plan and its saving
