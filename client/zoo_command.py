@@ -53,9 +53,12 @@ def _line(row: ZooRow) -> str:
         return f"✗ {name}: failed — {row.reason}"
     source = " (stored)" if row.status == "stored" else ""
     saving = "-" if row.saving is None else f"{row.saving:.1%}"
-    below = f"; {_least(row)}" if _below_linear(row) else ""
+    below = ""
+    if _below_linear(row):
+        least = "-" if row.least_saving is None else f"{row.least_saving:.1%}"
+        below = f", least with {row.least_algorithm}: {format_bytes(row.least_peak_bytes)} ({least} saved)"
     return (f"✓ {name}{source}: {row.num_stages} stages, {format_bytes(row.none_peak_bytes)} → "
-            f"{format_bytes(row.linear_peak_bytes)} ({saving} saved, step {_overhead(row)}{below})")
+            f"{format_bytes(row.linear_peak_bytes)} ({saving} saved, step {_overhead(row)}){below}")
 
 
 def _below_linear(row: ZooRow) -> bool:
