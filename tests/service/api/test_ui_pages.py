@@ -159,6 +159,26 @@ def test_search_matches_a_name_substring_or_a_hash_prefix(fresh: Store) -> None:
     assert "No stored key matches" in _text(client.get("/ui/", params={"q": "r%t"}).text)
 
 
+def test_a_frontier_point_below_the_chains_names_its_planner(fresh: Store) -> None:
+    """The key page's frontier says whose plan its tightest point is, as ``plan MODEL`` says ``budget (nested)``."""
+    from remat.client.plan_key import PlanKey
+    from remat.client.planning.plans import plans_to_store
+    from remat.service import repository
+    from tests.client.planning.test_max_batch import NESTING_WINS
+    from tests.client.test_derived_trace import profile
+
+    trace = profile(8, NESTING_WINS, torch_version="2.15", model_hash="ab" * 32)
+    plans = plans_to_store(trace)
+    assert any(p.budget_bytes and p.planned_by == "nested" for p in plans)  # the case this test needs
+    with fresh.db.write_session() as session:
+        repository.store_profile(session=session, trace=trace, plans=plans, measurements={})
+    page = fresh.client().get(key_url(PlanKey.from_trace(trace)))
+    assert page.status_code == 200
+    frontier = _text(page.text.split('<section id="frontier">')[1].split("</section>")[0])
+    assert re.search(r"MiB nested: [\d,]+ \(nested's plan\)", frontier), frontier
+    assert frontier.count("'s plan") == 1  # the chain points are the frontier's own
+
+
 def test_the_architectures_page_is_paginated_and_small(fresh: Store) -> None:
     seed_keys(fresh.db, PAGE_SIZE + 1, stages=(12,), timelines=False)
     client = fresh.client()
