@@ -117,6 +117,9 @@ def _print(report: Any) -> None:
     step = f"; step {m.step_ms:.0f} ms" if m.step_ms is not None else ""
     click.echo(f"  plan {plan.algorithm}, checkpoints {kept}: predicted {format_bytes(plan.predicted_peak_bytes)}, "
                f"measured {format_bytes(m.measured_peak_bytes)} of {format_bytes(report.limit_bytes)}{step}")
+    if plan.nested:
+        click.echo("  run nested: each checkpointed segment re-runs its stages once more, one at a time, in its own "
+                   "backward (apply does this; it keeps less than any one-level plan here)")
     if not report.recompute_extrapolates:
         click.echo(f"  recompute not estimated: stage times profiled at batch "
                    f"{', '.join(map(str, report.profiled_batches))} on cuda are launch-bound and do not extrapolate")

@@ -108,3 +108,24 @@ def test_within_an_overhead_the_best_plan_is_the_least_peak_that_stays_within_it
     best = best_plan(trace, overhead)
     assert best.recompute_overhead is not None and best.recompute_overhead <= overhead
     assert best.predicted_peak_bytes <= best_plan(trace, overhead, nested=False).predicted_peak_bytes
+
+
+def test_a_nested_answer_says_how_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``max-batch``'s text names a nested plan's second level of re-runs, which its checkpoints alone do not."""
+    from types import SimpleNamespace
+
+    from remat.client.cli_max_batch import _print
+
+    fit = fit_batches([profile(2, NESTING_WINS), profile(4, NESTING_WINS)])
+    answer = largest_batch(fit, lambda b: 45 * 10**6)
+    for plan, said in ((answer.plan, True), (best_plan(answer.trace, None, nested=False), False)):
+        report = SimpleNamespace(
+            request=SimpleNamespace(name="m", input_shape=(answer.batch_size, 3), device="cpu", grads="kept"),
+            batch_size=answer.batch_size, overhead=None, plan=plan,
+            measured=SimpleNamespace(measured_peak_bytes=plan.predicted_peak_bytes, step_ms=None),
+            limit_bytes=45 * 10**6, recompute_extrapolates=True, next_plan=None, next_limit_bytes=None,
+            out_of_memory_batch=None, stepped_back=0, fit_summary="two profiles", profiled_batches=(2, 4))
+        _print(report)
+        out = capsys.readouterr().out
+        assert f"plan {plan.algorithm}, checkpoints" in out
+        assert ("run nested: each checkpointed segment re-runs its stages once more" in out) == said, out
