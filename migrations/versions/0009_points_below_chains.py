@@ -5,7 +5,8 @@ plans that peak lower: ``budget`` rows whose ``budget_bytes`` is their own peak,
 (``planned_by``) and measured as its plan (NOTE [ budgets below the chains ] in remat.client.planning.plans). A frontier stored before has none, so
 a budget below its chain plans was refused although a stored plan fits it, until the model was profiled again.
 This revision adds them to every frontier that has none, by a frozen copy of the rule
-(``with_points_below_chains``), each with copies of its source plan's measurements of its current step.
+(``with_points_below_chains``), each with copies of its source plan's measurements of its current step, and
+names the planner of those stored without ``planned_by`` (between 9753cb3 and the field).
 
 Downgrade keeps them: the schema is unchanged, and the code before this revision stores and serves such rows.
 
@@ -33,8 +34,7 @@ KEY = ("architecture_id", "input_shape", "inputs", "dtype", "mode", "grads", "de
 
 def _is_chain(row: Any) -> bool:
     """A plan that runs as a chain: no dropped vertices, not nested (frozen copy of ``Plan.runs_as``)."""
-    nested = isinstance(row.extra, dict) and row.extra.get("nested") is True
-    return not row.is_graph and not nested
+    return not row.is_graph and not _is_nested(row)
 
 
 def _cost(row: Any) -> float:
@@ -61,6 +61,26 @@ def points_below_chains(rows: Sequence[Any]) -> list[Any]:
         if all(_cost(row) < _cost(b) for b in below):
             below.append(row)
     return below
+
+
+def _is_nested(row: Any) -> bool:
+    return isinstance(row.extra, dict) and row.extra.get("nested") is True
+
+
+def planners_of_points(rows: Sequence[Any]) -> list[tuple[int, str]]:
+    """(point id, planner) for the points below the chains of one key that were stored without ``planned_by``
+    (between 9753cb3 and the field): each is its trace's plan of the same peak and kind, graph or nested."""
+    named = []
+    for point in rows:
+        if (point.algorithm != BUDGET or point.budget_bytes == NO_BUDGET or _is_chain(point)
+                or (isinstance(point.extra, dict) and "planned_by" in point.extra)):
+            continue
+        sources = [r for r in rows if r.trace_id == point.trace_id and r.algorithm != BUDGET
+                   and r.budget_bytes == NO_BUDGET and r.predicted_peak_bytes == point.predicted_peak_bytes
+                   and (r.is_graph, _is_nested(r)) == (point.is_graph, _is_nested(point))]
+        if len(sources) == 1:  # two plans of one peak and kind: which it was is not known, so it stays unnamed
+            named.append((point.id, sources[0].algorithm))
+    return named
 
 
 def _copied(row: Any, **changes: Any) -> dict[str, Any]:
@@ -95,7 +115,15 @@ def upgrade() -> None:
     light = (sa.select(*columns, plans.c.dropped_vertices.is_not(None).label("is_graph"))
              .order_by(*(plans.c[k] for k in KEY), plans.c.id))
     streamed = conn.execute(light.execution_options(stream_results=True, yield_per=1000))
-    sources = [row.id for rows in _groups(streamed) for row in points_below_chains(rows)]
+    sources: list[int] = []
+    unnamed: list[tuple[int, str]] = []
+    for rows in _groups(streamed):
+        sources += [row.id for row in points_below_chains(rows)]
+        unnamed += planners_of_points(rows)
+    for point_id, planner in unnamed:
+        extra = conn.execute(sa.select(plans.c.extra).where(plans.c.id == point_id)).scalar_one()
+        conn.execute(plans.update().where(plans.c.id == point_id)
+                     .values(extra={**(extra or {}), "planned_by": planner}))
     for source_id in sources:  # written after the read: no insert while its cursor is open
         source = conn.execute(sa.select(plans).where(plans.c.id == source_id)).one()
         point = _copied(source, algorithm=BUDGET, budget_bytes=source.predicted_peak_bytes,

@@ -275,13 +275,14 @@ def test_0009_adds_the_points_below_the_chains_to_frontiers_stored_without_them(
     at its own peak with its source plan's measurement; a frontier that has them is left alone."""
     from dataclasses import replace
 
-    from sqlalchemy import text
+    from sqlalchemy import select, text
 
     from remat.client.measurement import Measurement
     from remat.client.plan import Plan
     from remat.client.plan_key import PlanKey
     from remat.client.planning.plans import plans_to_store, with_points_below_chains
     from remat.service import repository
+    from remat.service.models import PlanRow
     from tests.client.planning.test_max_batch import NESTING_WINS
     from tests.client.test_derived_trace import profile
 
@@ -331,6 +332,13 @@ def test_0009_adds_the_points_below_the_chains_to_frontiers_stored_without_them(
             assert conn.execute(text(f"SELECT COUNT(*) FROM plans WHERE {stale} AND dropped_vertices IS NULL")
                                 ).scalar_one() == 2
         migrate.downgrade(db, "0008")  # again: a frontier with its points is left as it is
+        migrate.upgrade(db)
+        assert frontier() == [expected, expected]
+        with db.write_session() as session:  # points stored before they named their planner: named now
+            for row in session.scalars(select(PlanRow).where(text(stale))):
+                row.extra = {k: v for k, v in row.extra.items() if k != "planned_by"}
+        assert frontier() != [expected, expected]
+        migrate.downgrade(db, "0008")
         migrate.upgrade(db)
         assert frontier() == [expected, expected]
     finally:
