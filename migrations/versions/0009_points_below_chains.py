@@ -2,11 +2,11 @@
 
 Since 9753cb3 a key's stored frontier also holds, below the least peak of its chain plans, the nested and graph
 plans that peak lower: ``budget`` rows whose ``budget_bytes`` is their own peak, naming their planner
-(``planned_by``) and measured as its plan (NOTE [ budgets below the chains ] in remat.client.planning.plans). A frontier stored before has none, so
-a budget below its chain plans was refused although a stored plan fits it, until the model was profiled again.
-This revision adds them to every frontier that has none, by a frozen copy of the rule
-(``with_points_below_chains``), each with copies of its source plan's measurements of its current step, and
-names the planner of those stored without ``planned_by`` (between 9753cb3 and the field).
+(``planned_by``) and measured as its plan (NOTE [ budgets below the chains ] in remat.client.planning.plans).
+A frontier stored before has none, so a budget below its chain plans was refused although a stored plan fits
+it, until the model was profiled again. This revision adds them to every frontier that has none, by a frozen
+copy of the rule (``with_points_below_chains``), each with copies of its source plan's measurements of its
+current step, and names the planner of those stored without ``planned_by`` (between 9753cb3 and the field).
 
 Downgrade keeps them: the schema is unchanged, and the code before this revision stores and serves such rows.
 
