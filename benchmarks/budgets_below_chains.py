@@ -57,9 +57,8 @@ def measure(name: str) -> dict[str, Any]:
         "below": [], "budget": None, "answered_by": None,
     }
     for p in below:
-        source = next(q.algorithm for q in result.plans if not q.budget_bytes and q.runs_as == p.runs_as)
         measured = m.get(p.label)
-        row["below"].append({"plan": source, "predicted": p.predicted_peak_bytes,
+        row["below"].append({"plan": p.planned_by, "predicted": p.predicted_peak_bytes,
                              "measured": measured.measured_peak_bytes if measured else None,
                              "grad_check_passed": measured.grad_check_passed if measured else None})
     if below:
@@ -67,8 +66,7 @@ def measure(name: str) -> dict[str, Any]:
         row["budget"] = budget
         try:
             chosen = pick_from_frontier(points, BudgetSpec(text=str(budget), bytes=budget))
-            row["answered_by"] = next(q.algorithm for q in result.plans
-                                      if not q.budget_bytes and q.runs_as == chosen.runs_as)
+            row["answered_by"] = chosen.planned_by  # below every chain plan: a point of a registered planner
         except BudgetInfeasibleError as exc:
             row["answered_by"] = f"refused: {exc}"
     row["none_predicted"] = none.predicted_peak_bytes

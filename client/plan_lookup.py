@@ -394,8 +394,7 @@ def _say_if_below_the_chains(plans: Sequence[Plan], chosen: Plan, name: str) -> 
     tightest = min(below, key=lambda p: p.predicted_peak_bytes)
     if tightest.predicted_peak_bytes > BELOW_THE_CHAINS_SHARE * chosen.predicted_peak_bytes:
         return
-    source = next((p.algorithm for p in plans if not p.budget_bytes and p.runs_as == tightest.runs_as),
-                  "acg" if tightest.is_graph_plan else "nested")
+    source = tightest.planned_by
     kind = "graph plan, recomputing inside stages," if tightest.is_graph_plan else "plan, re-running segments nested,"
     logger.warning("remat: %s: the linear plan keeps %.1f MiB of activations, and no plan that cuts between stages "
                    "keeps less; %s's %s is predicted at %.1f MiB: pass algorithm=%r, or a budget, to use it",
