@@ -7,7 +7,8 @@ with the derived trace's plans (none, linear, chen-sqrt, uniform, the frontier's
 largest prediction error. With ``--max-batch BYTES``, also: the largest batch the derived plans say fits,
 against the truth found by measured steps (a binary search in which each probed batch is profiled, its least-
 memory plan planned on that real profile and its step measured), beside the answer with one-level plans alone
-(``linear``: no ``nested`` plans searched).
+(``linear``: no ``nested`` plans searched) and with chain plans alone (no graph plans: ``acg`` searched on a
+graph profile derived at each batch).
 
     uv run python benchmarks/any_batch.py --models resnet50,densenet121 --image-size 64 --at 8,16,32
     uv run python benchmarks/any_batch.py --models resnet50 --image-size 64 --max-batch 200MiB --at ""
@@ -118,19 +119,28 @@ def run_fields_and_predictions(model: str, sample: tuple[int, ...], sources: lis
 
 
 def feasible(model: str, sample: tuple[int, ...], batch: int, limit: int) -> tuple[bool, int]:
-    """The truth at ``batch``: a real profile, its least-memory plan, a measured step within ``limit``?"""
+    """The truth at ``batch``: a real profile, its least-memory plan (the graph plan searched on that batch's own
+    graph profile included), a measured step within ``limit``?"""
     built = build(_request(model, batch, sample))
     trace = pipeline.profile(built)
-    plan = best_plan(trace, None)
+    plans = [best_plan(trace, None)]
+    if built.graph_profile is not None and trace.graph is not None:
+        plans.append(pipeline.graph_planned(built, trace, make_plan(trace, "acg")))
+    plan = min(plans, key=lambda p: p.predicted_peak_bytes)
     m = pipeline.validate(built, trace, [plan], timing_rounds=1, check_gradients=False)[plan.label]
     assert m.measured_peak_bytes is not None
     return m.measured_peak_bytes <= limit, m.measured_peak_bytes
 
 
 def run_max_batch(model: str, sample: tuple[int, ...], sources: list[int], limit: int) -> None:
-    profiles = [pipeline.profile(build(_request(model, b, sample))) for b in sources]
+    builts = [build(_request(model, b, sample)) for b in sources]
+    profiles = [pipeline.profile(b) for b in builts]
     fit = fit_batches(profiles)
-    answer = largest_batch(fit, lambda b: limit)
+    graph_plan_at = (pipeline.graph_plan_at_any_batch(builts[0], [b.graph_profile for b in builts], fit.sizes)
+                     if all(b.graph_profile is not None for b in builts) and profiles[0].graph is not None else None)
+    del builts[1:]
+    answer = largest_batch(fit, lambda b: limit, graph_plan_at=graph_plan_at)
+    chains = largest_batch(fit, lambda b: limit)  # the answer before graph plans were searched (2026-12-08)
     one_level = largest_batch(fit, lambda b: limit, nested=False)  # the answer before nested plans were searched
     ok, measured = feasible(model, sample, answer.batch_size, limit)
     low, high, probes = answer.batch_size, None, 1
@@ -150,7 +160,8 @@ def run_max_batch(model: str, sample: tuple[int, ...], sources: list[int], limit
     truth = low if ok else None
     verdict = ("equal" if truth == answer.batch_size else
                f"answer {truth - answer.batch_size} below" if truth and truth > answer.batch_size else "ABOVE")
-    print(f"| {model} | {list(sample)} | {limit / MIB:.0f} MiB | {one_level.batch_size} | {answer.batch_size} "
+    print(f"| {model} | {list(sample)} | {limit / MIB:.0f} MiB | {one_level.batch_size} | {chains.batch_size} | "
+          f"{answer.batch_size} "
           f"(`{answer.plan.algorithm}`, {answer.plan.predicted_peak_bytes / MIB:.1f} MiB predicted, "
           f"{measured / MIB:.1f} MiB measured) | {truth} ({probes} measured probes) | {verdict} |")
     sys.stdout.flush()

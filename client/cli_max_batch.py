@@ -15,6 +15,7 @@ from remat.client.cli_common import (
     emit_json,
     fail_input,
     format_bytes,
+    format_kept,
     model_kwargs_option,
     model_options,
     model_request,
@@ -113,9 +114,10 @@ def _print(report: Any) -> None:
     within = f", recompute within {report.overhead:.0%} of the step" if report.overhead is not None else ""
     click.echo(f"{report.request.name}: largest batch {report.batch_size} (input {list(report.request.input_shape)}, "
                f"{report.request.device}, grads={report.request.grads}{within})")
-    kept = ",".join(map(str, plan.checkpoints)) or "-"
+    kept = (format_kept(plan) if plan.is_graph_plan
+            else f"checkpoints {','.join(map(str, plan.checkpoints)) or '-'}")
     step = f"; step {m.step_ms:.0f} ms" if m.step_ms is not None else ""
-    click.echo(f"  plan {plan.algorithm}, checkpoints {kept}: predicted {format_bytes(plan.predicted_peak_bytes)}, "
+    click.echo(f"  plan {plan.algorithm}, {kept}: predicted {format_bytes(plan.predicted_peak_bytes)}, "
                f"measured {format_bytes(m.measured_peak_bytes)} of {format_bytes(report.limit_bytes)}{step}")
     if plan.nested:
         click.echo("  run nested: each checkpointed segment re-runs its stages once more, one at a time, in its own "
@@ -138,4 +140,6 @@ def _print(report: Any) -> None:
     if report.stepped_back:
         click.echo(f"  {report.stepped_back} step(s) back from a larger batch predicted to fit, whose step measured "
                    f"over the limit or ran out of device memory")
+    if report.graph_plans_note is not None:
+        click.echo(f"  graph plans (acg) not searched: {report.graph_plans_note}")
     click.echo(f"  derived from {report.fit_summary}")

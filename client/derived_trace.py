@@ -58,7 +58,8 @@ from remat.client.trace import OPTIONAL_STAGE_BYTES, Trace, content_sha256, pars
 
 __all__ = ["ATTENTION_DEGREE", "DERIVED_FROM", "LEVELS", "OffTheFit", "SizeFit", "SizeFitError", "derive_at",
            "derived_along", "derived_sizes", "describe_derivation", "describe_source", "fit_batches", "fit_lengths",
-           "inputs_at_batch", "inputs_at_length", "inputs_at_size", "is_derived", "sequence_degree", "token_length"]
+           "inputs_at_batch", "inputs_at_length", "inputs_at_size", "is_derived", "piecewise_at", "sequence_degree",
+           "token_length"]
 
 LEVELS = "peak_levels"
 """A profiled stage's per-op levels of each peak field (worker/profilers/common.py, NOTE [ peak levels ]): each
@@ -483,7 +484,7 @@ def _carry(trees: Sequence[Any], sizes: Sequence[int], size: int, path: Path, de
         is_time = isinstance(path[-1], str) and path[-1].endswith("_ms")
         if is_time or not all(isinstance(t, int) for t in trees):
             return _least_squares(sizes, trees, size, degree, rising=is_time)
-        return _piecewise(sizes, trees, size, degree)
+        return piecewise_at(sizes, trees, size, degree)
     if any(t != first for t in trees):
         shown = ", ".join(f"{b}: {t!r}" for b, t in zip(sizes, trees, strict=True))
         raise SizeFitError(f"{_where(path)}: differs between the profiles ({shown}); only the size may")
@@ -502,7 +503,7 @@ def _through(points: Sequence[tuple[int, int | float]], x: int) -> Fraction:
     return total
 
 
-def _piecewise(sizes: Sequence[int], values: Sequence[int], size: int, degree: int) -> int:
+def piecewise_at(sizes: Sequence[int], values: Sequence[int], size: int, degree: int) -> int:
     """The piecewise polynomial of ``degree`` through the points, each piece through the ``degree + 1``
     profiles around ``size`` and the end pieces extended, rounded up (a byte count below zero, where a piece
     extended to a small size would go, is zero). Degree 1 is the piecewise-linear function."""

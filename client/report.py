@@ -184,6 +184,8 @@ class MaxBatchReport:
     out_of_memory_batch: int | None = None
     """The least batch whose verifying step ran out of device memory (None: none did). Then ``next_plan`` may
     be predicted to fit: the caching allocator's fragmentation is outside the prediction."""
+    graph_plans_note: str | None = None
+    """Why graph plans (``acg``) were not searched at every batch (None: they were, beside the chain plans)."""
 
     @property
     def recompute_extrapolates(self) -> bool:
@@ -205,4 +207,5 @@ class MaxBatchReport:
                     "predicted_peak_bytes": self.next_plan.predicted_peak_bytes,
                     "limit_bytes": self.next_limit_bytes},
                 "profiled_batches": list(self.profiled_batches), "fit": self.fit_summary,
-                "stepped_back": self.stepped_back, "out_of_memory_batch": self.out_of_memory_batch}
+                "stepped_back": self.stepped_back, "out_of_memory_batch": self.out_of_memory_batch,
+                "graph_plans_not_searched": self.graph_plans_note}

@@ -43,7 +43,10 @@ from remat.worker.local_reads import (
 )
 
 if TYPE_CHECKING:
+    from remat.client.derived_trace import SizeFit
     from remat.client.graph.built_model import BuiltModel
+    from remat.client.planning.graph_predict import GraphProfile
+    from remat.client.planning.max_batch import GraphPlanAt
     from remat.service.store import PlanStore
 
 __all__ = ["budget_report", "cached_report", "max_batch", "measure_algorithm", "plan_held_model", "plan_zoo", "profile",
@@ -238,6 +241,8 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
     if memory.fit and request.device != "cuda":  # before the profiles, not after them
         raise BudgetError("memory: fit is the CUDA device's free memory; on the CPU give a byte limit (8GiB)")
     profiles = []
+    graph_profiles = []
+    base: BuiltModel | None = None  # the smallest batch's model, whose op graph runs the graph search
     with open_store() as store:
         for k, batch in enumerate(sorted(set(profile_batches))):
             at_batch = replaced(request, batch_size=batch)
@@ -247,12 +252,18 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
                       if t.metadata.get("batch_size") == batch]
             if stored:
                 profiles.append(stored[0])
-                continue
-            trace = pipeline.profile(built)
-            store.save_trace(trace)
-            profiles.append(trace)
+                if overhead is None and stored[0].graph is not None:
+                    pipeline.profile_op_graph(built)  # one instrumented step at a small batch
+            else:
+                trace = pipeline.profile(built)
+                store.save_trace(trace)
+                profiles.append(trace)
+            graph_profiles.append(built.graph_profile)
+            if base is None and built.graph_profile is not None:
+                base = built
             del built
     fit = fit_batches(profiles)
+    graph_plan_at, graph_plans_note = _graph_plan_at(request, fit, base, graph_profiles, overhead)
     smallest = min(fit.sizes)
     if memory.fit:
         room = fit_bytes_for(replaced(request, batch_size=smallest))
@@ -267,8 +278,14 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
         def limit_at(batch: int) -> int:
             return memory.bytes  # type: ignore[return-value]
 
+    def least_at(batch: int) -> Plan:
+        """The least-peak plan at ``batch`` (or the fastest within ``overhead``), graph plans included."""
+        trace = fit.trace_at(batch)
+        plans = [best_plan(trace, overhead), *([graph_plan_at(batch, trace)] if graph_plan_at else [])]
+        return min(plans, key=lambda p: p.predicted_peak_bytes)
+
     say("searching the batch size", 0.35)
-    answer = largest_batch(fit, limit_at, overhead=overhead)
+    answer = largest_batch(fit, limit_at, overhead=overhead, graph_plan_at=graph_plan_at)
     batch, plan, trace = answer.batch_size, answer.plan, answer.trace
     stepped_back = 0
     out_of_memory_batch = None
@@ -276,7 +293,11 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
         say(f"measuring batch {batch} with {plan.algorithm}", 0.5)
         at_batch = replaced(request, batch_size=batch)
         try:
-            built = build(at_batch, probe_batch=smallest)
+            if plan.is_graph_plan:  # the op graph is traced at the batch itself (an exported graph is sized)
+                built = build(at_batch)
+                built.op_graph = pipeline.op_graph(built)
+            else:
+                built = build(at_batch, probe_batch=smallest)
             measured = pipeline.validate(built, trace, [plan], timing_rounds=1, check_gradients=False)[plan.label]
             over = measured.measured_peak_bytes is not None and measured.measured_peak_bytes > limit_at(batch)
             why = f"measured {measured.measured_peak_bytes} bytes, over the {limit_at(batch)}"
@@ -296,16 +317,42 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
         stepped_back += 1
         batch = batch - 1 if measured is not None else max(1, int(batch * (1 - OOM_STEP_BACK)))
         trace = fit.trace_at(batch)
-        plan = best_plan(trace, overhead)
+        plan = least_at(batch)
     assert measured is not None
     say("done", 1.0)
     return MaxBatchReport(request=replaced(request, batch_size=batch), batch_size=batch, plan=plan,
                           limit_bytes=limit_at(batch), measured=measured,
-                          next_plan=answer.next_plan if not stepped_back else best_plan(fit.trace_at(batch + 1),
-                                                                                          overhead),
+                          next_plan=answer.next_plan if not stepped_back else least_at(batch + 1),
                           next_limit_bytes=limit_at(batch + 1), profiled_batches=fit.sizes,
                           fit_summary=fit.describe(), stepped_back=stepped_back, overhead=overhead,
-                          out_of_memory_batch=out_of_memory_batch)
+                          out_of_memory_batch=out_of_memory_batch, graph_plans_note=graph_plans_note)
+
+
+def _graph_plan_at(request: ModelRequest, fit: SizeFit, base: BuiltModel | None,
+                   graph_profiles: Sequence[GraphProfile | None], overhead: float | None
+                   ) -> tuple[GraphPlanAt | None, str | None]:
+    """How ``max-batch`` prices graph plans at any batch (``pipeline.graph_plan_at_any_batch``), or None with
+    the reason where it cannot. ``base``: the smallest profiled batch's model, with its op graph."""
+    from remat.client.derived_trace import SizeFitError
+    from remat.client.precision import autocast_dtype
+    from remat.worker import pipeline
+
+    if overhead is not None:
+        return None, "a graph plan has no recompute estimate to hold to --overhead"
+    if request.device != "cpu":
+        return None, f"the graph predictor's step profile is taken on the cpu only, not on {request.device}"
+    if autocast_dtype(request.dtype):
+        return None, f"the graph predictor's step profile is not taken under {request.dtype} autocast"
+    stored_graph = fit.trace_at(fit.sizes[0]).graph
+    if base is None or stored_graph is None or any(p is None for p in graph_profiles):
+        return None, "this model has no op graph whose profile explains its step"
+    if stored_graph.num_vertices != base.op_graph.num_vertices:
+        return None, (f"the stored profiles' op graph has {stored_graph.num_vertices} vertices, this model's "
+                      f"{base.op_graph.num_vertices}")
+    try:
+        return pipeline.graph_plan_at_any_batch(base, graph_profiles, fit.sizes), None  # type: ignore[arg-type]
+    except SizeFitError as exc:  # the profiles differ in more than their byte counts
+        return None, str(exc)
 
 
 def plan_zoo(requests: Iterable[ModelRequest], *, refresh: bool = False,

@@ -12,8 +12,10 @@ databases.
 Public API::
 
     profile(built) -> Trace
+    profile_op_graph(built) -> None                        # the op graph and its graph profile, as profile does
     plans_for(built, trace) -> tuple[Plan, ...]            # every planner; graph plans searched under the predictor
     graph_planned(built, trace, plan) -> Plan              # one graph plan so searched (as it is otherwise)
+    graph_plan_at_any_batch(base, graph_profiles, sizes)   # the same at any batch, from graph profiles at a few
     validate(built, trace, plans, progress=None) -> dict[str, Measurement]
     run_built(built, progress=None) -> ProfileResult       # profile, plan with every planner, validate
     run_derived(built, trace, progress=None) -> ProfileResult  # the same from a trace derived at its batch size
@@ -36,8 +38,8 @@ from remat.client.report import ProfileResult
 from remat.client.request import ModelRequest, ProgressFn
 from remat.client.trace import Trace
 
-__all__ = ["ProfileResult", "graph_planned", "measure_algorithm", "plans_for", "profile", "run", "run_built",
-           "run_derived", "validate"]
+__all__ = ["ProfileResult", "graph_plan_at_any_batch", "graph_planned", "measure_algorithm", "plans_for", "profile",
+           "profile_op_graph", "run", "run_built", "run_derived", "validate"]
 
 TIMING_ROUNDS = 5
 """Interleaved rounds of timed steps per validation (``measure.time_plans_spread``: fewer past its time budget)."""
@@ -59,19 +61,27 @@ def profile(built: BuiltModel, *, timing_repeats: int = 1, with_graph: bool = Tr
                               model_hash=built.key.model_hash, precision=request.dtype,
                               timing_repeats=timing_repeats)
         if request.mode == "train" and with_graph:
-            built.op_graph = op_graph(built)
-        if built.op_graph is not None and request.device == "cpu" and not autocast_dtype(request.dtype):
-            from remat.worker.graph_profile import profile_graph
-
-            built.graph_profile = profile_graph(built.model, built.example, built.op_graph, grads=request.grads)
-            if not explains_its_step(built.graph_profile, built.op_graph):
-                built.op_graph = built.graph_profile = None
+            profile_op_graph(built)
     except RuntimeError as exc:
         guard_memory(request, exc)
         raise
     if built.op_graph is None:
         return trace
     return replace(trace, graph=built.op_graph.to_trace_graph())
+
+
+def profile_op_graph(built: BuiltModel) -> None:
+    """Set the built model's op graph (None when it has none) and, on the CPU without autocast, where the graph
+    predictor is validated, its graph profile: one instrumented step of the unmodified model, kept only when
+    its replay explains that step (:func:`explains_its_step`; otherwise neither is kept)."""
+    request = built.request
+    built.op_graph = op_graph(built)
+    if built.op_graph is not None and request.device == "cpu" and not autocast_dtype(request.dtype):
+        from remat.worker.graph_profile import profile_graph
+
+        built.graph_profile = profile_graph(built.model, built.example, built.op_graph, grads=request.grads)
+        if not explains_its_step(built.graph_profile, built.op_graph):
+            built.op_graph = built.graph_profile = None
 
 
 GRAPH_REPLAY_TOLERANCE = 0.01
@@ -156,6 +166,25 @@ def graph_planned(built: BuiltModel, trace: Trace, plan: Plan, *, certify_s: flo
                    predicted_peak_bytes=found.prediction.peak,
                    baseline_peak_bytes=predict_graph_peak(built.graph_profile, executor_units(graph, ())).peak,
                    extra=extra)
+
+
+def graph_plan_at_any_batch(base: BuiltModel, graph_profiles: Sequence[Any], sizes: Sequence[int]) -> Any:
+    """``(batch, trace at that batch) -> its graph plan``, as :func:`graph_planned` searches it, from graph
+    profiles at the batch ``sizes`` (remat.client.planning.graph_fit: the profile at any batch) and ``base``'s
+    op graph and chain (a model at one of them: the vertices and the chain's seeds are the same at every batch).
+
+    Raises:
+        remat.client.derived_trace.SizeFitError: the graph profiles differ in more than their byte counts.
+    """
+    from remat.client.planning.graph_fit import fit_graph_profiles
+    from remat.client.planning.plans import make_plan
+
+    graphs = fit_graph_profiles(graph_profiles, sizes)
+
+    def graph_plan_at(batch: int, trace: Trace) -> Plan:
+        return graph_planned(replace(base, graph_profile=graphs.at(batch)), trace, make_plan(trace, "acg"))
+
+    return graph_plan_at
 
 
 def plans_for(built: BuiltModel, trace: Trace, *, algorithms: Sequence[str] | None = None,

@@ -334,3 +334,93 @@ def test_max_batch_steps_back_when_the_verifying_step_runs_out_of_device_memory(
     code, out, err = run_cli(capsys, *MAX_BATCH_ARGS)
     assert code == 0, err
     assert f"batch {answer['out_of_memory_batch']} was predicted to fit but its step ran out of device memory" in out
+
+
+GRAPH_MODEL = "tests.utils.nas_cell:nas_net"
+"""DARTS-like cells (tests/utils/nas_cell.py): each cell reads the two before it, so the chain cannot cut a cell
+stack and only a graph plan saves much (docs/benchmarks.md, "Graph plans (`acg`) against chain plans")."""
+GRAPH_SAMPLE = (3, 32, 32)
+GRAPH_LIMIT = 16 * 2**20
+"""At this limit the graph plan's answer is batch 17, the chain plans' far lower (2026-12-08)."""
+
+
+def _graph_request(batch: int) -> ModelRequest:
+    return default_request(GRAPH_MODEL, batch_size=batch, sample_shape=GRAPH_SAMPLE, device="cpu", grads="kept",
+                           dtype="float32", model_kwargs={})
+
+
+def _graph_profiled(batch: int):  # type: ignore[no-untyped-def]
+    built = build(_graph_request(batch))
+    pipeline.profile_op_graph(built)
+    assert built.graph_profile is not None
+    return built
+
+
+@pytest.mark.slow
+def test_a_graph_profile_derived_at_a_batch_is_the_one_profiled_there() -> None:
+    """The oracle is a real graph profile at batch 7: every record equal to the one derived from batch 2 and 4
+    (labels as the fit carries them), and the replay of a graph plan on each the same peak. Only the profiled
+    step's own measured peak, a maximum over its events, may differ: no plan's prediction reads it."""
+    from remat.client.planning.graph_fit import _relabelled, fit_graph_profiles
+    from remat.client.planning.graph_predict import predict_graph_peak
+    from remat.worker.graph_profile import executor_units
+
+    small = [_graph_profiled(b) for b in (2, 4)]
+    real = _graph_profiled(7)
+    derived = fit_graph_profiles([b.graph_profile for b in small], [2, 4]).at(7)
+    expected, got = _relabelled(real.graph_profile.to_dict()), derived.to_dict()
+    assert {**got, "measured_peak": None} == {**expected, "measured_peak": None}
+    trace = pipeline.profile(real, timing_repeats=0)
+    plan = pipeline.graph_planned(real, trace, make_plan(trace, "acg"))
+    assert plan.dropped_vertices
+    units = executor_units(real.op_graph, plan.dropped_vertices)
+    assert predict_graph_peak(derived, units).peak == predict_graph_peak(real.graph_profile, units).peak
+
+
+@pytest.fixture(scope="module")
+def graph_max_batch_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    store = tmp_path_factory.mktemp("graph_max_batch") / "store.sqlite"
+    code, out = run_cli_with_store(f"sqlite:///{store}", "max-batch", GRAPH_MODEL, "--input-shape",
+                                   ",".join(map(str, GRAPH_SAMPLE)), "--grads", "kept", "--memory", str(GRAPH_LIMIT),
+                                   "--json")
+    assert code == 0
+    return store, json.loads(out)
+
+
+@pytest.mark.slow
+def test_max_batch_searches_graph_plans_and_measured_steps_agree(graph_max_batch_run: tuple[Path, dict]) -> None:
+    """The answer's plan is the graph plan and its measured step fits; the chain plans alone answer lower; and
+    the oracle, a real profile at the next batch with its least-peak plan (the graph plan searched on that
+    batch's own graph profile, or a chain plan), measures over the limit."""
+    from remat.client.planning.max_batch import largest_batch
+
+    store, answer = graph_max_batch_run
+    batch, limit = answer["batch_size"], GRAPH_LIMIT
+    assert answer["plan"]["algorithm"] == "acg" and answer["graph_plans_not_searched"] is None
+    assert answer["measured_peak_bytes"] <= limit and answer["predicted_peak_bytes"] <= limit
+    assert answer["measured_peak_bytes"] == pytest.approx(answer["predicted_peak_bytes"], rel=0.01)
+    with PlanStore(f"sqlite:///{store}") as plans:
+        profiles = plans.size_profiles(build(_graph_request(2)).key, include_own=True)
+    chains = largest_batch(fit_batches(profiles), lambda b: limit)
+    assert chains.batch_size < batch
+    built = _graph_profiled(batch + 1)
+    trace = pipeline.profile(built, timing_repeats=0)
+    least = min([best_plan(trace, None), pipeline.graph_planned(built, trace, make_plan(trace, "acg"))],
+                key=lambda p: p.predicted_peak_bytes)
+    assert least.predicted_peak_bytes == answer["next"]["predicted_peak_bytes"]
+    measured = pipeline.validate(built, trace, [least], timing_rounds=1, check_gradients=False)[least.label]
+    assert measured.measured_peak_bytes > limit
+
+
+@pytest.mark.slow
+def test_max_batch_says_why_it_searched_no_graph_plans(graph_max_batch_run: tuple[Path, dict],
+                                                       tmp_path: Path) -> None:
+    """Under --overhead a graph plan, which has no recompute estimate, is no candidate, and the answer says so;
+    the stored profiles are found again, so nothing is profiled twice."""
+    shutil.copyfile(graph_max_batch_run[0], tmp_path / "store.sqlite")
+    code, out = run_cli_with_store(f"sqlite:///{tmp_path / 'store.sqlite'}", "max-batch", GRAPH_MODEL,
+                                   "--input-shape", ",".join(map(str, GRAPH_SAMPLE)), "--grads", "kept", "--memory",
+                                   str(GRAPH_LIMIT), "--overhead", "1000%")
+    assert code == 0
+    assert "graph plans (acg) not searched: a graph plan has no recompute estimate to hold to --overhead" in out
+    assert "plan acg" not in out

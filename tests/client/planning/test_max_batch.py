@@ -4,6 +4,7 @@ every checkpoint set, run one level and nested."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import combinations
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remat.client.derived_trace import fit_batches
+from remat.client.plan import Plan
 from remat.client.planning.cost_models import pytorch_peak
 from remat.client.planning.max_batch import MaxBatchError, best_plan, largest_batch
 from remat.client.planning.nested import nested_peak
@@ -124,8 +126,89 @@ def test_a_nested_answer_says_how_it_runs(capsys: pytest.CaptureFixture[str]) ->
             batch_size=answer.batch_size, overhead=None, plan=plan,
             measured=SimpleNamespace(measured_peak_bytes=plan.predicted_peak_bytes, step_ms=None),
             limit_bytes=45 * 10**6, recompute_extrapolates=True, next_plan=None, next_limit_bytes=None,
-            out_of_memory_batch=None, stepped_back=0, fit_summary="two profiles", profiled_batches=(2, 4))
+            out_of_memory_batch=None, stepped_back=0, fit_summary="two profiles", profiled_batches=(2, 4),
+            graph_plans_note=None)
         _print(report)
         out = capsys.readouterr().out
         assert f"plan {plan.algorithm}, checkpoints" in out
         assert ("run nested: each checkpointed segment re-runs its stages once more" in out) == said, out
+
+
+def graph_plans(factor: float, calls: list[int]) -> Any:
+    """A stand-in for the heavy side's graph search: at each batch a graph plan ``factor`` times the least
+    one-level peak there (non-decreasing in the batch, as a real one is), each call recorded."""
+
+    def graph_plan_at(batch: int, trace: Any) -> Plan:
+        calls.append(batch)
+        chain = best_plan(trace, None, nested=False)
+        return replace(chain, algorithm="acg", checkpoints=(), dropped_vertices=(1,), num_vertices=3,
+                       predicted_peak_bytes=int(chain.predicted_peak_bytes * factor))
+
+    return graph_plan_at
+
+
+@settings(max_examples=40, deadline=None)
+@given(stage_specs, st.integers(2**22, 2**32), st.sampled_from([0.2, 0.6, 0.95, 1.0, 1.5]))
+def test_graph_plans_are_searched_above_the_chain_plans_boundary(specs: list[dict[str, Any]], limit: int,
+                                                                 factor: float) -> None:
+    """The answer is brute force's over the least of the chain and graph plans at every batch, and the slow
+    graph search runs only where it can change the answer: above the chain plans' boundary."""
+    fit = fit_batches([profile(2, specs), profile(4, specs)])
+    calls: list[int] = []
+
+    def best_peak(batch: int) -> int:
+        trace = profile(batch, specs)
+        return min(best_plan(trace, None).predicted_peak_bytes,
+                   graph_plans(factor, [])(batch, trace).predicted_peak_bytes)
+
+    truth = max((b for b in range(1, 302) if best_peak(b) <= limit), default=0)
+    try:
+        answer = largest_batch(fit, lambda b: limit, max_batch=300, graph_plan_at=graph_plans(factor, calls))
+    except MaxBatchError:
+        assert truth == 0
+        return
+    assert answer.batch_size == min(truth, 300)
+    assert answer.plan.predicted_peak_bytes == best_peak(answer.batch_size) <= limit
+    assert answer.plan.algorithm == ("acg" if answer.plan.predicted_peak_bytes < best_plan(
+        answer.trace, None).predicted_peak_bytes else answer.plan.algorithm)
+    try:
+        chains = largest_batch(fit, lambda b: limit, max_batch=300).batch_size
+    except MaxBatchError:  # no chain plan fits batch 1; a graph plan does
+        chains = 0
+    assert all(b > chains or b == answer.batch_size for b in calls), (calls, chains)
+    assert len(set(calls)) <= 2 * 300 .bit_length() + 3
+    if factor >= 1:  # a graph plan never below the chain plans changes nothing
+        assert answer.batch_size == chains
+
+
+def test_under_an_overhead_graph_plans_are_not_candidates() -> None:
+    fit = fit_batches([profile(2, NESTING_WINS), profile(4, NESTING_WINS)])
+    calls: list[int] = []
+    answer = largest_batch(fit, lambda b: 45 * 10**6, overhead=1.0, graph_plan_at=graph_plans(0.1, calls))
+    assert calls == [] and answer.plan.algorithm != "acg"
+
+
+def test_a_graph_answer_says_what_the_graph_plan_recomputes(capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    from remat.client.cli_max_batch import _print
+
+    fit = fit_batches([profile(2, NESTING_WINS), profile(4, NESTING_WINS)])
+    answer = largest_batch(fit, lambda b: 45 * 10**6, graph_plan_at=graph_plans(0.5, []))
+    plan = answer.plan
+    assert plan.algorithm == "acg"
+    report = SimpleNamespace(
+        request=SimpleNamespace(name="m", input_shape=(answer.batch_size, 3), device="cpu", grads="kept"),
+        batch_size=answer.batch_size, overhead=None, plan=plan,
+        measured=SimpleNamespace(measured_peak_bytes=plan.predicted_peak_bytes, step_ms=None),
+        limit_bytes=45 * 10**6, recompute_extrapolates=True, next_plan=answer.next_plan,
+        next_limit_bytes=answer.next_limit_bytes, out_of_memory_batch=None, stepped_back=0,
+        fit_summary="two profiles", profiled_batches=(2, 4), graph_plans_note=None)
+    _print(report)
+    out = capsys.readouterr().out
+    assert "plan acg, graph: recomputes 1 of 3 vertices: predicted" in out
+    assert f"batch {answer.batch_size + 1} does not fit: its best plan (acg)" in out
+    _print(SimpleNamespace(**{**vars(report), "graph_plans_note": "the graph predictor's step profile is taken on "
+                                                                  "the cpu only, not on cuda"}))
+    assert ("graph plans (acg) not searched: the graph predictor's step profile is taken on the cpu only, not on "
+            "cuda") in capsys.readouterr().out
