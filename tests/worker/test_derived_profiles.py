@@ -124,6 +124,10 @@ def test_plan_at_a_new_batch_derives_from_stored_profiles_and_measures_every_pla
     assert len(chain_plans) >= 6
     for entry in chain_plans:
         assert entry["measured_peak_bytes"] == pytest.approx(entry["predicted_peak_bytes"], rel=0.01), entry
+    # The graph plan is searched on a graph profile of this batch's step, as after a profile, and priced by it.
+    (graph_plan,) = [e for e in report["plans"] if e["algorithm"] == "acg"]
+    assert graph_plan["cost_model"] == "pytorch" and graph_plan["dropped_vertices"]
+    assert graph_plan["measured_peak_bytes"] == pytest.approx(graph_plan["predicted_peak_bytes"], rel=0.01)
 
 
 MAX_BATCH_LIMIT = 10 * 2**20
