@@ -1,8 +1,8 @@
 """``remat-client max-batch``: the largest batch that trains within a memory limit, and at what time cost.
 
-Two small profiles answer every batch size (remat.client.derived_trace); the search plans each candidate batch
-(remat.client.planning.max_batch) and one measured training step verifies the answer (the heavy side,
-through ``local_planner().max_batch``).
+Two small profiles answer every batch size (remat.client.derived_trace, and remat.client.planning.graph_fit for
+graph plans); the search plans each candidate batch (remat.client.planning.max_batch) and one measured training
+step verifies the answer (the heavy side, through ``local_planner().max_batch``).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def max_batch_command(model: str, batch_size: int | None, input_shape: str | Non
     """The largest batch of MODEL whose best checkpoint plan fits the memory, verified by a training step.
 
     MODEL is profiled at two small batch sizes; the trace at every other batch size is derived from them, the
-    least-memory plan (linear's, or nested's where it keeps less; with --overhead the least-memory plan within
-    it) is planned at each candidate, and the largest batch that fits is run once with its plan to measure it.
-    The next batch is shown not to fit, by prediction.
+    least-memory plan (linear's, nested's or, on the cpu, the graph plan acg's, whichever keeps least; with
+    --overhead the least-memory chain plan within it) is planned at each candidate, and the largest batch that
+    fits is run once with its plan to measure it. The next batch is shown not to fit, by prediction.
 
     \b
     Example:

@@ -221,7 +221,8 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
               profile_batches: Sequence[int] = DEFAULT_PROFILE_BATCHES,
               progress: ProgressFn | None = None) -> MaxBatchReport:
     """The largest batch whose best plan fits ``memory``, derived from profiles at ``profile_batches`` (stored
-    ones reused, missing ones profiled and stored), verified by one measured training step at that batch.
+    ones reused, missing ones profiled and stored), verified by one measured training step at that batch. On the
+    CPU the graph plan is searched too, on graph profiles derived from those batches' (:func:`_graph_plan_at`).
 
     Raises:
         remat.client.budget_spec.BudgetError: a share of the peak (no peak to take it of), or ``fit`` off CUDA.
@@ -252,8 +253,8 @@ def max_batch(request: ModelRequest, memory: BudgetSpec, *, overhead: float | No
                       if t.metadata.get("batch_size") == batch]
             if stored:
                 profiles.append(stored[0])
-                if overhead is None and stored[0].graph is not None:
-                    pipeline.profile_op_graph(built)  # one instrumented step at a small batch
+                if overhead is None and request.device == "cpu" and stored[0].graph is not None:
+                    pipeline.profile_op_graph(built)  # one instrumented step at a small batch, for graph plans
             else:
                 trace = pipeline.profile(built)
                 store.save_trace(trace)
