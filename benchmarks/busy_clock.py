@@ -70,7 +70,9 @@ def load(spec: str) -> Iterator[None]:
 
 def steps(args: argparse.Namespace) -> None:
     batch, side = (int(v) for v in args.size.split("x"))
-    model = getattr(torchvision.models, args.model)()
+    # ViT and MaxViT take their image size (what `remat-client plan --input-shape` passes them too).
+    sized = {"image_size": side} if args.model.startswith(("vit_", "maxvit")) else {}
+    model = getattr(torchvision.models, args.model)(**sized)
     x = torch.randn(batch, 3, side, side)
     clock = CpuBackend()
 
