@@ -33,6 +33,7 @@ from remat.client.errors import ModelError
 from remat.client.graph.built_model import BuiltModel, build, guard_memory
 from remat.client.measurement import Measurement
 from remat.client.plan import Plan
+from remat.client.planning.max_batch import GraphPlanAt
 from remat.client.precision import autocast_dtype
 from remat.client.report import ProfileResult
 from remat.client.request import ModelRequest, ProgressFn
@@ -168,7 +169,7 @@ def graph_planned(built: BuiltModel, trace: Trace, plan: Plan, *, certify_s: flo
                    extra=extra)
 
 
-def graph_plan_at_any_batch(base: BuiltModel, graph_profiles: Sequence[Any], sizes: Sequence[int]) -> Any:
+def graph_plan_at_any_batch(base: BuiltModel, graph_profiles: Sequence[Any], sizes: Sequence[int]) -> GraphPlanAt:
     """``(batch, trace at that batch) -> its graph plan``, as :func:`graph_planned` searches it, from graph
     profiles at the batch ``sizes`` (remat.client.planning.graph_fit: the profile at any batch) and ``base``'s
     op graph and chain (a model at one of them: the vertices and the chain's seeds are the same at every batch).
