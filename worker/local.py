@@ -344,7 +344,7 @@ def _graph_plan_at(request: ModelRequest, fit: SizeFit, base: BuiltModel | None,
         return None, f"the graph predictor's step profile is taken on the cpu only, not on {request.device}"
     if autocast_dtype(request.dtype):
         return None, f"the graph predictor's step profile is not taken under {request.dtype} autocast"
-    stored_graph = fit.trace_at(fit.sizes[0]).graph
+    stored_graph = fit.profiles[0].graph
     if base is None or stored_graph is None or any(p is None for p in graph_profiles):
         return None, "this model has no op graph whose profile explains its step"
     if stored_graph.num_vertices != base.op_graph.num_vertices:

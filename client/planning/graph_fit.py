@@ -84,7 +84,8 @@ def fit_graph_profiles(profiles: Sequence[GraphProfile], sizes: Sequence[int]) -
     order = sorted(range(len(sizes)), key=lambda k: sizes[k])
     trees = tuple(_relabelled(profiles[k].to_dict()) for k in order)
     fit = GraphProfileFit(sizes=tuple(sizes[k] for k in order), _trees=trees)
-    _carry(trees, fit.sizes, fit.sizes[0], ())  # every difference but the byte counts refused now, not later
+    # Every difference but the byte counts refused now, not later; the walk's result is the smallest batch's.
+    fit._memo[fit.sizes[0]] = GraphProfile.from_dict(_carry(trees, fit.sizes, fit.sizes[0], ()))
     return fit
 
 
